@@ -1,0 +1,164 @@
+"""Pure arithmetic of the partition: which slot owns which position, how many
+elements each slot yields under every ``even`` mode, what ``"pad"`` repeats, and
+the streaming selector that does all of this without knowing the stream length.
+
+Nothing here imports torch; everything is property-tested in ``tests/test_plan.py``.
+
+Terms
+-----
+*position*
+    The 0-based index of an element in the stream that reaches ``dist_shard``
+    (never its value).
+*slot*
+    One of the ``num_slots = world_size * num_workers`` copies of the pipeline;
+    ``slot = rank * num_workers + worker_id``.
+*round*
+    Positions ``[q * num_slots, (q + 1) * num_slots)``; slot ``s`` owns the
+    position ``q * num_slots + s`` of every round.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Iterable, Iterator, Literal, TypeVar
+
+T = TypeVar("T")
+
+Even = Literal["drop", "pad"] | None
+EVEN_MODES: tuple[Even, ...] = (None, "drop", "pad")
+
+_END = object()
+
+
+def check_even(even: object) -> Even:
+    """Return ``even`` if it is a known mode, else raise ``ValueError`` naming it."""
+    if even is None or (isinstance(even, str) and even in ("drop", "pad")):
+        return even  # type: ignore[return-value]
+    raise ValueError(
+        f"even={even!r} is not a known mode; use even=None (keep every element, slot "
+        "counts differ by at most 1), even='drop' (every slot yields N // S, the last "
+        "N % S elements are dropped) or even='pad' (every slot yields ceil(N / S), "
+        "repeating a few elements from the start of the epoch)"
+    )
+
+
+def slot_of(position: int, num_slots: int) -> int:
+    """The slot that owns ``position``."""
+    return position % num_slots
+
+
+def slot_count(slot: int, num_slots: int, total: int, even: Even) -> int:
+    """How many elements ``slot`` yields from a stream of ``total`` elements."""
+    if even == "drop":
+        return total // num_slots
+    if even == "pad":
+        return -(-total // num_slots)
+    return total // num_slots + (1 if slot < total % num_slots else 0)
+
+
+def dropped_count(num_slots: int, total: int, even: Even) -> int:
+    """How many elements of the stream no slot yields (only ``even="drop"`` drops)."""
+    return total % num_slots if even == "drop" else 0
+
+
+def pad_position(slot: int, num_slots: int, total: int) -> int | None:
+    """The position ``slot`` repeats at the end of the epoch under ``even="pad"``.
+
+    ``None`` when the slot needs no padding. When the stream is at least one
+    round long, a slot pads with its own first element (so a slot holds a single
+    element for it); in the degenerate case ``total < num_slots`` a slot that owns
+    nothing repeats position ``slot % total``. Either way fewer than ``num_slots``
+    elements are repeated in total.
+    """
+    rest = total % num_slots
+    if total == 0 or rest == 0 or slot < rest:
+        return None
+    return slot if total >= num_slots else slot % total
+
+
+def padded_count(num_slots: int, total: int, even: Even) -> int:
+    """How many repeated elements ``even="pad"`` adds over all slots."""
+    if even != "pad" or total == 0 or total % num_slots == 0:
+        return 0
+    return num_slots - total % num_slots
+
+
+def slot_positions(slot: int, num_slots: int, total: int, even: Even) -> Iterator[int]:
+    """The positions ``slot`` yields, in order, when the stream length is known."""
+    own = total // num_slots if even == "drop" else slot_count(slot, num_slots, total, None)
+    yield from range(slot, slot + own * num_slots, num_slots)
+    if even == "pad":
+        pad = pad_position(slot, num_slots, total)
+        if pad is not None:
+            yield pad
+
+
+def _nth(it: Iterator[T], skip: int) -> T | object:
+    """Skip ``skip`` items of ``it`` and return the next one, or ``_END``."""
+    if skip == 0:
+        return next(it, _END)
+    return next(islice(it, skip, skip + 1), _END)
+
+
+def select_stream(items: Iterable[T], slot: int, num_slots: int, even: Even) -> Iterator[T]:
+    """Yield ``slot``'s share of ``items`` without knowing how many there are.
+
+    Yields exactly what ``slot_positions`` would pick. Skipping is done by
+    ``itertools.islice`` in C, so the Python work is a constant per round of
+    ``num_slots`` elements. Memory: ``even=None`` and ``"drop"`` hold one element;
+    ``"pad"`` holds one element (the slot's first, to repeat) plus, only while the
+    stream is shorter than ``slot + 1`` elements, the up to ``slot`` elements
+    before it (the degenerate case ``N < num_slots``, where a slot that owns
+    nothing must repeat an earlier element).
+    """
+    it = iter(items)
+    if even is None:
+        yield from islice(it, slot, None, num_slots)
+        return
+    after = num_slots - 1 - slot  # elements of a round that come after ours
+    if even == "pad":
+        head = list(islice(it, slot))
+        mine = next(it, _END)
+        if mine is _END:
+            if head:  # degenerate N < num_slots: repeat an earlier element
+                yield head[slot % len(head)]
+            return
+        del head
+        pad = mine
+    else:
+        mine = _nth(it, slot)
+        if mine is _END:
+            return
+    while True:
+        # ``mine`` sits at q * S + slot; its round is complete iff q * S + S - 1 exists.
+        if after and _nth(it, after - 1) is _END:
+            if even == "pad":
+                yield mine  # type: ignore[misc]
+            return
+        yield mine  # type: ignore[misc]
+        start = next(it, _END)
+        if start is _END:
+            return  # the stream ended on a round boundary
+        mine = start if slot == 0 else _nth(it, slot - 1)
+        if mine is _END:
+            if even == "pad":
+                yield pad  # type: ignore[misc]
+            return
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-mixed non-negative 63-bit seed from integers (SplitMix64 steps).
+
+    Used to derive the seed of every upstream random pipe from ``(seed, epoch,
+    index of the pipe)``; identical on every process, unlike ``hash()``.
+    """
+    state = 0x9E3779B97F4A7C15
+    mask = (1 << 64) - 1
+    for part in parts:
+        state = (state ^ (part & mask)) & mask
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        state = z ^ (z >> 31)
+    return state >> 1
