@@ -31,7 +31,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from . import context as _context
 from .plan import dropped_count, padded_count
 
-__all__ = ["VerifyReport", "verify", "canonical", "free_port"]
+__all__ = ["RankOutcome", "VerifyReport", "canonical", "free_port", "run_on_group", "verify"]
 
 _AUTO = "auto"
 
@@ -89,47 +89,129 @@ class _TagWithWorker:
         return (0 if info is None else info.id), repr(canonical(element))
 
 
-def _rank_main(rank: int, world_size: int, port: int, build: Callable[[], IterDataPipe],
-               num_workers: int, start_method: str, timeout: float, epochs: int,
-               loader: str, step_collective: bool, results: Any) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader
+@dataclass
+class RankOutcome:
+    """What one rank of :func:`run_on_group` returned, or why it did not."""
 
-    seen: list[tuple[int, int, str]] = []
+    rank: int
+    value: Any = None
+    error: str | None = None  # a traceback, or why no result came
+
+
+def _group_main(rank: int, world_size: int, port: int, timeout: float,
+                fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    import torch.distributed as dist
+
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
             world_size=world_size, timeout=timedelta(seconds=timeout),
         )
+        results.put((rank, fn(rank, world_size, *args), None))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
+        results.put((rank, None, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_on_group(
+    fn: Callable[..., Any],
+    *,
+    world_size: int,
+    args: tuple = (),
+    timeout: float = 60.0,
+    start_method: str = "spawn",
+) -> list[RankOutcome]:
+    """Run ``fn(rank, world_size, *args)`` on every rank of a fresh gloo group.
+
+    Each rank is a new process (``start_method``) that joins a gloo group on
+    127.0.0.1 at a free port with ``init_process_group(rank=..., world_size=...)``
+    and no ``RANK`` / ``WORLD_SIZE`` in its environment, as ``mp.spawn`` code does.
+    ``fn`` and ``args`` must be picklable; ``fn``'s return value comes back.
+    Never waits longer than about ``timeout`` (plus start-up slack): ranks still
+    running then are killed and reported with an ``error``.
+    """
+    _context.check_rank_world(0, world_size)
+    ctx = mp.get_context(start_method)
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_group_main, args=(rank, world_size, port, timeout, fn, args, results))
+        for rank in range(world_size)
+    ]
+    env_backup = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        os.environ.update(env_backup)
+    outcomes: dict[int, RankOutcome] = {}
+    deadline = time.monotonic() + timeout + 30.0  # interpreter start-up gets slack
+    while len(outcomes) < world_size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            rank, value, error = results.get(timeout=min(remaining, 1.0))
+        except queue_module.Empty:
+            if all(not p.is_alive() for p in procs) and results.empty():
+                break
+            continue
+        outcomes[rank] = RankOutcome(rank, value, error)
+    for proc in procs:
+        proc.join(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10.0)
+    for rank in range(world_size):
+        if rank not in outcomes:
+            outcomes[rank] = RankOutcome(
+                rank, error=f"rank {rank} sent no result within {timeout:.0f}s (hang or crash)"
+            )
+    return [outcomes[rank] for rank in range(world_size)]
+
+
+def _verify_rank(rank: int, world_size: int, build: Callable[[], IterDataPipe],
+                 num_workers: int, start_method: str, timeout: float, epochs: int,
+                 loader: str, step_collective: bool) -> tuple[str | None, list]:
+    """One rank of :func:`verify`: returns ``(error, [(epoch, slot, key), ...])``,
+    keeping what was seen before an error."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    seen: list[tuple[int, int, str]] = []
+    try:
         pipe = build()
         tagged = pipe.map(_TagWithWorker())
-        if loader == "stateful":
-            from torchdata.stateful_dataloader import StatefulDataLoader as loader_cls
+        if loader == "none":
+            batches: Callable[[], Any] = lambda: iter(tagged)  # noqa: E731
         else:
-            loader_cls = DataLoader
-        kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers}
-        if num_workers:
-            kwargs.update(multiprocessing_context=start_method, timeout=timeout)
-        data_loader = loader_cls(tagged, **kwargs)
+            if loader == "stateful":
+                from torchdata.stateful_dataloader import StatefulDataLoader as loader_cls
+            else:
+                loader_cls = DataLoader
+            kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers}
+            if num_workers:
+                kwargs.update(multiprocessing_context=start_method, timeout=timeout)
+            data_loader = loader_cls(tagged, **kwargs)
+            batches = lambda: iter(data_loader)  # noqa: E731
         grad = torch.zeros(4)
         slots_per_rank = max(1, num_workers)
         for epoch in range(epochs):
             _set_epoch(pipe, epoch)
-            for worker_id, key in data_loader:
+            for worker_id, key in batches():
                 seen.append((epoch, rank * slots_per_rank + worker_id, key))
                 if step_collective:
                     dist.all_reduce(grad)  # what a DDP backward does every step
             # DDP code then checkpoints / evaluates in lock step: a rank with more
-            # batches would meet a different collective here and fail or time out.
+            # batches meets a different collective here and fails or times out.
             dist.barrier()
-        results.put((rank, None, seen))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
-        results.put((rank, traceback.format_exc(), seen))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported with what was seen
+        return traceback.format_exc(), seen
+    return None, seen
 
 
 @dataclass
@@ -234,8 +316,8 @@ def verify(
     rank_start_method: str = "spawn",
     timeout: float = 60.0,
     epochs: int = 1,
-    loader: Literal["torch", "stateful"] = "torch",
-    step_collective: bool = True,
+    loader: Literal["torch", "stateful", "none"] = "torch",
+    step_collective: bool | None = None,
 ) -> VerifyReport:
     """Run ``build()`` on every rank of a real gloo group and check exactly-once.
 
@@ -252,9 +334,12 @@ def verify(
             report has an ``error`` and leftover processes are killed.
         epochs: epochs to run; ``set_epoch(e)`` is called on the pipeline's
             ``dist_shard`` before each.
-        loader: ``"torch"`` for ``torch.utils.data.DataLoader`` or ``"stateful"``
-            for torchdata's ``StatefulDataLoader``.
-        step_collective: do one ``all_reduce`` per element, as DDP does per step.
+        loader: ``"torch"`` for ``torch.utils.data.DataLoader``, ``"stateful"``
+            for torchdata's ``StatefulDataLoader``, ``"none"`` to iterate the pipe
+            directly in the rank's process (``num_workers`` is then ignored).
+        step_collective: do one ``all_reduce`` per element, as DDP does per step,
+            so unequal counts fail (or time out) as a training job would. By
+            default on when an ``even`` guarantee is checked.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
@@ -267,58 +352,31 @@ def verify(
     _context.check_rank_world(0, world_size)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers={num_workers!r} must be a non-negative int")
-    if loader not in ("torch", "stateful"):
-        raise ValueError(f"loader={loader!r} must be 'torch' or 'stateful'")
+    if loader not in ("torch", "stateful", "none"):
+        raise ValueError(f"loader={loader!r} must be 'torch', 'stateful' or 'none'")
     references, detected_even, names = _reference(build, epochs)
     if even == _AUTO:
         even = detected_even
+    if step_collective is None:
+        step_collective = even is not None
     report = VerifyReport(world_size, num_workers, even, epochs)  # type: ignore[arg-type]
     per_epoch = sum(references[0].values())
     report.expected = per_epoch
     report.allowed_missing = dropped_count(report.num_slots, per_epoch, even)  # type: ignore[arg-type]
     report.allowed_duplicates = padded_count(report.num_slots, per_epoch, even)  # type: ignore[arg-type]
 
-    ctx = mp.get_context(rank_start_method)
-    results = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(rank, world_size, port, build, num_workers, start_method, timeout,
-                  epochs, loader, step_collective, results),
-            daemon=False,
-        )
-        for rank in range(world_size)
-    ]
-    env_backup = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
-    try:
-        for proc in procs:
-            proc.start()
-    finally:
-        os.environ.update(env_backup)
+    ranks = run_on_group(
+        _verify_rank, world_size=world_size, timeout=timeout, start_method=rank_start_method,
+        args=(build, num_workers, start_method, timeout, epochs, loader, step_collective),
+    )
     outcomes: dict[int, tuple[str | None, list]] = {}
-    deadline = started + timeout + 30.0  # start-up and the reference run get slack
-    while len(outcomes) < world_size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        try:
-            rank, error, seen = results.get(timeout=min(remaining, 1.0))
-        except queue_module.Empty:
-            if all(not p.is_alive() for p in procs) and results.empty():
-                break
-            continue
-        outcomes[rank] = (error, seen)
-    for proc in procs:
-        proc.join(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10.0)
-
-    errors = [f"rank {r}: {outcomes[r][0]}" for r in sorted(outcomes) if outcomes[r][0]]
-    absent = [r for r in range(world_size) if r not in outcomes]
-    if absent:
-        errors.append(f"ranks {absent} sent no result within {timeout:.0f}s (hang or crash)")
+    errors = []
+    for outcome in ranks:
+        error, seen = outcome.value if outcome.value is not None else (None, [])
+        error = outcome.error or error
+        if error:
+            errors.append(f"rank {outcome.rank}: {error}")
+        outcomes[outcome.rank] = (error, seen)
     report.error = "\n".join(errors) or None
 
     report.per_rank = [0] * world_size

@@ -1,0 +1,54 @@
+"""Test helpers: run every slot of a sharded pipeline in this process.
+
+``as_worker`` fakes the worker record torch's DataLoader installs in a worker,
+so that the whole ranks x workers grid can be checked quickly in one process;
+the real DataLoader workers and gloo groups are exercised in test_gloo.py and
+test_dataloader.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+import torch.utils.data._utils.worker as worker_module
+from torch.utils.data._utils.worker import WorkerInfo
+
+from distshard.verify import canonical
+
+
+@contextlib.contextmanager
+def as_worker(worker_id: int, num_workers: int) -> Iterator[None]:
+    """Run the block as if inside DataLoader worker ``worker_id`` of ``num_workers``."""
+    previous = worker_module._worker_info
+    if num_workers:
+        worker_module._worker_info = WorkerInfo(
+            id=worker_id, num_workers=num_workers, seed=0, dataset=None
+        )
+    try:
+        yield
+    finally:
+        worker_module._worker_info = previous
+
+
+def run_slots(build: Callable[[int, int], Any], world_size: int, num_workers: int) -> dict[int, list]:
+    """``{slot: elements}`` for every slot; ``build(rank, world_size)`` makes the pipe."""
+    out: dict[int, list] = {}
+    for rank in range(world_size):
+        for worker_id in range(max(1, num_workers)):
+            with as_worker(worker_id, num_workers):
+                pipe = build(rank, world_size)
+                out[rank * max(1, num_workers) + worker_id] = list(pipe)
+    return out
+
+
+def multiset(elements) -> Counter:
+    return Counter(repr(canonical(x)) for x in elements)
+
+
+def union(per_slot: dict[int, list]) -> Counter:
+    total: Counter = Counter()
+    for elements in per_slot.values():
+        total += multiset(elements)
+    return total

@@ -1,0 +1,108 @@
+"""The pure arithmetic of the partition, property-tested."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distshard.plan import (
+    EVEN_MODES,
+    check_even,
+    dropped_count,
+    mix_seed,
+    pad_position,
+    padded_count,
+    select_stream,
+    slot_count,
+    slot_of,
+    slot_positions,
+)
+
+slots = st.integers(min_value=1, max_value=40)
+totals = st.integers(min_value=0, max_value=500)
+evens = st.sampled_from(EVEN_MODES)
+
+
+@given(num_slots=slots, total=totals, even=evens)
+def test_every_position_is_owned_once_and_counts_follow_even(num_slots, total, even):
+    taken = Counter()
+    for slot in range(num_slots):
+        positions = list(slot_positions(slot, num_slots, total, even))
+        assert len(positions) == slot_count(slot, num_slots, total, even)
+        taken.update(positions)
+        if even == "pad" and pad_position(slot, num_slots, total) is not None:
+            assert positions[-1] == pad_position(slot, num_slots, total)
+            positions = positions[:-1]
+        assert all(slot_of(p, num_slots) == slot for p in positions)
+        assert positions == sorted(positions)  # a slot walks its positions in stream order
+    counts = [slot_count(s, num_slots, total, even) for s in range(num_slots)]
+    if even is None:
+        assert taken == Counter(range(total))
+        assert max(counts) - min(counts) <= 1
+    elif even == "drop":
+        kept = total - total % num_slots
+        assert taken == Counter(range(kept))  # only the tail of N % S is dropped
+        assert set(counts) == {total // num_slots}
+        assert dropped_count(num_slots, total, even) == total - kept
+    else:
+        assert set(taken) == set(range(total))  # nothing missing
+        repeats = sum(taken.values()) - total
+        assert repeats == padded_count(num_slots, total, even) < num_slots
+        if total >= num_slots:
+            assert all(n <= 2 for n in taken.values())
+        assert set(counts) == ({-(-total // num_slots)} if total else {0})
+
+
+@given(num_slots=slots, total=totals, even=evens)
+def test_streaming_selector_matches_known_length_plan(num_slots, total, even):
+    for slot in range(num_slots):
+        streamed = list(select_stream(iter(range(total)), slot, num_slots, even))
+        assert streamed == list(slot_positions(slot, num_slots, total, even))
+
+
+@given(num_slots=slots, total=totals)
+def test_pad_repeats_come_from_the_start_of_the_stream(num_slots, total):
+    for slot in range(num_slots):
+        pad = pad_position(slot, num_slots, total)
+        if pad is not None:
+            assert 0 <= pad < min(total, num_slots)
+
+
+def test_selector_reads_lazily_and_holds_one_element():
+    """``drop`` yields a slot's element as soon as its round is complete."""
+    pulled = []
+
+    def source():
+        for i in range(10):
+            pulled.append(i)
+            yield i
+
+    it = select_stream(source(), 1, 4, "drop")
+    assert next(it) == 1
+    assert pulled == [0, 1, 2, 3]  # the end of round 0, nothing more
+
+
+def test_value_based_modulo_recipe_fails_where_positions_do_not():
+    """The classic recipe on [0, 2, 4, ...] leaves odd slots empty; positions do not."""
+    values = list(range(0, 200, 2))
+    classic = {s: [v for v in values if (v + s) % 4 == 0] for s in range(4)}
+    assert classic[1] == [] and classic[3] == []
+    ours = {s: list(select_stream(values, s, 4, None)) for s in range(4)}
+    assert all(len(v) == 25 for v in ours.values())
+
+
+@pytest.mark.parametrize("bad", ["Drop", "even", 1, True, "none"])
+def test_unknown_even_is_rejected_by_name(bad):
+    with pytest.raises(ValueError, match=repr(bad)):
+        check_even(bad)
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 2**62), st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6))
+def test_mix_seed_is_deterministic_in_range_and_order_sensitive(a, b, c, d):
+    value = mix_seed(a, b, c)
+    assert value == mix_seed(a, b, c)
+    assert 0 <= value < 2**63
+    if (b, c) != (c, b):
+        assert mix_seed(a, b, c) != mix_seed(a, c, b) or b == c
