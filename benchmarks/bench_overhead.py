@@ -91,7 +91,6 @@ DEFAULT_REPEATS = 7
 QUICK_N = 100_000
 QUICK_REPEATS = 3
 DEFAULT_SLOTS = (1, 8, 64)
-WARMUP_N = 50_000
 
 SOURCE = "source"
 SHARDING_FILTER = "sharding_filter"
@@ -287,9 +286,6 @@ def expected_yield(cell: Cell, n: int) -> int:
 def run(n: int, repeats: int, slots: Sequence[int], pipelines: Sequence[str]) -> list[Result]:
     cells = cells_for(slots, pipelines)
     results = {cell: Result(cell, yielded=expected_yield(cell, n)) for cell in cells}
-    warm = min(n, WARMUP_N)
-    for cell in cells:
-        time_once(cell, warm)
     for round_index in range(repeats):
         shift = round_index % len(cells)
         order = cells[shift:] + cells[:shift]

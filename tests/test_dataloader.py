@@ -35,8 +35,11 @@ def _tagged(data, rank, world, even=None):
     return shard.map(_SlotTag(shard))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-@pytest.mark.parametrize("even", [None, "drop", "pad"])
+@pytest.mark.parametrize(
+    "method, even",
+    [("fork", None), ("fork", "drop"), ("fork", "pad"), ("spawn", None), ("spawn", "drop"),
+     ("spawn", "pad"), ("forkserver", "drop")],
+)
 def test_workers_partition_exactly(method, even):
     world, workers, n = 2, 2, 103
     data = [f"x{i}" for i in range(n)]
