@@ -82,3 +82,137 @@ def sharding_filter_unsynced():
         torch.manual_seed(dist.get_rank())
         apply_sharding(pipe, dist.get_world_size(), dist.get_rank())
     return pipe
+
+
+# -- counting reads and decodes across processes (test_read_once.py) ------------------
+
+import os  # noqa: E402
+from collections import Counter  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+COUNT_DIR = "DISTSHARD_TEST_COUNT_DIR"
+N_READ = 240
+
+
+def _record(kind: str, key) -> None:
+    directory = os.environ.get(COUNT_DIR)
+    if directory:
+        with open(os.path.join(directory, f"{kind}-{os.getpid()}"), "a") as handle:
+            handle.write(f"{key}\n")
+
+
+def counted(directory: str, kind: str) -> Counter:
+    """How often each key was recorded as ``kind``, over all processes."""
+    total: Counter = Counter()
+    for name in os.listdir(directory):
+        if name.startswith(kind + "-"):
+            with open(os.path.join(directory, name)) as handle:
+                total.update(line.strip() for line in handle)
+    return total
+
+
+class CountingSequence(Sequence):
+    """A random-access source that records every element it is asked for."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            raise TypeError("no slicing: a slot must read single elements")
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        _record("read", index)
+        return index
+
+
+class CountingStream:
+    """A source without random access that records every element it produces."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        for index in range(self.n):
+            _record("read", index)
+            yield index
+
+
+def counting_decode(index: int) -> str:
+    _record("decode", index)
+    return f"item-{index:04d}"
+
+
+def read_fast_path():
+    return IterableWrapper(CountingSequence(N_READ), deepcopy=False).map(counting_decode).dist_shard()
+
+
+def read_fast_path_shuffled():
+    return IterableWrapper(CountingSequence(N_READ), deepcopy=False).map(counting_decode).dist_shard(
+        shuffle=True, even="drop")
+
+
+def read_pushdown():
+    return IterableWrapper(CountingStream(N_READ), deepcopy=False).map(counting_decode).dist_shard(
+        even="pad")
+
+
+def read_no_pushdown():
+    return IterableWrapper(CountingStream(N_READ), deepcopy=False).map(counting_decode).dist_shard(
+        pushdown=False)
+
+
+UNIT_SIZES = [0, 37, 5, 0, 61, 18, 40, 11, 29, 1, 38]  # 240 elements, empty units too
+
+
+class CountingUnit(Sequence):
+    """A unit's elements, decoded on access."""
+
+    def __init__(self, unit: int) -> None:
+        self.unit = unit
+        self.offset = sum(UNIT_SIZES[:unit])
+
+    def __len__(self) -> int:
+        return UNIT_SIZES[self.unit]
+
+    def __getitem__(self, index):
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return counting_decode(self.offset + index)
+
+
+def expand_sequence(unit: int) -> CountingUnit:
+    _record("open", unit)
+    return CountingUnit(unit)
+
+
+def expand_iterator(unit: int):
+    _record("open", unit)
+    offset = sum(UNIT_SIZES[:unit])
+    for index in range(UNIT_SIZES[unit]):
+        yield counting_decode(offset + index)
+
+
+def unit_size(unit: int) -> int:
+    return UNIT_SIZES[unit]
+
+
+def read_units_sized_sequence():
+    return IterableWrapper(range(len(UNIT_SIZES))).shuffle().dist_shard(
+        expand=expand_sequence, sizes=unit_size, even="drop")
+
+
+def read_units_sized_shuffled():
+    return IterableWrapper(range(len(UNIT_SIZES))).dist_shard(
+        expand=expand_sequence, sizes=UNIT_SIZES, shuffle=True)
+
+
+def read_units_sized_iterator():
+    return IterableWrapper(range(len(UNIT_SIZES))).dist_shard(expand=expand_iterator, sizes=UNIT_SIZES)
+
+
+def read_units_whole_sequence():
+    return IterableWrapper(range(len(UNIT_SIZES))).shuffle().dist_shard(expand=expand_sequence)

@@ -11,7 +11,9 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.graph_settings import apply_sharding
 
 import distshard
-from distshard.plan import dropped_count, padded_count, slot_count
+from distshard.plan import dropped_count, padded_count, slot_count, slot_positions
+
+from distshard.verify import canonical
 
 from .helpers import as_worker, multiset, run_slots, union
 
@@ -33,17 +35,47 @@ def _grid():
             yield world, workers, even, kind, n
 
 
+class _Stream:
+    """An iterable with no length and no indexing: forces the streaming path."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        return iter(self.data)
+
+
+def _identity(x):
+    return x
+
+
+SOURCES = {
+    # random access: the fast path indexes the slot's positions
+    "sequence": lambda data: IterableWrapper(data),
+    # no random access: the slot walks the stream and keeps its positions
+    "stream": lambda data: IterableWrapper(_Stream(data), deepcopy=False),
+    # a 1:1 map over a stream: selection moves below the map (pushdown)
+    "stream+map": lambda data: IterableWrapper(_Stream(data), deepcopy=False).map(_identity),
+}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
 @pytest.mark.parametrize("world, workers", list(itertools.product(range(1, 5), range(0, 4))))
-def test_exactly_once_grid(world, workers):
-    """world 1..4 x workers 0..3 x even x N in {0, 1, S-1, S, S+1, 1000} x five kinds of data."""
+def test_exactly_once_grid(world, workers, source):
+    """world 1..4 x workers 0..3 x even x N in {0, 1, S-1, S, S+1, 1000} x five kinds
+    of data x three ways of reading the source, each slot checked against the plan."""
     slots = world * max(1, workers)
+    make = SOURCES[source]
     for even, kind in itertools.product((None, "drop", "pad"), DATA):
         for n in sorted({0, 1, slots - 1, slots, slots + 1, 1000}):
             data = DATA[kind](n)
             got = run_slots(
-                lambda r, w: IterableWrapper(data).dist_shard(rank=r, world_size=w, even=even),
+                lambda r, w: make(data).dist_shard(rank=r, world_size=w, even=even),
                 world, workers,
             )
+            for slot in range(slots):  # the exact positions, in order, on every path
+                want = [data[p] for p in slot_positions(slot, slots, n, even)]
+                assert list(map(canonical, got[slot])) == list(map(canonical, want)), (slot, even, kind, n)
             counts = [len(got[s]) for s in range(slots)]
             assert counts == [slot_count(s, slots, n, even) for s in range(slots)], (even, kind, n)
             everything, received = multiset(data), union(got)

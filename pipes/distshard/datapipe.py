@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from torch.utils.data import get_worker_info
@@ -10,8 +13,9 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 from . import context as _context
-from .graph import check_no_sharding, random_pipes
-from .plan import Even, check_even, mix_seed, select_stream, slot_count
+from .graph import Pushdown, check_no_sharding, plan_pushdown, random_access, random_pipes
+from .plan import Even, Permutation, check_even, mix_seed, select_stream, slot_count, slot_positions
+from .units import check_sizes, iterate_sized_units, iterate_whole_units, unit_sizes
 
 T = TypeVar("T")
 
@@ -42,8 +46,18 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     seeded identically on every slot from ``(seed, epoch)`` before each iteration,
     so the partition stays exact whatever each process's torch seed is.
 
+    Reading once: when the stream comes from ``IterableWrapper`` over something
+    with random access (a list, tuple, range, ``MapDataPipe``, tensor) a slot
+    indexes its own positions instead of walking the stream (with the wrapper's
+    default ``deepcopy=True`` only the yielded elements are copied, never the whole
+    sequence). 1:1 ``.map()`` pipes right above the source are run by each slot
+    on its own elements only (*pushdown*); ``filter``, ``batch``, ``shuffle`` and
+    other pipes that may change the count or order are barriers that selection
+    never crosses. Pass ``pushdown=False`` for maps with side effects that must
+    see every element on every slot.
+
     Args:
-        source_datapipe: the stream to shard.
+        source_datapipe: the stream to shard (or, with ``expand``, the units).
         rank: this process's rank; give it with ``world_size``. By default they come
             from ``torch.distributed``, else from the ``RANK`` / ``WORLD_SIZE``
             environment (torchrun), else ``(0, 1)``.
@@ -54,9 +68,25 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             exactly ``ceil(N / num_slots)``, repeating elements from the start of the
             epoch. Use ``"drop"`` or ``"pad"`` under DDP so that no rank waits in a
             collective for a batch that never comes.
-        seed: base seed of upstream randomness. ``None`` means 0, or, under torch's
-            DataLoader with ``torch.distributed`` initialized (or a single rank), the
-            seed the DataLoader shares with every worker and rank.
+        seed: base seed of upstream randomness and of ``shuffle=True``. ``None``
+            means 0, or, under torch's DataLoader with ``torch.distributed``
+            initialized (or a single rank), the seed the DataLoader shares with every
+            worker and rank.
+        shuffle: visit the positions in a seeded pseudo-random permutation of
+            ``[0, N)`` that changes with the epoch, identical on every slot and
+            computed in O(1) memory, so a global shuffle still reads each element
+            once. Needs random access (see above) or unit mode with ``sizes``.
+        expand: unit mode: the stream holds units (files, shards, URLs) and
+            ``expand(unit)`` returns the unit's elements, as a sequence (read by
+            index: best) or an iterator (skipped with ``itertools.islice``). Units
+            go whole to slots as far as they go round; the leftover units are split
+            element-wise, each among at most ``ceil(num_slots / leftover)`` slots.
+        sizes: unit mode: the element count of every unit, as a sequence aligned
+            with the units, a mapping ``unit -> count`` or a callable. Makes the
+            split exact and balanced (each slot reads a contiguous block of the
+            element space), and enables ``even`` and ``shuffle=True`` in unit mode.
+        pushdown: run 1:1 maps right above the source on the slot's own elements
+            only (default); ``False`` runs them as written, on every element.
 
     Example:
         >>> import distshard
@@ -76,7 +106,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         seed: int | None = None,
         shuffle: bool = False,
         expand: Callable[[Any], Any] | None = None,
-        sizes: Sequence[int] | Callable[[Any], int] | None = None,
+        sizes: Sequence[int] | Mapping[Any, int] | Callable[[Any], int] | None = None,
+        pushdown: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(source_datapipe, IterDataPipe):
@@ -88,10 +119,34 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._explicit = _context.check_explicit(rank, world_size)
         self.even = check_even(even)
         self.seed = _check_seed("seed", seed, allow_none=True)
-        if shuffle is not False or expand is not None or sizes is not None:
-            raise NotImplementedError(
-                "dist_shard(shuffle=, expand=, sizes=) are not available in this version "
-                "of distshard; shuffle upstream with .shuffle() instead"
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle={shuffle!r} must be True or False")
+        if not isinstance(pushdown, bool):
+            raise TypeError(f"pushdown={pushdown!r} must be True or False")
+        if expand is not None and not callable(expand):
+            raise TypeError(f"expand={expand!r} must be a callable unit -> elements")
+        self.global_shuffle = shuffle  # not "shuffle": that name is the .shuffle() functional
+        self.pushdown = pushdown
+        self.expand = expand
+        self.sizes = check_sizes(sizes)
+        if self.sizes is not None and expand is None:
+            raise ValueError("sizes= counts the elements of each unit and needs expand=; "
+                             "pass expand=fn that yields a unit's elements, or drop sizes=")
+        if expand is not None and self.sizes is None and (self.even is not None or shuffle):
+            what = f"even={self.even!r}" if self.even is not None else "shuffle=True"
+            raise ValueError(
+                f"{what} with expand= needs sizes= (the element count of each unit): without "
+                "them no slot knows how many elements the others get. Pass sizes=, or use "
+                "even=None and shuffle upstream with .shuffle()"
+            )
+        if shuffle and expand is None and random_access(source_datapipe)[0] is None and (
+            not pushdown or plan_pushdown(source_datapipe, True).sequence is None
+        ):
+            raise ValueError(
+                f"shuffle=True needs random access to the stream, but it comes from "
+                f"{type(source_datapipe).__name__}: use IterableWrapper over a list/range/"
+                "MapDataPipe with only .map() in between, unit mode with sizes=, or shuffle "
+                "upstream with .shuffle() and shuffle=False"
             )
         if self._explicit is None:
             # Surface a malformed RANK / WORLD_SIZE now rather than in a worker.
@@ -103,6 +158,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._loader_seed_shared = False
         self._sharding_hint: tuple[int, int] | None = None
         self._random_pipes: list | None = None  # per process, never pickled
+        self._pushdown: Pushdown | None = None  # per process, never pickled
 
     # -- who am I ---------------------------------------------------------------
     def context(self) -> _context.ShardContext:
@@ -166,19 +222,87 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             pipe.set_seed(mix_seed(base, self._epoch, index))
 
     # -- iteration ---------------------------------------------------------------
+    def read_plan(self) -> Pushdown:
+        """How this pipe reads its source (see :class:`distshard.graph.Pushdown`)."""
+        if self._pushdown is None:
+            self._pushdown = plan_pushdown(self.source_datapipe, self.pushdown and self.expand is None)
+        return self._pushdown
+
+    def _order(self, total: int, ctx: _context.ShardContext) -> Permutation | None:
+        if not self.global_shuffle:
+            return None
+        return Permutation(total, mix_seed(self.base_seed(ctx), self._epoch, 0x5EED))
+
     def __iter__(self) -> Iterator[T]:
         ctx = self.context()
         self._seed_upstream(ctx)
-        yield from select_stream(self.source_datapipe, ctx.slot, ctx.num_slots, self.even)
+        if self.expand is not None:
+            yield from self._iter_units(ctx)
+            return
+        plan = self.read_plan()
+        if plan.sequence is not None:
+            selected = self._iter_sequence(plan, ctx)
+        else:
+            selected = select_stream(plan.base, ctx.slot, ctx.num_slots, self.even)
+        if plan.maps:
+            yield from map(plan.apply, selected)
+        else:
+            yield from selected
 
-    def __len__(self) -> int:
+    def _iter_sequence(self, plan: Pushdown, ctx: _context.ShardContext) -> Iterator[Any]:
+        """The fast path: index the slot's own positions, O(1) to reach any of them."""
+        sequence = plan.sequence
+        total = len(sequence)
+        positions: Iterator[int] = slot_positions(ctx.slot, ctx.num_slots, total, self.even)
+        order = self._order(total, ctx)
+        if order is not None:
+            positions = map(order, positions)
+        if not plan.copy_elements:
+            for position in positions:
+                yield sequence[position]
+            return
+        warned = False
+        for position in positions:
+            element = sequence[position]
+            try:  # IterableWrapper(deepcopy=True) copies the data; we copy only what we yield
+                element = copy.deepcopy(element)
+            except TypeError:
+                if not warned:
+                    warnings.warn(
+                        "The input iterable can not be deepcopied, please be aware of in-place "
+                        "modification would affect source data.", stacklevel=2)
+                    warned = True
+            yield element
+
+    def _iter_units(self, ctx: _context.ShardContext) -> Iterator[Any]:
+        expand = self.expand
+        assert expand is not None
+        if self.sizes is None:
+            yield from iterate_whole_units(self.source_datapipe, expand, ctx.slot, ctx.num_slots)
+            return
+        units = list(self.source_datapipe)
+        sizes = unit_sizes(units, self.sizes)
+        order = self._order(sum(sizes), ctx)
+        yield from iterate_sized_units(units, sizes, expand, ctx.slot, ctx.num_slots, self.even,
+                                       order)
+
+    def _total(self) -> int:
+        """The number of positions ``dist_shard`` splits, if it can be known."""
+        if self.expand is not None:
+            if self.sizes is None:
+                raise TypeError(f"{type(self).__name__} in unit mode without sizes= has no length")
+            units = list(self.source_datapipe)
+            return sum(unit_sizes(units, self.sizes))
         try:
-            total = len(self.source_datapipe)
+            return len(self.source_datapipe)
         except TypeError:
             raise TypeError(
                 f"{type(self).__name__} has no length: its source "
                 f"{type(self.source_datapipe).__name__} has none"
             ) from None
+
+    def __len__(self) -> int:
+        total = self._total()
         ctx = self.context()
         if get_worker_info() is not None:
             return slot_count(ctx.slot, ctx.num_slots, total, self.even)
@@ -187,10 +311,27 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         first = ctx.rank * workers
         return sum(slot_count(s, num_slots, total, self.even) for s in range(first, first + workers))
 
+    def __repr__(self) -> str:
+        options = [f"even={self.even!r}"]
+        if self._explicit is not None:
+            options.append(f"rank={self._explicit[0]}, world_size={self._explicit[1]}")
+        if self.seed is not None:
+            options.append(f"seed={self.seed}")
+        if self.global_shuffle:
+            options.append("shuffle=True")
+        if self.expand is not None:
+            options.append(f"expand={getattr(self.expand, '__name__', self.expand)!r}")
+            options.append(f"sizes={'given' if self.sizes is not None else None}")
+        if not self.pushdown:
+            options.append("pushdown=False")
+        return f"{type(self).__name__}({type(self.source_datapipe).__name__}, {', '.join(options)})"
+
+    __str__ = __repr__
+
     # -- pickling ------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_random_pipes"] = None
+        state["_random_pipes"] = state["_pushdown"] = None
         found = _context.dist_rank_world()
         if found is not None:
             state["_captured"] = found

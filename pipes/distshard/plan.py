@@ -162,3 +162,97 @@ def mix_seed(*parts: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
         state = z ^ (z >> 31)
     return state >> 1
+
+
+# -- contiguous blocks (unit mode with known sizes) ---------------------------------
+
+
+def block_range(slot: int, num_slots: int, total: int, even: Even) -> tuple[int, int]:
+    """The contiguous positions ``[start, stop)`` ``slot`` owns in block layout.
+
+    Used when the total is known up front (unit mode with ``sizes``), so that a
+    slot reads one run of neighbouring elements and touches as few units as
+    possible. ``even="drop"`` gives every slot ``total // num_slots`` and leaves the
+    last ``total % num_slots`` positions out; otherwise the first
+    ``total % num_slots`` slots get one more.
+    """
+    base, rest = divmod(total, num_slots)
+    if even == "drop":
+        return slot * base, (slot + 1) * base
+    start = slot * base + min(slot, rest)
+    return start, start + base + (1 if slot < rest else 0)
+
+
+def block_positions(slot: int, num_slots: int, total: int, even: Even) -> Iterator[int]:
+    """The positions ``slot`` yields in block layout, padding included."""
+    start, stop = block_range(slot, num_slots, total, even)
+    yield from range(start, stop)
+    if even == "pad" and total and total % num_slots and slot >= total % num_slots:
+        yield start if stop > start else slot % total
+
+
+# -- units without sizes: whole rounds, then the leftover split ------------------------
+
+
+def leftover_share(slot: int, num_slots: int, leftover: int) -> tuple[int, int, int]:
+    """Which leftover unit ``slot`` helps read, and how.
+
+    When the stream of units ends with ``leftover`` (``0 < leftover < num_slots``)
+    units that do not make a whole round, the slots are cut into ``leftover``
+    contiguous groups of ``floor`` or ``ceil(num_slots / leftover)`` slots; group
+    ``j`` splits leftover unit ``j`` element-wise. Returns ``(j, index in the
+    group, group size)``: the slot keeps elements ``index, index + size, ...`` of
+    unit ``j``.
+    """
+    group = slot * leftover // num_slots
+    first = -(-group * num_slots // leftover)
+    after = -(-(group + 1) * num_slots // leftover)
+    return group, slot - first, after - first
+
+
+# -- a permutation of [0, n) in O(1) memory ---------------------------------------------
+
+
+class Permutation:
+    """A seeded pseudo-random bijection of ``[0, n)``, computed per index.
+
+    A balanced Feistel network on the smallest even number of bits that covers
+    ``n`` (so the domain is less than ``4 n``), made a bijection of ``[0, n)`` by
+    cycle walking: an index whose image falls outside is mapped again until it
+    lands inside (fewer than 4 steps on average). Memory is O(1) whatever ``n``.
+    """
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, seed: int) -> None:
+        if n < 0:
+            raise ValueError(f"n={n} must be non-negative")
+        self.n = n
+        bits = max(2, (max(n - 1, 1)).bit_length())
+        bits += bits % 2
+        self.half = bits // 2
+        self.mask = (1 << self.half) - 1
+        self.keys = [mix_seed(seed, r) for r in range(self.ROUNDS)]
+
+    def _round(self, value: int, key: int) -> int:
+        z = (value * 0x9E3779B97F4A7C15 + key) & 0xFFFFFFFFFFFFFFFF
+        z ^= z >> 29
+        z = (z * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        return (z ^ (z >> 32)) & self.mask
+
+    def _encrypt(self, value: int) -> int:
+        left, right = value >> self.half, value & self.mask
+        for key in self.keys:
+            left, right = right, left ^ self._round(right, key)
+        return (left << self.half) | right
+
+    def __call__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} is outside [0, {self.n})")
+        value = self._encrypt(index)
+        while value >= self.n:
+            value = self._encrypt(value)
+        return value
+
+    def __len__(self) -> int:
+        return self.n

@@ -1,0 +1,202 @@
+"""Unit mode: the stream holds units (files, shards, URLs) and ``expand(unit)``
+gives a unit's elements.
+
+Without ``sizes`` a slot reads the unit stream (cheap: paths) in rounds of
+``num_slots`` units and expands only the unit of each whole round that is its own;
+the units of the last, incomplete round are split element-wise, each among at
+most ``ceil(num_slots / leftover)`` slots (``plan.leftover_share``).
+
+With ``sizes`` the global element index space is known, so the split is exact
+and balanced: each slot owns a contiguous block of it (``plan.block_range``) and
+reads just the units its block covers, or, with ``shuffle=True``, the positions
+of a seeded permutation of it.
+
+When ``expand`` returns a sequence (``__len__`` + ``__getitem__``) a slot indexes
+its elements; when it returns an iterator, a slot that starts inside a unit skips
+with ``itertools.islice`` (decoding only what the iterator itself forces).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Mapping
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from .plan import Even, Permutation, block_positions, leftover_share, slot_positions
+
+Expand = Callable[[Any], Any]
+Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]
+
+__all__ = ["check_sizes", "unit_sizes", "iterate_whole_units", "iterate_sized_units"]
+
+
+def _is_sequence(value: Any) -> bool:
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(value, Mapping)
+
+
+def check_sizes(sizes: object) -> Sizes | None:
+    """Validate the ``sizes`` argument at construction (types and sign of a sequence)."""
+    if sizes is None or callable(sizes) or isinstance(sizes, Mapping):
+        return sizes  # type: ignore[return-value]
+    if isinstance(sizes, (str, bytes)) or not _is_sequence(sizes):
+        raise TypeError(
+            f"sizes={sizes!r} must be a sequence of per-unit element counts aligned with "
+            "the units, a mapping unit -> count, or a callable unit -> count"
+        )
+    for index, size in enumerate(sizes):  # type: ignore[arg-type]
+        _check_size(size, f"sizes[{index}]")
+    return list(sizes)  # type: ignore[arg-type]
+
+
+def _check_size(size: object, where: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"{where}={size!r} must be an int element count")
+    if size < 0:
+        raise ValueError(f"{where}={size} is negative; a unit holds 0 or more elements")
+    return size
+
+
+def unit_sizes(units: list, sizes: Sizes) -> list[int]:
+    """The element count of every unit, checked against ``units``."""
+    if isinstance(sizes, Mapping):
+        missing = [u for u in units if u not in sizes]
+        if missing:
+            raise ValueError(f"sizes has no entry for unit {missing[0]!r}; give every unit a count")
+        return [_check_size(sizes[u], f"sizes[{u!r}]") for u in units]
+    if callable(sizes):
+        return [_check_size(sizes(u), f"sizes({u!r})") for u in units]
+    if len(sizes) != len(units):
+        raise ValueError(
+            f"sizes has {len(sizes)} entries but the stream has {len(units)} units; give one "
+            "count per unit, in the order the units reach dist_shard (or a callable unit -> count)"
+        )
+    return list(sizes)
+
+
+def _mismatch(unit: Any, got: str, size: int) -> ValueError:
+    return ValueError(
+        f"unit {unit!r} has {got} elements but sizes says {size}; fix sizes for this unit "
+        "(sizes must count exactly what expand(unit) yields)"
+    )
+
+
+def _elements(expand: Expand, unit: Any, start: int, stop: int | None, size: int | None) -> Iterator[Any]:
+    """Elements ``[start, stop)`` of ``expand(unit)``; with ``size``, check the unit has that many."""
+    got = expand(unit)
+    if _is_sequence(got):
+        if size is not None and len(got) != size:
+            raise _mismatch(unit, str(len(got)), size)
+        for index in range(start, len(got) if stop is None else stop):
+            yield got[index]
+        return
+    it = iter(got)
+    count = start
+    for element in islice(it, start, stop):
+        count += 1
+        yield element
+    if size is not None:
+        if count < (size if stop is None else stop):
+            raise _mismatch(unit, f"only {count}", size)
+        if stop is None or stop == size:
+            if next(it, _NOTHING) is not _NOTHING:
+                raise _mismatch(unit, "more than " + str(size), size)
+
+
+_NOTHING = object()
+
+
+def _strided(expand: Expand, unit: Any, first: int, step: int) -> Iterator[Any]:
+    """Elements ``first, first + step, ...`` of ``expand(unit)``."""
+    got = expand(unit)
+    if _is_sequence(got):
+        for index in range(first, len(got), step):
+            yield got[index]
+    else:
+        yield from islice(iter(got), first, None, step)
+
+
+def iterate_whole_units(
+    units: Iterable[Any], expand: Expand, slot: int, num_slots: int
+) -> Iterator[Any]:
+    """Unit mode without sizes.
+
+    Holds at most ``num_slots`` units (not elements) while it looks for the end
+    of a round.
+    """
+    buffer: list[Any] = []
+    for unit in units:
+        buffer.append(unit)
+        if len(buffer) == num_slots:
+            yield from _elements(expand, buffer[slot], 0, None, None)
+            buffer = []
+    if buffer:
+        index, offset, step = leftover_share(slot, num_slots, len(buffer))
+        yield from _strided(expand, buffer[index], offset, step)
+
+
+def iterate_sized_units(
+    units: list, sizes: list[int], expand: Expand, slot: int, num_slots: int, even: Even,
+    order: Permutation | None,
+) -> Iterator[Any]:
+    """Unit mode with sizes: a contiguous block of the global index space, or the
+    slot's share of a permutation of it."""
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    total = offsets[-1]
+    if slot == 0:  # a unit declared empty is read by no block: slot 0 checks it is
+        for unit, size in zip(units, sizes):
+            if size == 0:
+                for _ in _elements(expand, unit, 0, None, 0):
+                    pass
+
+    def locate(position: int) -> int:
+        return bisect.bisect_right(offsets, position) - 1
+
+    if order is not None:
+        cache: OrderedDict[int, Any] = OrderedDict()
+        for visit in slot_positions(slot, num_slots, total, even):
+            position = order(visit)
+            unit = locate(position)
+            if unit not in cache:
+                got = expand(units[unit])
+                if not _is_sequence(got):
+                    raise TypeError(
+                        f"expand({units[unit]!r}) returned {type(got).__name__}, not a sequence; "
+                        "shuffle=True in unit mode reads single elements, so expand must return "
+                        "something with __len__ and __getitem__ (or use shuffle=False)"
+                    )
+                if len(got) != sizes[unit]:
+                    raise _mismatch(units[unit], str(len(got)), sizes[unit])
+                cache[unit] = got
+                if len(cache) > 16:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(unit)
+            yield cache[unit][position - offsets[unit]]
+        return
+
+    positions = list(block_positions(slot, num_slots, total, even))
+    if not positions:
+        return
+    start, stop = positions[0], positions[0]
+    for position in positions:  # the block, then maybe one repeated element
+        if position != stop:
+            break
+        stop += 1
+    first_unit = locate(start) if start < total else len(units)
+    unit = first_unit
+    while unit < len(units) and offsets[unit] < stop:
+        lo = max(start, offsets[unit]) - offsets[unit]
+        hi = min(stop, offsets[unit + 1]) - offsets[unit]
+        if hi > lo:
+            reaches_end = hi == sizes[unit]
+            yield from _elements(expand, units[unit], lo,
+                                 None if reaches_end else hi, sizes[unit])
+        unit += 1
+    for position in positions[stop - start:]:  # even="pad": the repeated element
+        unit = locate(position)
+        local = position - offsets[unit]
+        yield next(_elements(expand, units[unit], local, local + 1, None))
