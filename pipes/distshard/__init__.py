@@ -10,13 +10,18 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
 
 from .context import ShardContext, current_context
 from .datapipe import DistShardIterDataPipe
+from .state import merge_states
+from .stateful import StatefulPipeline, gather_states
 from .verify import VerifyReport, verify
 
 __all__ = [
     "DistShardIterDataPipe",
     "ShardContext",
+    "StatefulPipeline",
     "VerifyReport",
     "current_context",
+    "gather_states",
+    "merge_states",
     "verify",
 ]
 

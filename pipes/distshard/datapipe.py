@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from itertools import islice
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
@@ -14,7 +15,18 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 from . import context as _context
 from .graph import Pushdown, check_no_sharding, plan_pushdown, random_access, random_pipes
-from .plan import Even, Permutation, check_even, mix_seed, select_stream, slot_count, slot_positions
+from .plan import (
+    Even,
+    Permutation,
+    Remaining,
+    block_positions,
+    check_even,
+    mix_seed,
+    select_stream,
+    slot_count,
+    slot_positions,
+)
+from .state import fresh_state, validate_state
 from .units import check_sizes, iterate_sized_units, iterate_whole_units, unit_sizes
 
 T = TypeVar("T")
@@ -159,6 +171,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._sharding_hint: tuple[int, int] | None = None
         self._random_pipes: list | None = None  # per process, never pickled
         self._pushdown: Pushdown | None = None  # per process, never pickled
+        self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
+        self._progress: _Progress | None = None  # the state of the current iteration
 
     # -- who am I ---------------------------------------------------------------
     def context(self) -> _context.ShardContext:
@@ -197,7 +211,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         Call it with the same value on every rank before each epoch, before the
         DataLoader creates its iterator (workers receive a copy of the pipe then).
         """
-        self._epoch = _check_seed("epoch", epoch, allow_none=False)  # type: ignore[assignment]
+        epoch = _check_seed("epoch", epoch, allow_none=False)  # type: ignore[assignment]
+        if self._resume is not None and self._resume["epoch"] != epoch:
+            self._resume = None  # a loaded state of another epoch no longer applies
+        self._epoch = epoch
         return self
 
     @property
@@ -214,10 +231,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 return self._loader_seed
         return 0
 
-    def _seed_upstream(self, ctx: _context.ShardContext) -> None:
+    def _seed_upstream(self, base: int) -> None:
         if self._random_pipes is None:
             self._random_pipes = random_pipes(self.source_datapipe)
-        base = self.base_seed(ctx)
         for index, pipe in enumerate(self._random_pipes):
             pipe.set_seed(mix_seed(base, self._epoch, index))
 
@@ -228,33 +244,74 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._pushdown = plan_pushdown(self.source_datapipe, self.pushdown and self.expand is None)
         return self._pushdown
 
-    def _order(self, total: int, ctx: _context.ShardContext) -> Permutation | None:
+    @property
+    def mode(self) -> str:
+        """``element``, ``units`` (expand without sizes) or ``sized_units``."""
+        if self.expand is None:
+            return "element"
+        return "units" if self.sizes is None else "sized_units"
+
+    def _start(self, ctx: _context.ShardContext) -> _Progress:
+        """The progress record of the iteration that starts now, from a loaded
+        state if there is one for this epoch."""
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["epoch"] == self._epoch:
+            if resume["slot"] is not None and (resume["slot"], resume["num_slots"]) != (ctx.slot, ctx.num_slots):
+                raise ValueError(
+                    f"the loaded state is slot {resume['slot']} of {resume['num_slots']}'s, but this copy "
+                    f"is slot {ctx.slot} of {ctx.num_slots} (rank {ctx.rank} of {ctx.world_size}, worker "
+                    f"{ctx.worker_id} of {ctx.num_workers}); to resume with other ranks or workers, "
+                    "merge the states of all slots with distshard.merge_states() and load that"
+                )
+            seed = resume["seed"] if resume["seed"] is not None else self.base_seed(ctx)
+            remaining = Remaining((a, b) for a, b in resume["remaining"])
+            return _Progress(self._epoch, seed, remaining, ctx, resume["taken"])
+        return _Progress(self._epoch, self.base_seed(ctx), Remaining(), ctx, 0)
+
+    def _order(self, total: int, seed: int) -> Permutation | None:
         if not self.global_shuffle:
             return None
-        return Permutation(total, mix_seed(self.base_seed(ctx), self._epoch, 0x5EED))
+        return Permutation(total, mix_seed(seed, self._epoch, 0x5EED))
 
     def __iter__(self) -> Iterator[T]:
         ctx = self.context()
-        self._seed_upstream(ctx)
+        progress = self._progress = self._start(ctx)
+        self._seed_upstream(progress.seed)
         if self.expand is not None:
-            yield from self._iter_units(ctx)
-            return
-        plan = self.read_plan()
-        if plan.sequence is not None:
-            selected = self._iter_sequence(plan, ctx)
+            selected = self._iter_units(progress)
         else:
-            selected = select_stream(plan.base, ctx.slot, ctx.num_slots, self.even)
-        if plan.maps:
-            yield from map(plan.apply, selected)
-        else:
-            yield from selected
+            plan = self.read_plan()
+            if plan.sequence is not None:
+                selected = self._iter_sequence(plan, progress)
+            else:
+                selected = select_stream(progress.remaining.stream(plan.base), ctx.slot,
+                                         ctx.num_slots, self.even, progress.taken)
+            if plan.maps:
+                selected = map(plan.apply, selected)
+        for element in selected:
+            progress.taken += 1
+            yield element
+        progress.finished = True
 
-    def _iter_sequence(self, plan: Pushdown, ctx: _context.ShardContext) -> Iterator[Any]:
+    def _positions(self, progress: _Progress, total: int, blocks: bool = False) -> Iterator[int]:
+        """The visit indices this slot still has to yield, out of ``total``."""
+        remaining = progress.remaining.clip(total)
+        count = remaining.length()
+        assert count is not None
+        progress.total = count
+        ctx = progress.ctx
+        layout = block_positions if blocks else slot_positions
+        own = islice(layout(ctx.slot, ctx.num_slots, count, self.even), progress.taken, None)
+        if remaining == Remaining([(0, total)]):
+            return own
+        return map(remaining.indexer(), own)
+
+    def _iter_sequence(self, plan: Pushdown, progress: _Progress) -> Iterator[Any]:
         """The fast path: index the slot's own positions, O(1) to reach any of them."""
         sequence = plan.sequence
         total = len(sequence)
-        positions: Iterator[int] = slot_positions(ctx.slot, ctx.num_slots, total, self.even)
-        order = self._order(total, ctx)
+        positions = self._positions(progress, total)
+        order = self._order(total, progress.seed)
         if order is not None:
             positions = map(order, positions)
         if not plan.copy_elements:
@@ -274,17 +331,60 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                     warned = True
             yield element
 
-    def _iter_units(self, ctx: _context.ShardContext) -> Iterator[Any]:
+    def _iter_units(self, progress: _Progress) -> Iterator[Any]:
         expand = self.expand
         assert expand is not None
+        ctx = progress.ctx
         if self.sizes is None:
-            yield from iterate_whole_units(self.source_datapipe, expand, ctx.slot, ctx.num_slots)
+            if not progress.remaining.is_full:
+                raise ValueError("a merged state cannot be resumed in unit mode without sizes=")
+            yield from iterate_whole_units(self.source_datapipe, expand, ctx.slot, ctx.num_slots,
+                                           progress.taken)
             return
         units = list(self.source_datapipe)
         sizes = unit_sizes(units, self.sizes)
-        order = self._order(sum(sizes), ctx)
-        yield from iterate_sized_units(units, sizes, expand, ctx.slot, ctx.num_slots, self.even,
-                                       order)
+        total = sum(sizes)
+        order = self._order(total, progress.seed)
+        positions = self._positions(progress, total, blocks=order is None)
+        yield from iterate_sized_units(units, sizes, expand, positions, order, check_empty=ctx.slot == 0)
+
+    # -- state ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This copy's position in the epoch, as JSON-serialisable data.
+
+        Taken between two elements it lets a fresh pipe continue exactly after the
+        last element this one yielded. States of all slots can be merged with
+        :func:`distshard.merge_states` to resume with other ranks or workers.
+        """
+        progress = self._progress
+        if progress is not None and progress.epoch == self._epoch:
+            return progress.state(self.mode, self.even)
+        if self._resume is not None:
+            return dict(self._resume)
+        return fresh_state(self._epoch, self.mode, self.even)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration (a slot's or a merged state).
+
+        A state taken at the end of an epoch starts the next epoch. Raises
+        ``ValueError`` for a malformed state or one from another kind of pipeline,
+        leaving this pipe unchanged.
+        """
+        found = validate_state(state)
+        if found["mode"] != self.mode:
+            raise ValueError(
+                f"the state comes from a dist_shard in {found['mode']!r} mode, this one is in "
+                f"{self.mode!r} mode; load it into the pipeline that saved it"
+            )
+        if found["slot"] is not None and found["even"] != self.even:
+            raise ValueError(
+                f"the state was saved with even={found['even']!r} but this pipe has even={self.even!r}"
+            )
+        if found["finished"]:
+            self._epoch, self._resume = found["epoch"] + 1, None
+        else:
+            self._epoch, self._resume = found["epoch"], found
+        self._progress = None
 
     def _total(self) -> int:
         """The number of positions ``dist_shard`` splits, if it can be known."""
@@ -341,3 +441,23 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+class _Progress:
+    """Where the current iteration of one slot is: what its ``state_dict`` reports."""
+
+    __slots__ = ("epoch", "seed", "remaining", "ctx", "taken", "total", "finished")
+
+    def __init__(self, epoch: int, seed: int, remaining: Remaining,
+                 ctx: _context.ShardContext, taken: int) -> None:
+        self.epoch, self.seed, self.remaining, self.ctx = epoch, seed, remaining, ctx
+        self.taken, self.total, self.finished = taken, None, False
+
+    def state(self, mode: str, even: Even) -> dict[str, Any]:
+        state = fresh_state(self.epoch, mode, even)
+        state.update(
+            seed=self.seed, remaining=self.remaining.to_list(), total=self.total,
+            num_slots=self.ctx.num_slots, slot=self.ctx.slot, taken=self.taken,
+            finished=self.finished,
+        )
+        return state

@@ -20,7 +20,7 @@ Terms
 from __future__ import annotations
 
 from itertools import islice
-from typing import Iterable, Iterator, Literal, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -100,7 +100,9 @@ def _nth(it: Iterator[T], skip: int) -> T | object:
     return next(islice(it, skip, skip + 1), _END)
 
 
-def select_stream(items: Iterable[T], slot: int, num_slots: int, even: Even) -> Iterator[T]:
+def select_stream(
+    items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0
+) -> Iterator[T]:
     """Yield ``slot``'s share of ``items`` without knowing how many there are.
 
     Yields exactly what ``slot_positions`` would pick. Skipping is done by
@@ -110,39 +112,65 @@ def select_stream(items: Iterable[T], slot: int, num_slots: int, even: Even) -> 
     stream is shorter than ``slot + 1`` elements, the up to ``slot`` elements
     before it (the degenerate case ``N < num_slots``, where a slot that owns
     nothing must repeat an earlier element).
+
+    ``skip_rounds=k`` resumes after the slot's first ``k`` own elements (which
+    its earlier run yielded): the first ``k`` rounds are skipped unread, except
+    for the element ``"pad"`` may have to repeat.
     """
     it = iter(items)
     if even is None:
-        yield from islice(it, slot, None, num_slots)
+        yield from islice(it, skip_rounds * num_slots + slot, None, num_slots)
         return
-    after = num_slots - 1 - slot  # elements of a round that come after ours
-    if even == "pad":
-        head = list(islice(it, slot))
-        mine = next(it, _END)
-        if mine is _END:
-            if head:  # degenerate N < num_slots: repeat an earlier element
-                yield head[slot % len(head)]
-            return
-        del head
-        pad = mine
+    pad: Any = _END
+    if skip_rounds == 0:
+        if even == "pad":
+            head = list(islice(it, slot))
+            mine = next(it, _END)
+            if mine is _END:
+                if head:  # degenerate N < num_slots: repeat an earlier element
+                    yield head[slot % len(head)]
+                return
+            del head
+            pad = mine
+        else:
+            mine = _nth(it, slot)
+            if mine is _END:
+                return
     else:
-        mine = _nth(it, slot)
+        rest = skip_rounds * num_slots
+        if even == "pad":
+            pad = _nth(it, slot)
+            rest -= slot + 1
+        if (even == "pad" and pad is _END) or (rest and _nth(it, rest - 1) is _END):
+            return  # the stream ended within rounds already consumed: nothing is left
+        start = next(it, _END)
+        if start is _END:
+            return  # it ended on the boundary of the consumed rounds
+        mine = start if slot == 0 else _nth(it, slot - 1)
         if mine is _END:
+            if even == "pad":
+                yield pad
             return
+    yield from _rounds(it, mine, pad, slot, num_slots, even)
+
+
+def _rounds(it: Iterator[T], mine: Any, pad: Any, slot: int, num_slots: int, even: Even) -> Iterator[T]:
+    """The round loop of ``select_stream``, from the slot's element ``mine``."""
+    after = num_slots - 1 - slot  # elements of a round that come after ours
     while True:
         # ``mine`` sits at q * S + slot; its round is complete iff q * S + S - 1 exists.
         if after and _nth(it, after - 1) is _END:
             if even == "pad":
-                yield mine  # type: ignore[misc]
+                yield mine
             return
-        yield mine  # type: ignore[misc]
+        yield mine
         start = next(it, _END)
         if start is _END:
             return  # the stream ended on a round boundary
         mine = start if slot == 0 else _nth(it, slot - 1)
         if mine is _END:
             if even == "pad":
-                yield pad  # type: ignore[misc]
+                yield pad
             return
 
 
@@ -256,3 +284,149 @@ class Permutation:
 
     def __len__(self) -> int:
         return self.n
+
+
+# -- what is left of an epoch (resume, elastic resume) ------------------------------------
+
+
+class Remaining:
+    """An ordered set of indices: disjoint, increasing ``[start, stop)`` intervals,
+    the last of which may be open (``stop=None``: up to the end of the stream).
+
+    An epoch starts as ``[0, None)``: every position. After an interrupted run the
+    part not yet consumed is such a set, and the next run splits *it* among its
+    slots exactly as a fresh run splits ``[0, N)``: the ``j``-th remaining index is
+    the ``j``-th position of the new run.
+    """
+
+    __slots__ = ("intervals",)
+
+    def __init__(self, intervals: Iterable[tuple[int, int | None]] = ((0, None),)) -> None:
+        merged: list[tuple[int, int | None]] = []
+        for start, stop in intervals:
+            if stop is not None and stop <= start:
+                continue
+            if merged:
+                last_start, last_stop = merged[-1]
+                if last_stop is None or start < last_stop:
+                    raise ValueError(f"intervals overlap or are out of order at [{start}, {stop})")
+                if start == last_stop:
+                    merged[-1] = (last_start, stop)
+                    continue
+            if start < 0:
+                raise ValueError(f"interval [{start}, {stop}) starts below 0")
+            merged.append((start, stop))
+        self.intervals = merged
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Remaining) and self.intervals == other.intervals
+
+    def __repr__(self) -> str:
+        return f"Remaining({self.intervals})"
+
+    @property
+    def is_full(self) -> bool:
+        return self.intervals == [(0, None)]
+
+    def clip(self, total: int) -> "Remaining":
+        """The same set with every index ``>= total`` removed (closes an open end)."""
+        return Remaining(
+            (start, total if stop is None or stop > total else stop)
+            for start, stop in self.intervals if start < total
+        )
+
+    def length(self) -> int | None:
+        """How many indices, or ``None`` if the last interval is open."""
+        if self.intervals and self.intervals[-1][1] is None:
+            return None
+        return sum(stop - start for start, stop in self.intervals)  # type: ignore[operator]
+
+    def index(self, j: int) -> int:
+        """The ``j``-th index of the set (0-based)."""
+        for start, stop in self.intervals:
+            if stop is None or j < stop - start:
+                return start + j
+            j -= stop - start
+        raise IndexError("index beyond the remaining set")
+
+    def indexer(self) -> Callable[[int], int]:
+        """``index`` in O(log intervals) per call, for many calls."""
+        if self.is_full:
+            return int
+        starts, firsts, j = [], [], 0
+        for start, stop in self.intervals:
+            starts.append(start)
+            firsts.append(j)
+            j += (stop - start) if stop is not None else 0
+        import bisect
+
+        def index(j: int) -> int:
+            k = bisect.bisect_right(firsts, j) - 1
+            return starts[k] + j - firsts[k]
+
+        return index
+
+    def stream(self, items: Iterable[T]) -> Iterator[T]:
+        """The items of ``items`` at the indices of this set, in order (skipping in C)."""
+        it = iter(items)
+        if self.is_full:
+            yield from it
+            return
+        position = 0
+        for start, stop in self.intervals:
+            if start > position and _nth(it, start - position - 1) is _END:
+                return
+            if stop is None:
+                yield from it
+                return
+            yield from islice(it, stop - start)
+            position = stop
+
+    def compose(self, inner: "Remaining") -> "Remaining":
+        """The indices of this set picked by ``inner``, which counts *within* this set."""
+        out: list[tuple[int, int | None]] = []
+        offsets = []  # (first j of interval, interval)
+        j = 0
+        for start, stop in self.intervals:
+            offsets.append((j, start, stop))
+            j += (stop - start) if stop is not None else 0
+        for a, b in inner.intervals:
+            for first, start, stop in offsets:
+                length = None if stop is None else stop - start
+                lo = max(a, first)
+                hi = b if length is None else (first + length if b is None else min(b, first + length))
+                if hi is not None and hi <= lo:
+                    continue
+                out.append((start + lo - first, None if hi is None else start + hi - first))
+        return Remaining(out)
+
+    def to_list(self) -> list[list[int | None]]:
+        return [[start, stop] for start, stop in self.intervals]
+
+
+def left_after_round_robin(taken: Sequence[int], num_slots: int) -> Remaining:
+    """What is left when slot ``s`` of a round-robin split consumed its first
+    ``taken[s]`` positions (counted within the set being split)."""
+    if len(taken) != num_slots:
+        raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
+    low, high = min(taken), max(taken)
+    band = [
+        (j, j + 1)
+        for j in range(low * num_slots, high * num_slots)
+        if j // num_slots >= taken[j % num_slots]
+    ]
+    return Remaining(band + [(high * num_slots, None)])
+
+
+def left_after_blocks(taken: Sequence[int], num_slots: int, total: int, even: Even) -> Remaining:
+    """What is left when slot ``s`` of a block split of ``total`` positions consumed
+    the first ``taken[s]`` positions of its block (``drop``'s tail stays left)."""
+    if len(taken) != num_slots:
+        raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
+    pieces = []
+    for slot, count in enumerate(taken):
+        start, stop = block_range(slot, num_slots, total, even)
+        pieces.append((start + count, stop))
+    if even == "drop":
+        pieces.append((num_slots * (total // num_slots), total))
+    return Remaining(pieces)

@@ -118,9 +118,11 @@ def _strided(expand: Expand, unit: Any, first: int, step: int) -> Iterator[Any]:
 
 
 def iterate_whole_units(
-    units: Iterable[Any], expand: Expand, slot: int, num_slots: int
+    units: Iterable[Any], expand: Expand, slot: int, num_slots: int, skip: int = 0
 ) -> Iterator[Any]:
-    """Unit mode without sizes.
+    """Unit mode without sizes; ``skip`` resumes after the slot's first ``skip``
+    elements (whole units it owns are skipped by length when ``expand`` returns a
+    sequence, never decoded).
 
     Holds at most ``num_slots`` units (not elements) while it looks for the end
     of a round.
@@ -129,24 +131,54 @@ def iterate_whole_units(
     for unit in units:
         buffer.append(unit)
         if len(buffer) == num_slots:
-            yield from _elements(expand, buffer[slot], 0, None, None)
+            got = expand(buffer[slot])
             buffer = []
+            if _is_sequence(got):
+                if skip >= len(got):
+                    skip -= len(got)
+                    continue
+                yield from (got[i] for i in range(skip, len(got)))
+                skip = 0
+            else:
+                for element in got:
+                    if skip:
+                        skip -= 1
+                    else:
+                        yield element
     if buffer:
         index, offset, step = leftover_share(slot, num_slots, len(buffer))
-        yield from _strided(expand, buffer[index], offset, step)
+        yield from islice(_strided(expand, buffer[index], offset, step), skip, None)
+
+
+def _runs(positions: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """Group increasing consecutive positions into ``[start, stop)`` runs."""
+    start = stop = None
+    for position in positions:
+        if position == stop:
+            stop += 1
+            continue
+        if start is not None:
+            yield start, stop  # type: ignore[misc]
+        start, stop = position, position + 1
+    if start is not None:
+        yield start, stop  # type: ignore[misc]
 
 
 def iterate_sized_units(
-    units: list, sizes: list[int], expand: Expand, slot: int, num_slots: int, even: Even,
-    order: Permutation | None,
+    units: list, sizes: list[int], expand: Expand, positions: Iterable[int],
+    order: Permutation | None, check_empty: bool = False,
 ) -> Iterator[Any]:
-    """Unit mode with sizes: a contiguous block of the global index space, or the
-    slot's share of a permutation of it."""
+    """Unit mode with sizes: the elements at ``positions`` of the global element
+    index space (through the permutation ``order`` with ``shuffle=True``).
+
+    Without ``order`` the positions form a contiguous block (plus, for
+    ``even="pad"``, one repeated element), read unit range by unit range.
+    ``check_empty``: also check that units declared empty are (no block reads them).
+    """
     offsets = [0]
     for size in sizes:
         offsets.append(offsets[-1] + size)
-    total = offsets[-1]
-    if slot == 0:  # a unit declared empty is read by no block: slot 0 checks it is
+    if check_empty:
         for unit, size in zip(units, sizes):
             if size == 0:
                 for _ in _elements(expand, unit, 0, None, 0):
@@ -157,7 +189,7 @@ def iterate_sized_units(
 
     if order is not None:
         cache: OrderedDict[int, Any] = OrderedDict()
-        for visit in slot_positions(slot, num_slots, total, even):
+        for visit in positions:
             position = order(visit)
             unit = locate(position)
             if unit not in cache:
@@ -178,25 +210,12 @@ def iterate_sized_units(
             yield cache[unit][position - offsets[unit]]
         return
 
-    positions = list(block_positions(slot, num_slots, total, even))
-    if not positions:
-        return
-    start, stop = positions[0], positions[0]
-    for position in positions:  # the block, then maybe one repeated element
-        if position != stop:
-            break
-        stop += 1
-    first_unit = locate(start) if start < total else len(units)
-    unit = first_unit
-    while unit < len(units) and offsets[unit] < stop:
-        lo = max(start, offsets[unit]) - offsets[unit]
-        hi = min(stop, offsets[unit + 1]) - offsets[unit]
-        if hi > lo:
-            reaches_end = hi == sizes[unit]
-            yield from _elements(expand, units[unit], lo,
-                                 None if reaches_end else hi, sizes[unit])
-        unit += 1
-    for position in positions[stop - start:]:  # even="pad": the repeated element
-        unit = locate(position)
-        local = position - offsets[unit]
-        yield next(_elements(expand, units[unit], local, local + 1, None))
+    for start, stop in _runs(positions):
+        unit = locate(start)
+        while unit < len(units) and offsets[unit] < stop:
+            lo = max(start, offsets[unit]) - offsets[unit]
+            hi = min(stop, offsets[unit + 1]) - offsets[unit]
+            if hi > lo:
+                yield from _elements(expand, units[unit], lo,
+                                     None if hi == sizes[unit] else hi, sizes[unit])
+            unit += 1

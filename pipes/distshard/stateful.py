@@ -1,0 +1,101 @@
+"""Checkpointing a whole pipeline: :class:`StatefulPipeline` and the collective
+that gathers every rank's state for an elastic resume.
+
+torchdata's ``StatefulDataLoader`` wraps every ``IterDataPipe`` in torch's
+serialization wrapper, which hides the pipe's ``state_dict``; it then falls back
+to re-iterating the consumed prefix ("naively fast-forwarding"). Wrapping the
+pipeline in :class:`StatefulPipeline` (an ``IterableDataset``, not an
+``IterDataPipe``) lets the loader see and restore the exact position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch.utils.data import IterableDataset
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+
+from .datapipe import DistShardIterDataPipe
+from .graph import upstream_pipes
+from .state import find_states, merge_states
+
+__all__ = ["StatefulPipeline", "gather_states"]
+
+_KEY = "distshard_pipeline"
+
+
+class StatefulPipeline(IterableDataset):
+    r"""A pipeline with ``state_dict`` / ``load_state_dict``, for checkpoints.
+
+    The state is the position of the pipeline's ``dist_shard``: exact at a batch
+    boundary as long as the pipes after ``dist_shard`` hold nothing between two
+    outputs (``map``, ``filter``, ``batch`` and ``collate`` qualify; a
+    ``shuffle()`` *after* ``dist_shard`` holds a buffer, whose elements a resume
+    skips: shuffle before ``dist_shard`` or use ``dist_shard(shuffle=True)``).
+
+    Use it as the dataset of torchdata's ``StatefulDataLoader`` (any number of
+    workers: each worker's state travels in the loader's ``state_dict()``), of
+    torch's ``DataLoader`` with ``num_workers=0``, or iterate it directly. torch's
+    ``DataLoader`` with workers never reports worker state: use
+    ``StatefulDataLoader`` there, it takes the same arguments.
+
+    Example:
+        >>> from torchdata.stateful_dataloader import StatefulDataLoader
+        >>> pipeline = distshard.StatefulPipeline(
+        ...     IterableWrapper(records).dist_shard(even="drop").map(decode).batch(32))
+        >>> loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=2)
+        >>> state = loader.state_dict()       # at any step, on every rank  # doctest: +SKIP
+        >>> loader.load_state_dict(state)     # same ranks and workers       # doctest: +SKIP
+        >>> pipeline.load_state_dict(distshard.merge_states(all_ranks_states))  # any  # doctest: +SKIP
+    """
+
+    def __init__(self, pipeline: IterDataPipe) -> None:
+        if not isinstance(pipeline, IterDataPipe):
+            raise TypeError(f"StatefulPipeline wraps an IterDataPipe, got {type(pipeline).__name__}")
+        shards = [p for p in upstream_pipes(pipeline) if isinstance(p, DistShardIterDataPipe)]
+        if len(shards) != 1:
+            raise ValueError(
+                f"StatefulPipeline needs exactly one dist_shard in the pipeline, found {len(shards)}"
+            )
+        self.pipeline = pipeline
+        self.shard: DistShardIterDataPipe = shards[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.pipeline)
+
+    def __len__(self) -> int:
+        return len(self.pipeline)
+
+    def set_epoch(self, epoch: int) -> "StatefulPipeline":
+        """Set the epoch of the pipeline's ``dist_shard`` (see its ``set_epoch``)."""
+        self.shard.set_epoch(epoch)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {_KEY: 1, "shard": self.shard.state_dict()}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Load a state this pipeline saved, a merged state, or the states of all
+        slots of a run (merged here). Malformed input raises ``ValueError`` and
+        leaves the pipeline unchanged."""
+        found = find_states(state)
+        if not found:
+            raise ValueError(
+                "no distshard state found in what was passed to load_state_dict; pass what "
+                "StatefulPipeline.state_dict() or distshard.merge_states() returned"
+            )
+        self.shard.load_state_dict(found[0] if len(found) == 1 else merge_states(found))
+
+
+def gather_states(state: Any, group: Any = None) -> dict[str, Any]:
+    """Collective: merge the states every rank passes (its pipeline's or its
+    StatefulDataLoader's ``state_dict()``) into one state any world size can load.
+
+    Every rank of ``group`` must call it at the same step; every rank gets the
+    merged state (save it from rank 0).
+    """
+    import torch.distributed as dist
+
+    states: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(states, state, group=group)
+    return merge_states(states)
