@@ -216,3 +216,55 @@ def read_units_sized_iterator():
 
 def read_units_whole_sequence():
     return IterableWrapper(range(len(UNIT_SIZES))).shuffle().dist_shard(expand=expand_sequence)
+
+
+# -- resume, elastic resume and a killed rank (test_resume.py) ---------------------------
+
+N_RESUME = 203
+
+
+def resume_pipeline(even="drop"):
+    """Shuffled upstream, decode after the shard, batches of 3."""
+    return IterableWrapper(records(N_RESUME)).shuffle().dist_shard(even=even).map(decode).batch(3)
+
+
+def _ids(batch):
+    return [r["id"] for r in batch]
+
+
+def run_and_checkpoint(rank, world_size, workers, steps, state=None, kill_rank=None, state_dir=None):
+    """One rank of a training-like loop over a StatefulDataLoader.
+
+    Loads ``state`` (a merged state) if given, runs ``steps`` steps (all of the
+    epoch if None) with an all_reduce per step, and returns the ids it consumed
+    and its loader state. With ``state_dir`` it saves that checkpoint to a file
+    and goes on; ``kill_rank`` then SIGKILLs itself three steps later.
+    """
+    import json
+    import signal
+
+    import torch.distributed as dist
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    pipeline = distshard.StatefulPipeline(resume_pipeline())
+    if state is not None:
+        pipeline.load_state_dict(state)
+    kwargs = {"multiprocessing_context": "fork", "timeout": 60} if workers else {}
+    loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=workers, **kwargs)
+    grad = torch.zeros(2)
+    consumed = []
+    iterator = iter(loader)
+    step = 0
+    for batch in iterator:
+        consumed.extend(_ids(batch))
+        dist.all_reduce(grad)
+        step += 1
+        if steps is not None and step == steps:
+            if state_dir is None:
+                return consumed, loader.state_dict()
+            with open(f"{state_dir}/rank{rank}.json", "w") as handle:
+                json.dump({"consumed": consumed, "state": loader.state_dict()}, handle)
+        if kill_rank == rank and steps is not None and step == steps + 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return consumed, loader.state_dict()

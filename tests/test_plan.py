@@ -106,3 +106,84 @@ def test_mix_seed_is_deterministic_in_range_and_order_sensitive(a, b, c, d):
     assert 0 <= value < 2**63
     if (b, c) != (c, b):
         assert mix_seed(a, b, c) != mix_seed(a, c, b) or b == c
+
+
+# -- what is left after an interrupted run ---------------------------------------------
+
+from distshard.plan import (  # noqa: E402
+    Remaining,
+    block_positions,
+    block_range,
+    left_after_blocks,
+    left_after_round_robin,
+)
+
+
+@st.composite
+def interrupted_runs(draw):
+    num_slots = draw(st.integers(1, 12))
+    total = draw(st.integers(0, 300))
+    even = draw(evens)
+    taken = [draw(st.integers(0, slot_count(s, num_slots, total, even) + (even == "pad")))
+             for s in range(num_slots)]
+    return num_slots, total, even, taken
+
+
+@given(interrupted_runs())
+def test_round_robin_leftover_is_exactly_what_was_not_taken(run):
+    num_slots, total, even, taken = run
+    consumed = set()
+    for slot, count in enumerate(taken):
+        consumed.update(p for p in list(slot_positions(slot, num_slots, total, even))[:count] if
+                        slot_of(p, num_slots) == slot)
+    left = left_after_round_robin(taken, num_slots).clip(total)
+    left_positions = [left.index(j) for j in range(left.length())]
+    assert left_positions == sorted(set(range(total)) - consumed)
+
+
+@given(interrupted_runs())
+def test_block_leftover_is_exactly_what_was_not_taken(run):
+    num_slots, total, even, taken = run
+    consumed = set()
+    for slot, count in enumerate(taken):
+        start, stop = block_range(slot, num_slots, total, even)
+        mine = list(block_positions(slot, num_slots, total, even))
+        assert mine[: stop - start] == list(range(start, stop))  # a block, then maybe a repeat
+        consumed.update(p for p in mine[:count] if start <= p < stop)  # a repeat consumes nothing
+    left = left_after_blocks(taken, num_slots, total, even)
+    assert [left.index(j) for j in range(left.length())] == sorted(set(range(total)) - consumed)
+
+
+intervals = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 15)), max_size=6)
+
+
+def _remaining(pairs, open_end):
+    out, position = [], 0
+    for gap, length in pairs:
+        start = position + gap
+        out.append((start, start + length))
+        position = start + length
+    if open_end:
+        out.append((position + 1, None))
+    return Remaining(out)
+
+
+@given(intervals, st.booleans(), intervals, st.booleans())
+def test_compose_and_stream_agree_with_plain_indexing(outer_pairs, outer_open, inner_pairs, inner_open):
+    outer, inner = _remaining(outer_pairs, outer_open), _remaining(inner_pairs, inner_open)
+    limit = 400
+    outer_list = list(outer.stream(range(limit)))
+    inner_list = [j for j in inner.stream(range(len(outer_list)))]
+    expected = [outer_list[j] for j in inner_list]
+    assert list(outer.compose(inner).stream(range(limit))) == expected
+    assert [outer.index(j) for j in range(len(outer_list))] == outer_list
+    index = outer.indexer()
+    assert [index(j) for j in range(len(outer_list))] == outer_list
+
+
+@given(st.integers(1, 9), st.integers(0, 120), evens)
+def test_skip_rounds_resumes_the_streaming_selector(num_slots, total, even):
+    for slot in range(num_slots):
+        full = list(slot_positions(slot, num_slots, total, even))
+        for taken in range(len(full) + 1):
+            assert list(select_stream(range(total), slot, num_slots, even, taken)) == full[taken:]

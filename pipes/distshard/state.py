@@ -85,6 +85,9 @@ def validate_state(state: object) -> dict[str, Any]:
         for pair in remaining
     ):
         raise _fail(f"remaining={remaining!r} must be a list of [start, stop] pairs of ints (stop may be None)")
+    empty = [pair for pair in remaining if pair[1] is not None and pair[1] <= pair[0]]
+    if empty:
+        raise _fail(f"remaining has an empty or inverted interval {list(empty[0])}")
     try:
         intervals = Remaining((a, b) for a, b in remaining)
     except ValueError as exc:

@@ -1,0 +1,519 @@
+"""Time to the first element after resuming mid-epoch: ``dist_shard``'s own state
+against torchdata ``StatefulDataLoader``'s naive fast-forward, in one run.
+
+What is measured
+----------------
+Single process, no ``torch.distributed``, no DataLoader workers. Every variant
+simulates a realistic slot: **rank 1 of world size 4** (slot 1 of 4, which owns
+the stream positions ``1, 5, 9, ...``: a share of ``N / 4`` elements). The stream
+is ``range(N)`` (N = 1,000,000 by default) followed by a cheap ``decode`` (a
+short integer-hash loop, ~1.5-2 us per call; the measured cost is printed in the
+header). Resume points: after the slot consumed 0 %, 50 % and 90 % of its share.
+
+``dist_shard`` (fast path)
+    ``IterableWrapper(range(N), deepcopy=False).map(decode).dist_shard(rank=1,
+    world_size=4)``. The source has random access, so the slot indexes its own
+    positions and runs ``decode`` on them only. Resume: a fresh pipe,
+    ``load_state_dict(state)``, then ``next(iter(pipe))`` is timed.
+``dist_shard`` (iterator source)
+    The same over ``IterableWrapper(IterOnly(range(N)), deepcopy=False)``, where
+    ``IterOnly`` has nothing but ``__iter__``: ``dist_shard`` must walk the stream.
+    On resume it skips the consumed rounds with ``itertools.islice`` without
+    running ``decode`` on them, so the time grows with the resume point but stays
+    far below re-decoding the prefix.
+``StatefulDataLoader`` + ``sharding_filter`` (the baseline)
+    ``IterableWrapper(range(N), deepcopy=False).map(decode).sharding_filter()``
+    given to ``StatefulDataLoader(pipe, batch_size=None, num_workers=0)``. The
+    loader wraps an ``IterDataPipe`` in torch's serialization wrapper, which has
+    no ``state_dict``, so on resume it logs "naively fast-forwarding your dataset
+    by k steps" and re-iterates (and re-decodes) the whole prefix, 4 stream
+    elements per step. Resume: a new loader, ``load_state_dict(state)``, then
+    ``next(iter(loader))`` is timed (the fast-forward happens inside ``iter``).
+
+    Note on sharding: with ``num_workers=0`` the loader calls
+    ``apply_sharding(pipe, world_size, rank)`` itself on every ``iter()``, with
+    the values of ``torch.distributed``, i.e. ``(1, 0)`` here, which would undo an
+    ``apply_sharding(pipe, 4, 1)`` done beforehand and read the whole stream. So
+    while a loader is built and iterated, ``torch.utils.data.dataloader.
+    _get_distributed_settings`` is patched to return ``(4, 1)``: the loader then
+    shards exactly as it would on rank 1 of a real world of 4. The correctness
+    check below would catch an unsharded baseline.
+``StatefulDataLoader`` + ``StatefulPipeline``
+    ``StatefulDataLoader(distshard.StatefulPipeline(<fast-path pipe>),
+    batch_size=None, num_workers=0)``, same protocol as the baseline. The
+    pipeline's ``state_dict`` travels in the loader's state, so the loader must
+    not fast-forward (and must not log the warning).
+
+Protocol
+--------
+For every variant one uninterrupted run is made (untimed): it is iterated to
+0 %, 50 % and 90 % of the slot's share, and at each point the state is taken
+(``pipe.state_dict()`` / ``loader.state_dict()``) together with the next
+``CHECK`` elements the run yields after it. Each timed repeat builds a fresh pipe
+or loader, loads a deep copy of the saved state (untimed, reported as ``setup``
+in the JSON), and times ``next(iter(...))`` with the garbage collector off.
+After the clock stops, every repeat checks that the resumed run's first
+``CHECK`` elements equal the uninterrupted run's (its first element is the timed
+one), and that they are ``decode(1 + 4 j)`` for the right ``j`` (the slot's own
+positions: catches a variant that silently does not shard). The warnings and log
+records emitted while resuming are captured; the table says whether the naive
+fast-forward message was among them.
+
+Repeats are interleaved: in each round every cell (variant x resume point) is
+timed once, in an order rotated from round to round. The table reports the
+median. A cell whose first repeat takes more than ``--slow-threshold`` seconds
+(the baseline at 50 % and 90 %) gets only ``--slow-repeats`` repeats (default
+3) to keep the whole run under ~4 minutes on a 2-core machine; the ``repeats``
+column says how many each row got at each point.
+
+How to run
+----------
+::
+
+    .venv/bin/python benchmarks/bench_resume.py                  # N=1_000_000, repeats=5
+    .venv/bin/python benchmarks/bench_resume.py --quick          # N=100_000, repeats=3
+    .venv/bin/python benchmarks/bench_resume.py --json resume.json
+
+It prints a header line (command, Python / torch / torchdata versions, N,
+``os.cpu_count()``) and a Markdown table for the README. This is a benchmark,
+not a test: nothing asserts on timings. A failed correctness check is printed
+and makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
+
+import torch  # noqa: E402
+import torch.utils.data.dataloader as _torch_dataloader  # noqa: E402
+from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
+from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
+from torch.utils.data.graph_settings import apply_sharding  # noqa: E402
+
+import torchdata  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+from torchdata.stateful_dataloader import stateful_dataloader as _sdl_module  # noqa: E402
+
+import distshard  # noqa: E402  (registers .dist_shard())
+
+DEFAULT_N = 1_000_000
+QUICK_N = 100_000
+DEFAULT_REPEATS = 5
+QUICK_REPEATS = 3
+DEFAULT_SLOW_REPEATS = 3
+DEFAULT_SLOW_THRESHOLD_S = 1.0
+DEFAULT_DECODE_ITERS = 20
+RANK, WORLD_SIZE = 1, 4  # the simulated slot: rank 1 of 4 (no workers: slot 1 of 4)
+FRACTIONS = (0.0, 0.5, 0.9)
+CHECK = 4  # elements compared after every resume
+NAIVE_MARK = "naively fast-forwarding"
+
+# -- the pipeline's pieces ------------------------------------------------------------
+
+_decode_iters = DEFAULT_DECODE_ITERS
+
+
+def decode(x: int) -> int:
+    """A cheap, deterministic, element-dependent "decode": a short integer hash loop."""
+    h = x
+    for _ in range(_decode_iters):
+        h = (h * 0x01000193 + 0x9E37) & 0xFFFFFFFF
+    return h
+
+
+def decode_cost_us(samples: int = 200_000) -> float:
+    """Measured cost of one ``decode`` call, in microseconds (best of 3)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for x in range(samples):
+            decode(x)
+        best = min(best, time.perf_counter() - start)
+    return best / samples * 1e6
+
+
+class IterOnly:
+    """An iterable with no ``__len__`` / ``__getitem__``: forces streaming."""
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self.iterable = iterable
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.iterable)
+
+
+def fast_pipe(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n), deepcopy=False).map(decode).dist_shard(rank=RANK, world_size=WORLD_SIZE)
+
+
+def stream_pipe(n: int) -> IterDataPipe:
+    return IterableWrapper(IterOnly(range(n)), deepcopy=False).map(decode).dist_shard(
+        rank=RANK, world_size=WORLD_SIZE)
+
+
+def naive_loader(n: int) -> StatefulDataLoader:
+    pipe = IterableWrapper(range(n), deepcopy=False).map(decode).sharding_filter()
+    apply_sharding(pipe, WORLD_SIZE, RANK)  # redone by the loader itself (see loader_rank)
+    return StatefulDataLoader(pipe, batch_size=None, num_workers=0)
+
+
+def pipeline_loader(n: int) -> StatefulDataLoader:
+    return StatefulDataLoader(distshard.StatefulPipeline(fast_pipe(n)), batch_size=None, num_workers=0)
+
+
+@contextmanager
+def loader_rank(rank: int, world_size: int) -> Iterator[None]:
+    """Make torch's DataLoader iterators see ``(world_size, rank)`` as if
+    ``torch.distributed`` were initialized (they call ``apply_sharding`` with it)."""
+    saved = _torch_dataloader._get_distributed_settings
+    _torch_dataloader._get_distributed_settings = lambda: (world_size, rank)
+    try:
+        yield
+    finally:
+        _torch_dataloader._get_distributed_settings = saved
+
+
+@contextmanager
+def _no_context() -> Iterator[None]:
+    yield
+
+
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    label: str
+    build: Callable[[int], Any]  # n -> a pipe or a loader
+    is_loader: bool
+
+    def context(self):  # type: ignore[no-untyped-def]
+        return loader_rank(RANK, WORLD_SIZE) if self.is_loader else _no_context()
+
+    def state(self, obj: Any) -> Any:
+        return obj.state_dict()
+
+
+VARIANTS = (
+    Variant("fast", "`dist_shard` fast path (range source)", fast_pipe, False),
+    Variant("stream", "`dist_shard` iterator source (`IterOnly`)", stream_pipe, False),
+    Variant("naive", "`StatefulDataLoader` + `sharding_filter` (naive fast-forward)", naive_loader, True),
+    Variant("pipeline", "`StatefulDataLoader` + `StatefulPipeline(dist_shard)`", pipeline_loader, True),
+)
+
+
+def reads(variant: Variant, n: int) -> str:
+    """How the variant reaches its resume point, in words, from what it actually is."""
+    if variant.key == "naive":
+        return "re-iterates the prefix"
+    pipe = fast_pipe(n) if variant.key == "pipeline" else variant.build(n)
+    return "indexes" if pipe.read_plan().sequence is not None else "streams"
+
+
+# -- preparation: one uninterrupted run per variant -------------------------------------
+
+
+@dataclass
+class Point:
+    fraction: float
+    taken: int  # elements of the slot's share consumed before the state was taken
+    state: Any
+    expected: list[Any]  # what the uninterrupted run yielded right after the state
+
+
+def prepare(variant: Variant, n: int, share: int) -> tuple[list[Point], float]:
+    """Iterate once through 90 % of the share, saving the state (and the next
+    ``CHECK`` elements) at every resume point. Returns the points and the wall time."""
+    start = time.perf_counter()
+    points: list[Point] = []
+    with variant.context():
+        obj = variant.build(n)
+        it = iter(obj)
+        consumed = 0
+        for fraction in FRACTIONS:
+            taken = int(round(fraction * share))
+            for _ in islice(it, taken - consumed):
+                pass
+            consumed = taken
+            state = copy.deepcopy(variant.state(obj))
+            expected = list(islice(it, CHECK))
+            consumed += len(expected)
+            points.append(Point(fraction, taken, state, expected))
+    return points, time.perf_counter() - start
+
+
+# -- timing ------------------------------------------------------------------------------
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"log {record.levelname}: {record.getMessage()}")
+
+
+@dataclass
+class Cell:
+    variant: Variant
+    point: Point
+    first_s: list[float] = field(default_factory=list)
+    setup_s: list[float] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    planned: int = 0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.first_s)
+
+    @property
+    def naive_warned(self) -> bool:
+        return any(NAIVE_MARK in m for m in self.messages)
+
+
+def own_element(taken: int) -> int:
+    """The element an uninterrupted slot yields after consuming ``taken`` of its share."""
+    return decode(RANK + WORLD_SIZE * taken)
+
+
+def time_once(cell: Cell, n: int) -> None:
+    variant, point = cell.variant, cell.point
+    handler = _Records()
+    _sdl_module.logger.addHandler(handler)
+    try:
+        with variant.context(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            obj = variant.build(n)
+            obj.load_state_dict(copy.deepcopy(point.state))
+            setup = time.perf_counter() - t0
+            gc.collect()
+            gc.disable()
+            try:
+                t1 = time.perf_counter()
+                it = iter(obj)
+                first = next(it)
+                elapsed = time.perf_counter() - t1
+            finally:
+                gc.enable()
+            got = [first, *islice(it, CHECK - 1)]
+    finally:
+        _sdl_module.logger.removeHandler(handler)
+    cell.first_s.append(elapsed)
+    cell.setup_s.append(setup)
+    for message in handler.messages + [f"warning {w.category.__name__}: {w.message}" for w in caught]:
+        if message not in cell.messages:
+            cell.messages.append(message)
+    want = [own_element(point.taken + j) for j in range(CHECK)]
+    if got != point.expected:
+        cell.failures.append(f"resumed run yields {got}, the uninterrupted run yielded {point.expected}")
+    if point.expected != want:
+        cell.failures.append(f"the uninterrupted run yielded {point.expected}, slot {RANK} of "
+                             f"{WORLD_SIZE} owns {want} (decode of positions "
+                             f"{RANK + WORLD_SIZE * point.taken}, ...)")
+
+
+def run(cells: list[Cell], n: int, repeats: int, slow_repeats: int, slow_threshold: float,
+        log: Callable[[str], None]) -> None:
+    for cell in cells:
+        cell.planned = repeats
+    for round_ in range(repeats):
+        shift = round_ % len(cells)
+        order = cells[shift:] + cells[:shift]
+        for cell in order:
+            if len(cell.first_s) >= cell.planned:
+                continue
+            time_once(cell, n)
+            if len(cell.first_s) == 1 and cell.first_s[0] > slow_threshold:
+                cell.planned = min(repeats, slow_repeats)
+        log(f"  round {round_ + 1}/{repeats} done")
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n: int) -> tuple[str, list[dict]]:
+    head = ["variant", "reads", *[f"first element at {int(f * 100)} %" for f in FRACTIONS],
+            "90 % / 0 %", "naive at 90 % / this at 90 %", "repeats", "fast-forward warning", "resume = uninterrupted"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
+    rows = []
+    naive90 = by_key[("naive", FRACTIONS[-1])].median
+    for variant in variants:
+        cells = [by_key[(variant.key, f)] for f in FRACTIONS]
+        medians = [c.median for c in cells]
+        ratio = medians[-1] / medians[0]
+        warned = [f"{int(c.point.fraction * 100)} %" for c in cells if c.naive_warned]
+        ok = all(not c.failures for c in cells)
+        lines.append("| " + " | ".join([
+            variant.label,
+            reads(variant, n),
+            *[_fmt_s(m) for m in medians],
+            f"{ratio:,.1f}×" if ratio >= 10 else f"{ratio:.2f}×",
+            f"{naive90 / medians[-1]:,.0f}×" if variant.key != "naive" else "1×",
+            "/".join(str(len(c.first_s)) for c in cells),
+            ("yes (at " + ", ".join(warned) + ")") if warned else "no",
+            "yes" if ok else "**NO**",
+        ]) + " |")
+        rows.append({
+            "variant": variant.key,
+            "label": variant.label,
+            "reads": reads(variant, n),
+            "ratio_90_over_0": ratio,
+            "cells": [{
+                "fraction": c.point.fraction,
+                "taken": c.point.taken,
+                "next_position": RANK + WORLD_SIZE * c.point.taken,
+                "first_s": c.first_s,
+                "median_first_s": c.median,
+                "setup_s": c.setup_s,
+                "naive_fast_forward_warning": c.naive_warned,
+                "messages": c.messages,
+                "failures": c.failures,
+                "expected": c.point.expected,
+                "state": c.point.state if not variant.is_loader else _jsonable(c.point.state),
+            } for c in cells],
+        })
+    return "\n".join(lines), rows
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _command() -> str:
+    exe = Path(sys.executable)
+    try:
+        shown = os.path.relpath(exe) if exe.is_relative_to(Path.cwd()) else str(exe)
+    except ValueError:
+        shown = str(exe)
+    flags = ["-O"] if sys.flags.optimize else []
+    return shlex.join([shown, *flags, *sys.argv])
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    global _decode_iters
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=None,
+                        help=f"stream length (default {DEFAULT_N:_}; {QUICK_N:_} with --quick)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"timed repeats per cell (default {DEFAULT_REPEATS}; {QUICK_REPEATS} with --quick)")
+    parser.add_argument("--slow-repeats", type=int, default=DEFAULT_SLOW_REPEATS,
+                        help="repeats of a cell whose first repeat is slower than --slow-threshold "
+                             f"(default {DEFAULT_SLOW_REPEATS})")
+    parser.add_argument("--slow-threshold", type=float, default=DEFAULT_SLOW_THRESHOLD_S,
+                        help=f"seconds (default {DEFAULT_SLOW_THRESHOLD_S})")
+    parser.add_argument("--decode-iters", type=int, default=DEFAULT_DECODE_ITERS,
+                        help=f"loop length of decode (default {DEFAULT_DECODE_ITERS}, ~1.5-2 us)")
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: N={QUICK_N:_}")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="dump the raw numbers here")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    n = args.n if args.n is not None else (QUICK_N if args.quick else DEFAULT_N)
+    repeats = args.repeats if args.repeats is not None else (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
+    if n < 10 * WORLD_SIZE * CHECK or repeats < 1 or args.slow_repeats < 1 or args.decode_iters < 0:
+        parser.error("need --n >= 160, --repeats >= 1, --slow-repeats >= 1, --decode-iters >= 0")
+    _decode_iters = args.decode_iters
+    share = len(range(RANK, n, WORLD_SIZE))
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    begin = time.perf_counter()
+    cost = decode_cost_us()
+    log(f"decode: {cost:.2f} us per call; preparing the uninterrupted runs ...")
+    by_key: dict[tuple[str, float], Cell] = {}
+    prep_s: dict[str, float] = {}
+    for variant in VARIANTS:
+        points, seconds = prepare(variant, n, share)
+        prep_s[variant.key] = seconds
+        log(f"  {variant.key}: {seconds:.2f} s")
+        for point in points:
+            by_key[(variant.key, point.fraction)] = Cell(variant, point)
+    log("timing ...")
+    run(list(by_key.values()), n, repeats, args.slow_repeats, args.slow_threshold, log)
+    elapsed = time.perf_counter() - begin
+
+    text, rows = table(VARIANTS, by_key, n)
+    takens = [by_key[("fast", f)].point.taken for f in FRACTIONS]
+    header = (
+        f"`{_command()}` — Python {platform.python_version()}, torch {torch.__version__}, "
+        f"torchdata {torchdata.__version__}, distshard {distshard.__version__}, N={n:,}, "
+        f"repeats={repeats} (median; slow cells {min(repeats, args.slow_repeats)}), "
+        f"os.cpu_count()={os.cpu_count()}"
+    )
+    print(header)
+    print()
+    print(f"Slot {RANK} of {WORLD_SIZE} (rank {RANK}, world size {WORLD_SIZE}, no workers), a share of "
+          f"{share:,} elements; resume after {', '.join(f'{t:,}' for t in takens)} of them. "
+          f"`decode` costs {cost:.2f} µs per call. Time to the first element after "
+          f"`load_state_dict` (median); whole run {elapsed:.0f} s.")
+    print()
+    print(text)
+    failures = [(key, c.failures) for key, c in by_key.items() if c.failures]
+    unexpected = [key for key, c in by_key.items()
+                  if c.naive_warned != (key[0] == "naive" and c.point.taken > 0)]
+    if failures or unexpected:
+        print()
+        for (key, fraction), msgs in failures:
+            print(f"CORRECTNESS FAILURE {key} at {fraction:.0%}: {msgs[0]}")
+        for key, fraction in unexpected:
+            print(f"UNEXPECTED fast-forward warning state for {key} at {fraction:.0%}: "
+                  f"{by_key[(key, fraction)].naive_warned}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "command": _command(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchdata": torchdata.__version__,
+            "distshard": distshard.__version__,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "n": n,
+            "rank": RANK,
+            "world_size": WORLD_SIZE,
+            "share": share,
+            "fractions": list(FRACTIONS),
+            "repeats": repeats,
+            "slow_repeats": args.slow_repeats,
+            "slow_threshold_s": args.slow_threshold,
+            "decode_iters": args.decode_iters,
+            "decode_us": cost,
+            "prepare_s": prep_s,
+            "elapsed_s": elapsed,
+            "rows": rows,
+        }, indent=2, default=repr))
+        log(f"wrote {args.json}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""Exact mid-epoch resume, elastic resume under another world size, a killed rank."""
+
+import json
+import warnings
+
+import pytest
+from torch.utils.data import DataLoader
+from torch.utils.data.datapipes.iter import IterableWrapper
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import distshard
+from distshard.state import validate_state
+from distshard.verify import run_on_group
+
+from . import builds
+from .helpers import as_worker, multiset
+
+TIMEOUT = 60
+
+
+class _Stream:
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        return iter(self.data)
+
+
+def _units(n_units=9):
+    sizes = [(5 * u) % 13 for u in range(n_units)]
+    elements, start = {}, 0
+    for u, size in enumerate(sizes):
+        elements[u] = [f"u{u}e{i}" for i in range(size)]
+    return sizes, elements
+
+
+def _upper(x):
+    return x.upper() if isinstance(x, str) else x
+
+
+SIZES, UNIT_ELEMENTS = _units()
+
+PIPES = {
+    "fast path": lambda even, r, w: IterableWrapper([f"s{i}" for i in range(103)]).map(_upper)
+    .dist_shard(rank=r, world_size=w, even=even),
+    "stream + shuffle": lambda even, r, w: IterableWrapper(_Stream([f"s{i}" for i in range(103)]),
+                                                           deepcopy=False).shuffle()
+    .dist_shard(rank=r, world_size=w, even=even).map(_upper),
+    "shuffle=True": lambda even, r, w: IterableWrapper(range(103)).dist_shard(
+        rank=r, world_size=w, even=even, shuffle=True),
+    "units + sizes": lambda even, r, w: IterableWrapper(list(UNIT_ELEMENTS)).dist_shard(
+        rank=r, world_size=w, even=even, expand=UNIT_ELEMENTS.__getitem__, sizes=SIZES),
+    "units": lambda even, r, w: IterableWrapper(list(UNIT_ELEMENTS)).dist_shard(
+        rank=r, world_size=w, expand=lambda u: iter(UNIT_ELEMENTS[u])),
+}
+
+
+def _cases():
+    for name in PIPES:
+        for even in ((None,) if name == "units" else (None, "drop", "pad")):
+            yield name, even
+
+
+@pytest.mark.parametrize("name, even", list(_cases()))
+def test_plain_loop_resume_equals_an_uninterrupted_run(name, even):
+    def make(*args):
+        return distshard.StatefulPipeline(PIPES[name](*args))
+
+    for world, workers in [(1, 0), (3, 0), (2, 2)]:
+        for rank in range(world):
+            for worker in range(max(1, workers)):
+                with as_worker(worker, workers):
+                    full = list(make(even, rank, world).set_epoch(2))
+                    for k in sorted({0, 1, len(full) // 2, len(full) - 1, len(full)}):
+                        pipe = make(even, rank, world).set_epoch(2)
+                        it = iter(pipe)
+                        head = [next(it) for _ in range(k)]
+                        state = json.loads(json.dumps(pipe.state_dict()))  # JSON all the way
+                        fresh = make(even, rank, world)
+                        fresh.load_state_dict(state)
+                        fresh.set_epoch(2)  # what a training loop does next: keeps the resume
+                        assert head + list(fresh) == full, (name, even, world, rank, worker, k)
+
+
+def test_state_at_the_end_of_an_epoch_starts_the_next():
+    def make():
+        return distshard.StatefulPipeline(PIPES["stream + shuffle"](None, 0, 2))
+
+    pipe = make().set_epoch(4)
+    list(pipe)
+    state = pipe.state_dict()
+    assert state["shard"]["finished"] and state["shard"]["epoch"] == 4
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert fresh.shard.epoch == 5
+    assert list(fresh) == list(make().set_epoch(5)) != list(make().set_epoch(4))
+
+
+def test_resume_does_not_run_maps_on_skipped_elements():
+    calls = []
+
+    def spy(x):
+        calls.append(x)
+        return x
+
+    def make():
+        return IterableWrapper(_Stream(range(1000)), deepcopy=False).map(spy).dist_shard(rank=1, world_size=4)
+
+    pipe = make()
+    it = iter(pipe)
+    for _ in range(200):
+        next(it)
+    state = pipe.state_dict()
+    calls.clear()
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert next(iter(fresh)) == 801
+    assert calls == [801]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [0, 5, 16, 34])
+def test_stateful_dataloader_resumes_exactly_without_fast_forwarding(workers, k):
+    def loader():
+        pipeline = distshard.StatefulPipeline(builds.resume_pipeline()).set_epoch(1)
+        kwargs = {"multiprocessing_context": "fork"} if workers else {}
+        return StatefulDataLoader(pipeline, batch_size=None, num_workers=workers, **kwargs)
+
+    full = [b for b in loader()]
+    slots = max(1, workers)
+    assert len(full) == slots * -(-(203 // slots) // 3)  # even="drop", batch(3) per slot
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(k)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    second = loader()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second.load_state_dict(state)
+        rest = list(second)
+    assert not [w for w in caught if "fast-forward" in str(w.message)]
+    assert head + rest == full
+
+
+def test_torch_dataloader_without_workers_resumes_exactly():
+    def loader():
+        return DataLoader(distshard.StatefulPipeline(builds.resume_pipeline()), batch_size=None)
+
+    full = list(loader())
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(10)]
+    state = first.dataset.state_dict()
+    second = loader()
+    second.dataset.load_state_dict(state)
+    assert head + list(second) == full
+
+
+# -- elastic resume ----------------------------------------------------------------------
+
+
+def _epoch_ids():
+    return multiset(r["id"] for r in builds.records(builds.N_RESUME))
+
+
+@pytest.mark.parametrize("world2, workers2", [(3, 1), (1, 3)])
+def test_elastic_resume_on_real_groups(world2, workers2):
+    first = run_on_group(builds.run_and_checkpoint, world_size=2, args=(2, 5), timeout=TIMEOUT)
+    assert all(o.error is None for o in first), [o.error for o in first]
+    before = [i for o in first for i in o.value[0]]
+    merged = distshard.merge_states([o.value[1] for o in first])
+    assert merged["slot"] is None and not merged["finished"]
+    merged = json.loads(json.dumps(merged))
+    second = run_on_group(builds.run_and_checkpoint, world_size=world2,
+                          args=(workers2, None, merged), timeout=TIMEOUT)
+    assert all(o.error is None for o in second), [o.error for o in second]
+    after = [i for o in second for i in o.value[0]]
+    assert not set(before) & set(after)
+    everything = _epoch_ids()
+    union = multiset(before + after)
+    assert not union - everything  # nothing twice
+    # everything but the new run's even="drop" tail (< its slot count) was consumed
+    assert 0 <= sum((everything - union).values()) < world2 * workers2
+
+
+def test_killed_rank_restarts_from_its_checkpoint(tmp_path):
+    """Rank 1 is SIGKILLed three steps after the checkpoint; the job restarts from
+    the checkpoint files with the same world size, then again with another."""
+    crashed = run_on_group(builds.run_and_checkpoint, world_size=2,
+                           args=(2, 4, None, 1, str(tmp_path)), timeout=20)
+    assert crashed[1].error and "no result" in crashed[1].error  # killed, never answered
+    assert crashed[0].error  # its peer failed instead of hanging
+    saved = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    before = [i for s in saved for i in s["consumed"]]
+    everything = _epoch_ids()
+
+    # same world size: every rank loads its own loader state
+    same = run_on_group(_resume_same, world_size=2, args=(saved,), timeout=TIMEOUT)
+    assert all(o.error is None for o in same), [o.error for o in same]
+    after = [i for o in same for i in o.value]
+    assert multiset(before + after) == everything - _tail(everything, before + after)
+    assert not set(before) & set(after)
+
+    # another world size: merge the checkpoint files, every rank loads the merge
+    merged = distshard.merge_states([s["state"] for s in saved])
+    other = run_on_group(builds.run_and_checkpoint, world_size=3, args=(1, None, merged),
+                         timeout=TIMEOUT)
+    assert all(o.error is None for o in other), [o.error for o in other]
+    after = [i for o in other for i in o.value[0]]
+    assert not set(before) & set(after)
+    assert not multiset(before + after) - everything
+    assert sum((everything - multiset(before + after)).values()) < 3
+
+
+def _tail(everything, got):
+    return everything - multiset(got)
+
+
+def _resume_same(rank, world_size, saved):
+    import torch
+    import torch.distributed as dist
+
+    pipeline = distshard.StatefulPipeline(builds.resume_pipeline())
+    loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=2,
+                                multiprocessing_context="fork", timeout=60)
+    loader.load_state_dict(saved[rank]["state"])
+    consumed, grad = [], torch.zeros(2)
+    for batch in loader:
+        consumed.extend(r["id"] for r in batch)
+        dist.all_reduce(grad)
+    return consumed
+
+
+# -- bad states -----------------------------------------------------------------------------
+
+
+def _good_state():
+    pipe = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
+    it = iter(pipe)
+    next(it)
+    return pipe.state_dict()
+
+
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda s: "nope", "expected a dict, got str"),
+        (lambda s: {"epoch": 1}, "no 'distshard' key"),
+        (lambda s: {**s, "distshard": 99}, "version 99"),
+        (lambda s: {k: v for k, v in s.items() if k != "taken"}, r"missing keys \['taken'\]"),
+        (lambda s: {**s, "taken": -1}, "taken=-1 must be at least 0"),
+        (lambda s: {**s, "epoch": "1"}, "epoch='1' must be an int"),
+        (lambda s: {**s, "slot": 5}, r"slot=5 is outside \[0, num_slots=2\)"),
+        (lambda s: {**s, "slot": None}, "both be set"),
+        (lambda s: {**s, "even": "Drop"}, "even='Drop' is not one of"),
+        (lambda s: {**s, "mode": "magic"}, "mode='magic' is not one of"),
+        (lambda s: {**s, "remaining": [[5, 2], [1, 3]]}, r"empty or inverted interval \[5, 2\]"),
+        (lambda s: {**s, "remaining": [[5, 9], [1, 3]]}, "overlap or are out of order"),
+        (lambda s: {**s, "remaining": "all"}, "must be a list of"),
+        (lambda s: {**s, "finished": "no"}, "finished='no' must be True or False"),
+    ],
+)
+def test_malformed_states_are_rejected_and_leave_the_pipe_unchanged(mutate, words):
+    pipe = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2).set_epoch(3)
+    before = pipe.state_dict()
+    with pytest.raises(ValueError, match=words):
+        pipe.load_state_dict(mutate(_good_state()))
+    assert pipe.state_dict() == before and pipe.epoch == 3
+    assert list(pipe) == list(range(0, 20, 2))
+
+
+def test_states_from_other_pipelines_or_slots_are_refused():
+    state = _good_state()  # slot 0 of 2, element mode
+    units = IterableWrapper(["a"]).dist_shard(rank=0, world_size=2, expand=list)
+    with pytest.raises(ValueError, match="'element' mode, this one is in 'units' mode"):
+        units.load_state_dict(state)
+    dropper = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2, even="drop")
+    with pytest.raises(ValueError, match="saved with even=None"):
+        dropper.load_state_dict(state)
+    other_slot = IterableWrapper(range(20)).dist_shard(rank=1, world_size=3)
+    other_slot.load_state_dict(state)
+    with pytest.raises(ValueError, match="slot 0 of 2's, but this copy is slot 1 of 3.*merge_states"):
+        list(other_slot)
+
+
+def test_merge_needs_every_slot_once():
+    pipes = [IterableWrapper(range(20)).dist_shard(rank=r, world_size=3) for r in range(3)]
+    states = []
+    for pipe in pipes:
+        it = iter(pipe)
+        next(it)
+        states.append(pipe.state_dict())
+    with pytest.raises(ValueError, match=r"slots \[2\] of 3 are missing"):
+        distshard.merge_states(states[:2])
+    with pytest.raises(ValueError, match="slot 1 appears twice"):
+        distshard.merge_states(states + [states[1]])
+    with pytest.raises(ValueError, match="disagree on epoch"):
+        distshard.merge_states(states[:2] + [{**states[2], "epoch": 7}])
+    merged = distshard.merge_states(states)
+    assert merged["remaining"] == [[3, 20]]  # the fast path knows the length
+    assert validate_state(merged) == merged
