@@ -40,6 +40,10 @@ CPU s
     iteration.
 CPU / ideal
     ``CPU s / (N × measured decode cost)``.
+(CPU − floor) / ideal
+    the same without the harness floor (the CPU of row 0, which decodes
+    nothing): what the reading and decoding cost on top of running 12 processes
+    and passing N elements through the DataLoader's queues.
 wall s
     the slowest rank's wall time over the window (ranks start together after a
     ``dist.barrier()``). 12 busy processes share the machine's cores, so on a
@@ -51,10 +55,15 @@ exactly-once
 
 The ``harness floor`` row runs the fast path with no decode at all: its CPU is
 the cost of the processes, the DataLoader and the queues alone, which every
-other row pays too. Targets, stated under the table: 1.00 × N decodes and CPU
-within 1.25 × of the ideal for the ``dist_shard`` fast path (with and without
-``shuffle=True``), pushdown, and unit mode with ``sizes`` and a sequence-returning
-``expand``. Nothing is asserted: this is a benchmark, not a test.
+other row pays too (on a 2-core VM: ~0.4 s for N = 2000, i.e. ~0.4 × the ideal,
+so no row can get within 1.25 × of the ideal on raw CPU at this decode cost).
+Targets, stated under the table: 1.00 × N decodes and CPU within 1.25 × of the
+ideal for the ``dist_shard`` fast path (with and without ``shuffle=True``),
+pushdown, and unit mode with ``sizes`` and a sequence-returning ``expand``; the
+``target`` column says whether they are met on raw CPU or only net of the
+floor. The line under the table compares the decode cost measured in the idle
+parent with what a decode costs inside the loaded workers. Nothing is asserted:
+this is a benchmark, not a test.
 
 Variants
 --------
@@ -111,6 +120,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import statistics
@@ -564,6 +574,15 @@ def in_situ_decode_cost(rows: list[dict[str, Any]], floor_row: dict[str, Any] | 
     return statistics.median(costs) if costs else None
 
 
+def _error_line(text: str) -> str:
+    """The ``SomeError: message`` line of a traceback (torch appends notes after it)."""
+    lines = text.strip().splitlines()
+    for line in reversed(lines):
+        if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
+            return line
+    return lines[-1] if lines else text
+
+
 def _once_cell(row: dict[str, Any]) -> str:
     if row["exactly_once"]:
         return "✓"
@@ -571,8 +590,7 @@ def _once_cell(row: dict[str, Any]) -> str:
     if row["duplicates"] or row["missing"]:
         parts.append(f"{row['duplicates']} dup, {row['missing']} missing")
     if row["errors"]:
-        last = row["errors"][0].strip().splitlines()[-1]
-        parts.append(("error: " + last)[:80])
+        parts.append(("error: " + _error_line(row["errors"][0]))[:100])
     return "✗ " + "; ".join(parts)
 
 
@@ -658,6 +676,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             variants = [BY_KEY["floor"], *[v for v in variants if v.key != "floor"]]
 
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]
     iters, cost = calibrate(DECODE_TARGET_S)
     ideal = n * cost
     rows = []
@@ -669,6 +688,7 @@ def main(argv: Iterable[str] | None = None) -> int:
               f"{'ok' if row['exactly_once'] else 'VIOLATED'} ({row['group_s']:.1f} s)",
               file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - started
+    load_after = os.getloadavg()[0]
     floor_row = rows[0] if rows[0]["key"] == "floor" and rows[0]["complete"] else None
     floor = None if floor_row is None else floor_row["cpu_s"]
     for row in rows:
@@ -681,7 +701,9 @@ def main(argv: Iterable[str] | None = None) -> int:
         f"`{_command()}` — Python {platform.python_version()}, torch {torch.__version__}, "
         f"distshard {distshard.__version__}, N={n:,}, S={NUM_SLOTS} ({WORLD_SIZE} ranks × "
         f"{NUM_WORKERS} fork workers, gloo), units={args.units}, decode = {cost * 1e3:.3f} ms CPU "
-        f"(iters={iters}), ideal = N × decode = {ideal:.2f} s, os.cpu_count()={os.cpu_count()}"
+        f"(iters={iters}), ideal = N × decode = {ideal:.2f} s, os.cpu_count()={os.cpu_count()}, "
+        f"1-min load average {load_before:.1f} before / {load_after:.1f} after (the benchmark "
+        f"itself runs 12 processes; other load inflates CPU per decode)"
     )
     print(header)
     print()
@@ -720,6 +742,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             "ideal_cpu_s": ideal,
             "in_situ_decode_cost_s": in_situ,
             "elapsed_s": elapsed,
+            "loadavg_1min_before": load_before,
+            "loadavg_1min_after": load_after,
             "rows": rows,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,9 @@ Single process, no ``torch.distributed``, no DataLoader workers. Every variant
 simulates a realistic slot: **rank 1 of world size 4** (slot 1 of 4, which owns
 the stream positions ``1, 5, 9, ...``: a share of ``N / 4`` elements). The stream
 is ``range(N)`` (N = 1,000,000 by default) followed by a cheap ``decode`` (a
-short integer-hash loop, ~1.5-2 us per call; the measured cost is printed in the
-header). Resume points: after the slot consumed 0 %, 50 % and 90 % of its share.
+30-step integer-hash loop, ~2 us per call; ``--decode-iters`` changes the loop,
+the measured cost is printed). Resume points: after the slot consumed 0 %, 50 %
+and 90 % of its share (0, 125,000 and 225,000 of its 250,000 elements).
 
 ``dist_shard`` (fast path)
     ``IterableWrapper(range(N), deepcopy=False).map(decode).dist_shard(rank=1,
@@ -20,7 +21,9 @@ header). Resume points: after the slot consumed 0 %, 50 % and 90 % of its share.
     ``IterOnly`` has nothing but ``__iter__``: ``dist_shard`` must walk the stream.
     On resume it skips the consumed rounds with ``itertools.islice`` without
     running ``decode`` on them, so the time grows with the resume point but stays
-    far below re-decoding the prefix.
+    below re-decoding the prefix. (The skip is in C, but every skipped element
+    still passes through torch's per-element iterator hook of the
+    ``IterableWrapper``, ~0.8 us each, which is most of this row's cost.)
 ``StatefulDataLoader`` + ``sharding_filter`` (the baseline)
     ``IterableWrapper(range(N), deepcopy=False).map(decode).sharding_filter()``
     given to ``StatefulDataLoader(pipe, batch_size=None, num_workers=0)``. The
@@ -51,7 +54,11 @@ For every variant one uninterrupted run is made (untimed): it is iterated to
 (``pipe.state_dict()`` / ``loader.state_dict()``) together with the next
 ``CHECK`` elements the run yields after it. Each timed repeat builds a fresh pipe
 or loader, loads a deep copy of the saved state (untimed, reported as ``setup``
-in the JSON), and times ``next(iter(...))`` with the garbage collector off.
+in the JSON), and times ``next(iter(...))`` with the garbage collector off (a
+full collection is done before the build, not just before the clock starts: it
+empties CPython's free lists, which adds ~200 us to the next sub-millisecond
+measurement). ``decode`` counts its calls; the table shows how many ran between
+the start of the clock and the first element at 90 % (1 if nothing is re-decoded).
 After the clock stops, every repeat checks that the resumed run's first
 ``CHECK`` elements equal the uninterrupted run's (its first element is the timed
 one), and that they are ``decode(1 + 4 j)`` for the right ``j`` (the slot's own
@@ -62,9 +69,12 @@ fast-forward message was among them.
 Repeats are interleaved: in each round every cell (variant x resume point) is
 timed once, in an order rotated from round to round. The table reports the
 median. A cell whose first repeat takes more than ``--slow-threshold`` seconds
-(the baseline at 50 % and 90 %) gets only ``--slow-repeats`` repeats (default
-3) to keep the whole run under ~4 minutes on a 2-core machine; the ``repeats``
-column says how many each row got at each point.
+(default 8: only the baseline at 90 %, ~5-10 s per repeat on a 2-core machine,
+can get there) gets only ``--slow-repeats`` repeats (default 3), to keep the
+whole run under ~4 minutes (the untimed preparation of the baseline adds ~10 s);
+the ``repeats`` column says how many each cell got, at 0 / 50 / 90 %. The header
+shows the 1-minute load average before and after the run: on a shared machine
+the slow rows can be off by 2x.
 
 How to run
 ----------
@@ -75,7 +85,7 @@ How to run
     .venv/bin/python benchmarks/bench_resume.py --json resume.json
 
 It prints a header line (command, Python / torch / torchdata versions, N,
-``os.cpu_count()``) and a Markdown table for the README. This is a benchmark,
+``os.cpu_count()``, load average) and a Markdown table for the README. This is a benchmark,
 not a test: nothing asserts on timings. A failed correctness check is printed
 and makes the exit status 1.
 """
@@ -119,8 +129,8 @@ QUICK_N = 100_000
 DEFAULT_REPEATS = 5
 QUICK_REPEATS = 3
 DEFAULT_SLOW_REPEATS = 3
-DEFAULT_SLOW_THRESHOLD_S = 1.0
-DEFAULT_DECODE_ITERS = 20
+DEFAULT_SLOW_THRESHOLD_S = 8.0
+DEFAULT_DECODE_ITERS = 30
 RANK, WORLD_SIZE = 1, 4  # the simulated slot: rank 1 of 4 (no workers: slot 1 of 4)
 FRACTIONS = (0.0, 0.5, 0.9)
 CHECK = 4  # elements compared after every resume
@@ -129,10 +139,13 @@ NAIVE_MARK = "naively fast-forwarding"
 # -- the pipeline's pieces ------------------------------------------------------------
 
 _decode_iters = DEFAULT_DECODE_ITERS
+_decode_calls = 0  # how many times decode ran (to show what a resume re-decodes)
 
 
 def decode(x: int) -> int:
     """A cheap, deterministic, element-dependent "decode": a short integer hash loop."""
+    global _decode_calls
+    _decode_calls += 1
     h = x
     for _ in range(_decode_iters):
         h = (h * 0x01000193 + 0x9E37) & 0xFFFFFFFF
@@ -276,6 +289,7 @@ class Cell:
     point: Point
     first_s: list[float] = field(default_factory=list)
     setup_s: list[float] = field(default_factory=list)
+    decodes: list[int] = field(default_factory=list)  # decode calls until the first element
     messages: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     planned: int = 0
@@ -301,17 +315,20 @@ def time_once(cell: Cell, n: int) -> None:
     try:
         with variant.context(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            gc.collect()  # here, not right before the clock: a full collection empties
+            # CPython's free lists, which makes the next ~100 us of allocations slower
             t0 = time.perf_counter()
             obj = variant.build(n)
             obj.load_state_dict(copy.deepcopy(point.state))
             setup = time.perf_counter() - t0
-            gc.collect()
             gc.disable()
             try:
+                calls = _decode_calls
                 t1 = time.perf_counter()
                 it = iter(obj)
                 first = next(it)
                 elapsed = time.perf_counter() - t1
+                calls = _decode_calls - calls
             finally:
                 gc.enable()
             got = [first, *islice(it, CHECK - 1)]
@@ -319,6 +336,7 @@ def time_once(cell: Cell, n: int) -> None:
         _sdl_module.logger.removeHandler(handler)
     cell.first_s.append(elapsed)
     cell.setup_s.append(setup)
+    cell.decodes.append(calls)
     for message in handler.messages + [f"warning {w.category.__name__}: {w.message}" for w in caught]:
         if message not in cell.messages:
             cell.messages.append(message)
@@ -360,7 +378,7 @@ def _fmt_s(seconds: float) -> str:
 
 def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n: int) -> tuple[str, list[dict]]:
     head = ["variant", "reads", *[f"first element at {int(f * 100)} %" for f in FRACTIONS],
-            "90 % / 0 %", "naive at 90 % / this at 90 %", "repeats", "fast-forward warning", "resume = uninterrupted"]
+            "90 % / 0 %", "naive at 90 % / this at 90 %", "`decode` calls to resume at 90 %", "repeats", "fast-forward warning", "resume = uninterrupted"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
     rows = []
     naive90 = by_key[("naive", FRACTIONS[-1])].median
@@ -374,8 +392,9 @@ def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n:
             variant.label,
             reads(variant, n),
             *[_fmt_s(m) for m in medians],
-            f"{ratio:,.1f}×" if ratio >= 10 else f"{ratio:.2f}×",
-            f"{naive90 / medians[-1]:,.0f}×" if variant.key != "naive" else "1×",
+            _fmt_ratio(ratio),
+            _fmt_ratio(naive90 / medians[-1]) if variant.key != "naive" else "1×",
+            f"{max(cells[-1].decodes):,}",
             "/".join(str(len(c.first_s)) for c in cells),
             ("yes (at " + ", ".join(warned) + ")") if warned else "no",
             "yes" if ok else "**NO**",
@@ -392,6 +411,7 @@ def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n:
                 "first_s": c.first_s,
                 "median_first_s": c.median,
                 "setup_s": c.setup_s,
+                "decode_calls_to_first": c.decodes,
                 "naive_fast_forward_warning": c.naive_warned,
                 "messages": c.messages,
                 "failures": c.failures,
@@ -402,12 +422,26 @@ def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n:
     return "\n".join(lines), rows
 
 
+def _fmt_ratio(ratio: float) -> str:
+    if ratio >= 100:
+        return f"{ratio:,.0f}×"
+    return f"{ratio:.1f}×" if ratio >= 10 else f"{ratio:.2f}×"
+
+
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
         return value
     except TypeError:
         return repr(value)
+
+
+def _loadavg() -> str:
+    """The 1-minute load average (other processes compete for the cores), or "n/a"."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "n/a"
 
 
 def _command() -> str:
@@ -433,7 +467,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--slow-threshold", type=float, default=DEFAULT_SLOW_THRESHOLD_S,
                         help=f"seconds (default {DEFAULT_SLOW_THRESHOLD_S})")
     parser.add_argument("--decode-iters", type=int, default=DEFAULT_DECODE_ITERS,
-                        help=f"loop length of decode (default {DEFAULT_DECODE_ITERS}, ~1.5-2 us)")
+                        help=f"loop length of decode (default {DEFAULT_DECODE_ITERS}, ~2 us)")
     parser.add_argument("--quick", action="store_true", help=f"smoke run: N={QUICK_N:_}")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="dump the raw numbers here")
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -448,6 +482,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     begin = time.perf_counter()
+    load_before = _loadavg()
     cost = decode_cost_us()
     log(f"decode: {cost:.2f} us per call; preparing the uninterrupted runs ...")
     by_key: dict[tuple[str, float], Cell] = {}
@@ -461,6 +496,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     log("timing ...")
     run(list(by_key.values()), n, repeats, args.slow_repeats, args.slow_threshold, log)
     elapsed = time.perf_counter() - begin
+    load_after = _loadavg()
 
     text, rows = table(VARIANTS, by_key, n)
     takens = [by_key[("fast", f)].point.taken for f in FRACTIONS]
@@ -468,7 +504,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         f"`{_command()}` — Python {platform.python_version()}, torch {torch.__version__}, "
         f"torchdata {torchdata.__version__}, distshard {distshard.__version__}, N={n:,}, "
         f"repeats={repeats} (median; slow cells {min(repeats, args.slow_repeats)}), "
-        f"os.cpu_count()={os.cpu_count()}"
+        f"os.cpu_count()={os.cpu_count()}, load average {load_before} before / {load_after} after"
     )
     print(header)
     print()
@@ -509,6 +545,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             "decode_us": cost,
             "prepare_s": prep_s,
             "elapsed_s": elapsed,
+            "loadavg_1min_before_after": [load_before, load_after],
             "rows": rows,
         }, indent=2, default=repr))
         log(f"wrote {args.json}")

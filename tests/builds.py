@@ -268,3 +268,41 @@ def run_and_checkpoint(rank, world_size, workers, steps, state=None, kill_rank=N
             os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
     return consumed, loader.state_dict()
+
+
+# -- stop_together (test_guard.py) -----------------------------------------------------
+
+
+def _keep_for_rank(record):
+    """A data-dependent filter that keeps a different share on every rank."""
+    import torch.distributed as dist
+
+    return int(record["id"][-4:]) % (dist.get_rank() + 2) != 0
+
+
+def guarded_loop(rank, world_size, guard, workers):
+    """A DDP-style loop over a filtered pipeline; returns (steps, unused, per-rank unused, total)."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    pipe = IterableWrapper(records(120)).dist_shard(even="drop").filter(_keep_for_rank).batch(2)
+    kwargs = {"multiprocessing_context": "fork", "timeout": 30} if workers else {}
+    loader = DataLoader(pipe, batch_size=None, num_workers=workers, **kwargs)
+    total = sum(1 for _ in loader)
+    loop = distshard.stop_together(loader, timeout=10) if guard else loader
+    grad = torch.zeros(2)
+    steps = 0
+    for _ in loop:
+        dist.all_reduce(grad)
+        steps += 1
+    dist.barrier()
+    if guard:
+        return steps, loop.unused, loop.unused_per_rank, total
+    return steps, None, None, total
+
+
+def not_a_pipeline_factory():
+    raise RuntimeError("this factory is broken on purpose")
+
+
+NOT_CALLABLE = 3

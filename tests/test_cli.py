@@ -1,7 +1,10 @@
 """The command line, run as a user runs it."""
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 
 def test_demo_reports_exactly_once_and_exits_zero():
@@ -20,3 +23,44 @@ def test_unknown_command_is_a_usage_error():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
+
+
+def _check(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "distshard", "check", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_check_passes_a_good_pipeline():
+    done = _check("tests.builds:dicts_drop", "--world-size", "2", "--num-workers", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: EXACTLY-ONCE" in done.stdout and "per slot: [25, 25, 25, 25]" in done.stdout
+
+
+def test_check_finds_the_duplicates_of_an_unsynced_sharding_filter():
+    done = _check("tests.builds:sharding_filter_unsynced", "--world-size", "3", "--loader", "none", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["verdict"] == "VIOLATIONS FOUND"
+    assert report["duplicates"] == report["missing"] > 0 and report["duplicate_examples"]
+
+
+def test_check_with_even_requires_equal_slots():
+    done = _check("tests.builds:strings_none", "--world-size", "3", "--num-workers", "1", "--even", "drop",
+                  "--timeout", "10")
+    assert done.returncode == 1, done.stdout + done.stderr  # 1000 over 3 slots cannot be equal
+
+
+@pytest.mark.parametrize(
+    "factory, words",
+    [
+        ("tests.builds", "not of the form pkg.module:function"),
+        ("tests.no_such_module:build", "could not import 'tests.no_such_module'"),
+        ("tests.builds:no_such_function", "has no attribute 'no_such_function'"),
+        ("tests.builds:NOT_CALLABLE", "is a int, not a callable"),
+        ("tests.builds:not_a_pipeline_factory", "this factory is broken on purpose"),
+    ],
+)
+def test_check_could_not_run_is_its_own_exit_status(factory, words):
+    done = _check(factory, "--world-size", "2", timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert words in done.stderr

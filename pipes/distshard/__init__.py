@@ -10,18 +10,22 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
 
 from .context import ShardContext, current_context
 from .datapipe import DistShardIterDataPipe
+from .explain import Explanation
+from .guard import stop_together
 from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
 from .verify import VerifyReport, verify
 
 __all__ = [
     "DistShardIterDataPipe",
+    "Explanation",
     "ShardContext",
     "StatefulPipeline",
     "VerifyReport",
     "current_context",
     "gather_states",
     "merge_states",
+    "stop_together",
     "verify",
 ]
 

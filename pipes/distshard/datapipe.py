@@ -6,7 +6,7 @@ import copy
 import warnings
 from itertools import islice
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
@@ -28,6 +28,9 @@ from .plan import (
 )
 from .state import fresh_state, validate_state
 from .units import check_sizes, iterate_sized_units, iterate_whole_units, unit_sizes
+
+if TYPE_CHECKING:
+    from .explain import Explanation
 
 T = TypeVar("T")
 
@@ -410,6 +413,23 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         num_slots = ctx.world_size * workers
         first = ctx.rank * workers
         return sum(slot_count(s, num_slots, total, self.even) for s in range(first, first + workers))
+
+    # -- seeing it -------------------------------------------------------------------
+    def explain(self, pipeline: IterDataPipe | None = None) -> "Explanation":
+        """What this pipe will do here: context and where it came from, the plan
+        (slots, counts, what ``even`` drops or repeats), how often elements are read
+        and decoded as placed, and warnings with their fix. Pass the whole
+        ``pipeline`` to also check what comes after ``dist_shard``.
+
+        Example:
+            >>> print(IterableWrapper(range(10)).dist_shard(rank=0, world_size=2).explain())  # doctest: +SKIP
+        """
+        from .explain import explain
+
+        return explain(self, pipeline)
+
+    def _repr_html_(self) -> str:
+        return self.explain()._repr_html_()
 
     def __repr__(self) -> str:
         options = [f"even={self.even!r}"]

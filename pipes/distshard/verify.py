@@ -123,6 +123,7 @@ def run_on_group(
     args: tuple = (),
     timeout: float = 60.0,
     start_method: str = "spawn",
+    progress: Callable[[str], None] | None = None,
 ) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on every rank of a fresh gloo group.
 
@@ -131,7 +132,8 @@ def run_on_group(
     and no ``RANK`` / ``WORLD_SIZE`` in its environment, as ``mp.spawn`` code does.
     ``fn`` and ``args`` must be picklable; ``fn``'s return value comes back.
     Never waits longer than about ``timeout`` (plus start-up slack): ranks still
-    running then are killed and reported with an ``error``.
+    running then are killed and reported with an ``error``. ``progress``, if
+    given, is called about every 2 seconds with a short status line.
     """
     _context.check_rank_world(0, world_size)
     ctx = mp.get_context(start_method)
@@ -148,11 +150,17 @@ def run_on_group(
     finally:
         os.environ.update(env_backup)
     outcomes: dict[int, RankOutcome] = {}
-    deadline = time.monotonic() + timeout + 30.0  # interpreter start-up gets slack
+    started = time.monotonic()
+    deadline = started + timeout + 30.0  # interpreter start-up gets slack
+    reported = started
     while len(outcomes) < world_size:
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             break
+        if progress is not None and now - reported >= 2.0:
+            reported = now
+            progress(f"{len(outcomes)}/{world_size} ranks done, {now - started:.0f}s elapsed")
         try:
             rank, value, error = results.get(timeout=min(remaining, 1.0))
         except queue_module.Empty:
@@ -249,6 +257,16 @@ class VerifyReport:
         return len(set(self.per_slot)) <= 1
 
     @property
+    def violated(self) -> bool:
+        """The data shows an exactly-once violation (duplicates or missing beyond
+        what ``even`` allows, or unequal slots under ``even``), error or not."""
+        if self.duplicate_count != self.allowed_duplicates * self.epochs:
+            return True
+        if self.error is None and self.missing_count != self.allowed_missing * self.epochs:
+            return True
+        return self.even is not None and not self.slots_equal and self.error is None
+
+    @property
     def ok(self) -> bool:
         """Exactly-once held: nothing duplicated or missing beyond what ``even``
         documents, and with ``even`` set, every slot yielded the same count."""
@@ -318,6 +336,7 @@ def verify(
     epochs: int = 1,
     loader: Literal["torch", "stateful", "none"] = "torch",
     step_collective: bool | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> VerifyReport:
     """Run ``build()`` on every rank of a real gloo group and check exactly-once.
 
@@ -340,6 +359,7 @@ def verify(
         step_collective: do one ``all_reduce`` per element, as DDP does per step,
             so unequal counts fail (or time out) as a training job would. By
             default on when an ``even`` guarantee is checked.
+        progress: called about every 2 seconds with a status line while waiting.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
@@ -367,6 +387,7 @@ def verify(
 
     ranks = run_on_group(
         _verify_rank, world_size=world_size, timeout=timeout, start_method=rank_start_method,
+        progress=progress,
         args=(build, num_workers, start_method, timeout, epochs, loader, step_collective),
     )
     outcomes: dict[int, tuple[str | None, list]] = {}

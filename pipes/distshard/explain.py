@@ -1,0 +1,223 @@
+"""``explain()``: what a ``dist_shard`` pipeline will do, before it runs.
+
+The resolved context (and where it came from), the plan (slots, counts, what
+``even`` drops or repeats, where a few positions go), how often each element is
+read and decoded as the pipeline is placed, and warnings with their fix.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import _is_sharding_datapipe
+
+from .context import ShardContext
+from .plan import block_range, dropped_count, pad_position, padded_count, slot_count
+
+if TYPE_CHECKING:
+    from .datapipe import DistShardIterDataPipe
+
+__all__ = ["Explanation", "explain"]
+
+_SOURCES = {
+    "explicit": "the rank= / world_size= arguments",
+    "torch.distributed": "the initialized torch.distributed process group",
+    "pickled": "torch.distributed as captured when the pipe was sent to this process",
+    "env": "the RANK / WORLD_SIZE environment (torchrun)",
+    "default": "nothing: no rank given, no torch.distributed, no RANK/WORLD_SIZE",
+}
+
+# pipes after dist_shard that change how many elements a slot yields
+_UNBALANCING = ("FilterIterDataPipe", "FlatMapperIterDataPipe", "UnBatcherIterDataPipe")
+
+
+@dataclass
+class Explanation:
+    """What :meth:`DistShardIterDataPipe.explain` found; ``str()`` for terminals,
+    ``_repr_html_`` for notebooks."""
+
+    context: ShardContext
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    total: int | None = None
+    reads_per_element: float | None = None
+    decodes_per_element: float | None = None
+
+    def __str__(self) -> str:
+        out = []
+        for title, lines in self.sections:
+            out.append(f"{title}:")
+            out.extend(f"  {line}" for line in lines)
+        out.append("warnings:" if self.warnings else "warnings: none")
+        out.extend(f"  ! {w}" for w in self.warnings)
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        parts = ["<div class='distshard-explain'>"]
+        for title, lines in self.sections:
+            parts.append(f"<b>{html.escape(title)}</b><ul>")
+            parts.extend(f"<li>{html.escape(line)}</li>" for line in lines)
+            parts.append("</ul>")
+        if self.warnings:
+            parts.append("<b>warnings</b><ul>")
+            parts.extend(f"<li style='color:#b00'>{html.escape(w)}</li>" for w in self.warnings)
+            parts.append("</ul>")
+        else:
+            parts.append("<b>warnings</b>: none")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _name(pipe: Any) -> str:
+    fn = getattr(pipe, "fn", None)
+    if isinstance(pipe, MapperIterDataPipe) and fn is not None:
+        return f"map({getattr(fn, '__name__', type(fn).__name__)})"
+    return type(pipe).__name__.replace("IterDataPipe", "")
+
+
+def _chain(pipe: IterDataPipe, stop: Any = None) -> list:
+    """The linear chain of pipes from ``pipe`` down to its first source (first
+    parent of each), ``stop`` excluded."""
+    chain: list = []
+    graph = traverse_dps(pipe)
+    while graph:
+        node, graph = next(iter(graph.values()))
+        if node is stop:
+            break
+        chain.append(node)
+    return chain
+
+
+def explain(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None) -> Explanation:
+    """Build the :class:`Explanation` of ``pipe`` (see ``DistShardIterDataPipe.explain``)."""
+    ctx = pipe.context()
+    out = Explanation(ctx)
+    S = ctx.num_slots
+    out.sections.append(("context", [
+        f"rank {ctx.rank} of {ctx.world_size}, from {_SOURCES[ctx.source]}",
+        f"worker {ctx.worker_id} of {ctx.num_workers} "
+        + ("(a DataLoader worker)" if ctx.num_workers > 1 or ctx.worker_id else
+           "(no DataLoader worker here: inside a DataLoader with K workers there are K slots per rank)"),
+        f"slot {ctx.slot} of {S} (slot = rank * num_workers + worker_id)",
+    ]))
+    if ctx.source == "default":
+        out.warnings.append(
+            "no distributed context found: every process will think it is rank 0 of 1 and read "
+            "everything. Initialize torch.distributed, run under torchrun, or pass rank=/world_size=."
+        )
+
+    try:
+        total = pipe._total()
+    except TypeError:
+        total = None
+    out.total = total
+    plan_lines = [f"mode: {pipe.mode}; even={pipe.even!r}; shuffle={pipe.global_shuffle}; "
+                  f"epoch={pipe.epoch}; seed={'given: ' + str(pipe.seed) if pipe.seed is not None else 'None (0, or the DataLoader shared seed when synced)'}"]
+    if total is None:
+        plan_lines.append(
+            "stream length unknown: each slot finds its share while streaming; "
+            + {None: "slot counts will differ by at most 1",
+               "drop": f"every slot yields N // {S}, the last N % {S} are dropped",
+               "pad": f"every slot yields ceil(N / {S}), repeating fewer than {S} elements"}[pipe.even]
+        )
+    else:
+        counts = [slot_count(s, S, total, pipe.even) for s in range(S)]
+        shown = counts if S <= 16 else counts[:16] + ["..."]
+        plan_lines.append(f"N = {total} positions over {S} slots; per slot: {shown}; this slot: {counts[ctx.slot]}")
+        if pipe.even == "drop":
+            plan_lines.append(f"even='drop' leaves out the last {dropped_count(S, total, 'drop')} positions")
+        elif pipe.even == "pad":
+            pad = pad_position(ctx.slot, S, total)
+            plan_lines.append(
+                f"even='pad' repeats {padded_count(S, total, 'pad')} elements in all"
+                + (f"; this slot repeats position {pad}" if pad is not None else "; none in this slot")
+            )
+        if pipe.mode == "sized_units" and not pipe.global_shuffle:
+            start, stop = block_range(ctx.slot, S, total, pipe.even)
+            plan_lines.append(f"this slot reads the contiguous element block [{start}, {stop})")
+        elif pipe.mode == "element":
+            sample = min(total, 2 * S, 16)
+            where = ", ".join(f"{p}->s{p % S}" for p in range(sample))
+            plan_lines.append(f"positions -> slots{' (visit order, then permuted)' if pipe.global_shuffle else ''}: {where}"
+                              + (" ..." if total > sample else ""))
+    out.sections.append(("plan", plan_lines))
+
+    reads: list[str] = []
+    read_plan = pipe.read_plan()
+    below = _chain(read_plan.base)
+    maps_below = [p for p in below if isinstance(p, MapperIterDataPipe)]
+    if pipe.mode != "element":
+        if pipe.sizes is None:
+            reads.append("units go whole to slots as far as they go round; each leftover unit is "
+                         f"read by at most ceil({S} / leftover) slots")
+        else:
+            reads.append("each slot reads only the units (or unit ranges) of its block: about 1 read "
+                         "per element with a sequence-returning expand; an iterator-returning expand "
+                         "decodes what it skips inside a unit")
+        out.reads_per_element = out.decodes_per_element = 1.0 if pipe.sizes is not None else None
+    elif read_plan.sequence is not None:
+        reads.append(f"fast path: random access into {type(read_plan.sequence).__name__}; "
+                     "each slot indexes its own positions: 1 read per element cluster-wide")
+        out.reads_per_element = 1.0
+    else:
+        reads.append(f"stream: every slot walks the stream of {_name(read_plan.base)}: "
+                     f"{S} reads per element of it (no random access)")
+        out.reads_per_element = float(S)
+    if read_plan.maps:
+        reads.append("pushdown: " + ", ".join(_name(m) for m in read_plan.maps)
+                     + " run on this slot's elements only: once per element cluster-wide")
+    if pipe.mode == "element" and read_plan.sequence is None:
+        if maps_below:
+            what = ", ".join(_name(m) for m in maps_below)
+            out.warnings.append(
+                f"{what} sits below {_name(read_plan.base)}, which dist_shard cannot select through, "
+                f"so it runs on every slot ({S}x per element): move expensive work after dist_shard, "
+                "or make the source random-access"
+            )
+            out.decodes_per_element = float(S)
+        else:
+            out.decodes_per_element = 1.0
+    elif pipe.mode == "element":
+        out.decodes_per_element = 1.0
+    if not pipe.pushdown and isinstance(pipe.source_datapipe, MapperIterDataPipe):
+        out.warnings.append(
+            f"pushdown=False: {_name(pipe.source_datapipe)} runs on every slot ({S}x per element); "
+            "keep it only for maps with side effects"
+        )
+    out.sections.append(("reads", reads))
+
+    randoms = pipe._random_pipes if pipe._random_pipes is not None else None
+    if randoms is None:
+        from .graph import random_pipes
+
+        randoms = random_pipes(pipe.source_datapipe)
+    if randoms:
+        out.sections.append(("randomness", [
+            f"{len(randoms)} upstream random pipe(s) ({', '.join(_name(p) for p in randoms)}) seeded "
+            "identically on every slot from (seed, epoch); call set_epoch(e) each epoch"
+        ]))
+
+    if pipeline is not None:
+        after = [p for p in _chain(pipeline, stop=pipe)]
+        for p in after:
+            if _is_sharding_datapipe(p) and p is not pipe:
+                out.warnings.append(
+                    f"{_name(p)} after dist_shard shards a second time (torch's DataLoader will raise); remove it")
+            if type(p).__name__ in _UNBALANCING:
+                out.warnings.append(
+                    f"{_name(p)} after dist_shard yields a data-dependent number of elements per slot, "
+                    "so even= cannot keep ranks in step: end DDP loops with distshard.stop_together()"
+                )
+            if type(p).__name__ == "ShufflerIterDataPipe":
+                out.warnings.append(
+                    "shuffle() after dist_shard holds a buffer that a checkpoint does not cover (a resume "
+                    "skips it): shuffle before dist_shard or use dist_shard(shuffle=True)"
+                )
+    return out

@@ -1,0 +1,104 @@
+"""``stop_together``: end a DDP epoch on every rank when the first rank runs out.
+
+``even=`` balances what ``dist_shard`` yields, but a ``filter`` (or any pipe that
+yields a data-dependent number of elements) *after* it unbalances the ranks
+again, and a DDP loop then hangs in the collective of the rank that has one more
+batch. Wrapping the loop's iterable in :func:`stop_together` adds one tiny
+``all_reduce`` per step (a flag on a CPU gloo group with a bounded timeout), so all
+ranks stop at the step where the first one has nothing left. This is what
+torchdata's removed ``fullsync`` did.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Generic, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["StopTogether", "stop_together"]
+
+_END = object()
+
+
+class StopTogether(Generic[T]):
+    """Iterable returned by :func:`stop_together`.
+
+    After an epoch, ``steps`` is how many items every rank consumed,
+    ``unused`` how many this rank left unconsumed, and ``unused_per_rank`` the
+    same for every rank (gathered when ``count_unused`` is on).
+    """
+
+    def __init__(self, iterable: Iterable[T], group: Any, timeout: float, count_unused: bool) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout={timeout} must be positive (seconds)")
+        self.iterable = iterable
+        self.timeout = timeout
+        self.count_unused = count_unused
+        self._group_arg = group
+        self._group: Any = None
+        self.steps = 0
+        self.unused: int | None = None
+        self.unused_per_rank: list[int] | None = None
+
+    def _flag_group(self) -> Any:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "stop_together needs an initialized torch.distributed process group; call "
+                "torch.distributed.init_process_group first (or do not wrap single-process loops)"
+            )
+        if self._group is None:
+            # a CPU group of its own, so the flag never waits on GPU work and has its own timeout
+            ranks = None if self._group_arg is None else dist.get_process_group_ranks(self._group_arg)
+            self._group = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout))
+        return self._group
+
+    def __iter__(self) -> Iterator[T]:
+        import torch
+        import torch.distributed as dist
+
+        group = self._flag_group()
+        self.steps, self.unused, self.unused_per_rank = 0, None, None
+        it = iter(self.iterable)
+        flag = torch.zeros(1, dtype=torch.int32)
+        while True:
+            item = next(it, _END)
+            flag[0] = 0 if item is _END else 1
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+            if flag[0] == 0:
+                break
+            self.steps += 1
+            yield item  # type: ignore[misc]
+        left = 0 if item is _END else 1
+        if self.count_unused:
+            if item is not _END:
+                left += sum(1 for _ in it)
+            counts: list[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(counts, left, group=group)
+            self.unused_per_rank = counts
+        self.unused = left
+
+
+def stop_together(
+    iterable: Iterable[T], *, group: Any = None, timeout: float = 300.0, count_unused: bool = True
+) -> StopTogether[T]:
+    """Iterate ``iterable`` until *any* rank runs out, on every rank together.
+
+    Args:
+        iterable: what the training loop iterates (a DataLoader, a pipeline).
+        group: the process group of the ranks that train together (default: all).
+        timeout: seconds the per-step flag may wait for the other ranks before
+            raising instead of hanging.
+        count_unused: after stopping, count (by draining) what this rank did not
+            consume, and gather every rank's count into ``unused_per_rank``.
+
+    Example:
+        >>> loader = DataLoader(IterableWrapper(data).dist_shard().filter(keep).batch(8))  # doctest: +SKIP
+        >>> guarded = distshard.stop_together(loader)                                      # doctest: +SKIP
+        >>> for batch in guarded:                                                          # doctest: +SKIP
+        ...     train_step(batch)  # DDP: every rank runs the same number of steps
+        >>> guarded.unused_per_rank                                                        # doctest: +SKIP
+    """
+    return StopTogether(iterable, group, timeout, count_unused)

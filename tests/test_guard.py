@@ -1,0 +1,34 @@
+"""stop_together on a real gloo group: a filter after dist_shard drops a different
+number of elements on every rank; the loop still ends on every rank together."""
+
+import pytest
+
+import distshard
+from distshard.verify import run_on_group
+
+from . import builds
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_all_ranks_stop_at_the_first_rank_that_runs_out(workers):
+    outcomes = run_on_group(builds.guarded_loop, world_size=3, args=(True, workers), timeout=60)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    steps = {o.value[0] for o in outcomes}
+    totals = [o.value[3] for o in outcomes]
+    assert len(set(totals)) > 1  # the filter really unbalanced the ranks
+    assert steps == {min(totals)}  # everybody stopped where the shortest rank ran out
+    for o in outcomes:
+        assert o.value[1] == o.value[3] - min(totals)  # what this rank left unused
+        assert o.value[2] == [t - min(totals) for t in totals]  # and everybody's
+
+
+def test_without_the_guard_the_same_loop_fails_instead_of_finishing():
+    outcomes = run_on_group(builds.guarded_loop, world_size=3, args=(False, 0), timeout=8)
+    assert any(o.error for o in outcomes)
+
+
+def test_needs_a_process_group_and_a_positive_timeout():
+    with pytest.raises(RuntimeError, match="needs an initialized torch.distributed"):
+        list(distshard.stop_together([1, 2]))
+    with pytest.raises(ValueError, match="timeout=0 must be positive"):
+        distshard.stop_together([1], timeout=0)
