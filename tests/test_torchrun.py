@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,7 @@ WORLD = NODES * PROCS
 SLOTS = WORLD * WORKERS
 N = 1003  # 1003 % 8 == 3 records dropped by even="drop"
 WAIT = 120  # seconds for the whole job
+GRACE = 10  # seconds left to the other node once one node failed
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="uses fork DataLoader workers, loopback gloo and killpg")
@@ -58,12 +60,17 @@ def _agent_env() -> dict[str, str]:
     return env
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def _tail(path: Path, lines: int = 30) -> str:
+    """The ranks' tracebacks (torch prefixes them ``[rankN]:``) and the end of an
+    agent's output, without the C++ stack frames of c10d warnings."""
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "<no output>"
-    return "\n".join(text.splitlines()[-lines:])
+    text = [line for line in text if not line.startswith("frame #")]
+    ranks = [line for line in text if re.match(r"\[rank\d+\]:", line)]
+    rest = [line for line in text if not re.match(r"\[rank\d+\]:", line)]
+    return "\n".join(ranks[-lines:] + ["..."] + rest[-lines:])
 
 
 def _alive(pid: int) -> bool:
@@ -140,12 +147,16 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
                                                stdout=f, stderr=subprocess.STDOUT,
                                                start_new_session=True))
         deadline = time.monotonic() + WAIT
-        for a in agents:
-            try:
-                a.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        while any(a.poll() is None for a in agents):
+            if time.monotonic() > deadline:
                 timed_out = True
                 break
+            if any(a.returncode not in (None, 0) for a in agents):
+                # One node failed: torchrun does not tell the other one, whose ranks
+                # may wait in a collective (torch's DataLoader makes a new gloo group
+                # in iter(loader), with the 30 min default timeout), so cut it short.
+                deadline = min(deadline, time.monotonic() + GRACE)
+            time.sleep(0.1)
     finally:
         _stop(agents, out)
 
@@ -158,8 +169,11 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
                 parts.append(f"{path.name} error:\n{error}")
         return "\n\n".join(parts)
 
-    assert not timed_out, f"the torchrun job did not finish within {WAIT} s\n{context()}"
-    assert [a.returncode for a in agents] == [0] * NODES, context()
+    codes = [a.returncode for a in agents]
+    assert not timed_out and codes == [0] * NODES, (
+        f"the torchrun agents exited with {codes}"
+        + (f" (killed: the job did not finish in time, {WAIT} s at most and {GRACE} s after "
+           "a node failed)" if timed_out else "") + f"\n\n{context()}")
 
     files = {int(p.stem[len("rank"):]): p for p in out.glob("rank*.json")}
     assert sorted(files) == list(range(WORLD)), context()

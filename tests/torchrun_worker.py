@@ -40,7 +40,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard)
 
-TIMEOUT = 60  # seconds, for gloo collectives and DataLoader workers
+TIMEOUT = 30  # seconds, for gloo collectives and DataLoader workers
 
 
 def records(n: int) -> list[dict]:

@@ -83,11 +83,12 @@ def padded_count(num_slots: int, total: int, even: Even) -> int:
     return num_slots - total % num_slots
 
 
-def slot_positions(slot: int, num_slots: int, total: int, even: Even) -> Iterator[int]:
-    """The positions ``slot`` yields, in order, when the stream length is known."""
+def slot_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0) -> Iterator[int]:
+    """The positions ``slot`` yields, in order, when the stream length is known;
+    ``skip`` drops the first ``skip`` of them in O(1)."""
     own = total // num_slots if even == "drop" else slot_count(slot, num_slots, total, None)
-    yield from range(slot, slot + own * num_slots, num_slots)
-    if even == "pad":
+    yield from range(slot, slot + own * num_slots, num_slots)[skip:]
+    if even == "pad" and skip <= own:
         pad = pad_position(slot, num_slots, total)
         if pad is not None:
             yield pad
@@ -211,11 +212,12 @@ def block_range(slot: int, num_slots: int, total: int, even: Even) -> tuple[int,
     return start, start + base + (1 if slot < rest else 0)
 
 
-def block_positions(slot: int, num_slots: int, total: int, even: Even) -> Iterator[int]:
-    """The positions ``slot`` yields in block layout, padding included."""
+def block_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0) -> Iterator[int]:
+    """The positions ``slot`` yields in block layout, padding included; ``skip``
+    drops the first ``skip`` of them in O(1)."""
     start, stop = block_range(slot, num_slots, total, even)
-    yield from range(start, stop)
-    if even == "pad" and total and total % num_slots and slot >= total % num_slots:
+    yield from range(start + skip, stop)
+    if even == "pad" and total and total % num_slots and slot >= total % num_slots and skip <= stop - start:
         yield start if stop > start else slot % total
 
 
