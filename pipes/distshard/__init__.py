@@ -18,6 +18,7 @@ from .verify import VerifyReport, verify
 
 __all__ = [
     "DistShardIterDataPipe",
+    "DistShardNode",
     "Explanation",
     "ShardContext",
     "StatefulPipeline",
@@ -30,3 +31,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # torchdata.nodes is imported only by those who use it
+    if name == "DistShardNode":
+        from .nodes import DistShardNode
+
+        return DistShardNode
+    raise AttributeError(f"module 'distshard' has no attribute {name!r}")

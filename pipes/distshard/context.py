@@ -68,15 +68,19 @@ def _check_int(name: str, value: object) -> int:
     return value
 
 
-def check_rank_world(rank: object, world_size: object) -> tuple[int, int]:
-    """Validate an explicit ``(rank, world_size)`` pair and return it."""
-    rank = _check_int("rank", rank)
-    world_size = _check_int("world_size", world_size)
+def check_rank_world(
+    rank: object, world_size: object, names: tuple[str, str] = ("rank", "world_size"), where: str = ""
+) -> tuple[int, int]:
+    """Validate a ``(rank, world_size)`` pair and return it; ``names`` and ``where``
+    say in the message where the values came from (e.g. the environment)."""
+    rank_name, world_name = names
+    rank = _check_int(rank_name, rank)
+    world_size = _check_int(world_name, world_size)
     if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be at least 1")
+        raise ValueError(f"{where}{world_name}={world_size} must be at least 1")
     if not 0 <= rank < world_size:
         raise ValueError(
-            f"rank={rank} is outside [0, world_size={world_size}); ranks count from 0"
+            f"{where}{rank_name}={rank} is outside [0, {world_name}={world_size}); ranks count from 0"
         )
     return rank, world_size
 
@@ -119,13 +123,7 @@ def env_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int] 
             f"not; set both (torchrun does) or neither"
         )
     rank, world_size = _env_int(environ, "RANK"), _env_int(environ, "WORLD_SIZE")
-    if world_size < 1:
-        raise ValueError(f"environment variable WORLD_SIZE={world_size} must be at least 1")
-    if not 0 <= rank < world_size:
-        raise ValueError(
-            f"environment variable RANK={rank} is outside [0, WORLD_SIZE={world_size})"
-        )
-    return rank, world_size
+    return check_rank_world(rank, world_size, ("RANK", "WORLD_SIZE"), "environment variable ")
 
 
 def dist_rank_world() -> tuple[int, int] | None:
