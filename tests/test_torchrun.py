@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -147,7 +146,7 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
                                                stdout=f, stderr=subprocess.STDOUT,
                                                start_new_session=True))
         deadline = time.monotonic() + WAIT
-        while any(a.poll() is None for a in agents):
+        while None in [a.poll() for a in agents]:  # poll every agent, every time
             if time.monotonic() > deadline:
                 timed_out = True
                 break
@@ -210,3 +209,9 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
     assert max(seen.values()) == 1, [k for k, c in seen.items() if c > 1]
     assert not seen - epoch, seen - epoch
     assert sum((epoch - seen).values()) == N % SLOTS, sorted(epoch - seen)
+
+    # The shuffle ran (in the same order on every slot, or the above would fail).
+    for r, res in results.items():
+        for worker in range(WORKERS):
+            ids = [e["id"] for e in res["elements"] if e["worker"] == worker]
+            assert ids != sorted(ids), f"rank {r} worker {worker} read its records in order"
