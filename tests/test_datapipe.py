@@ -298,3 +298,11 @@ def test_bad_arguments_raise_with_the_value():
 def test_registered_functional_returns_the_public_class():
     pipe = IterableWrapper(range(3)).dist_shard()
     assert isinstance(pipe, distshard.DistShardIterDataPipe)
+
+
+def test_set_epoch_reaches_the_shard_through_the_pipeline():
+    pipeline = IterableWrapper(range(100)).shuffle().dist_shard(rank=0, world_size=1).map(_double)
+    orders = [list(distshard.set_epoch(pipeline, e)) for e in (0, 1, 0)]
+    assert orders[0] == orders[2] != orders[1]
+    with pytest.raises(ValueError, match="no dist_shard upstream"):
+        distshard.set_epoch(IterableWrapper(range(3)).map(_double), 1)

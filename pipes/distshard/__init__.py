@@ -9,7 +9,7 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
 """
 
 from .context import ShardContext, current_context
-from .datapipe import DistShardIterDataPipe
+from .datapipe import DistShardIterDataPipe, set_epoch
 from .explain import Explanation
 from .guard import stop_together
 from .state import merge_states
@@ -26,6 +26,7 @@ __all__ = [
     "current_context",
     "gather_states",
     "merge_states",
+    "set_epoch",
     "stop_together",
     "verify",
 ]

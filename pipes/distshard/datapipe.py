@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["DistShardIterDataPipe"]
+__all__ = ["DistShardIterDataPipe", "set_epoch"]
 
 
 def _check_seed(name: str, value: object, *, allow_none: bool) -> int | None:
@@ -498,3 +498,22 @@ def _unwrapped(base: IterDataPipe) -> Any:
         except TypeError:
             warnings.warn(_DEEPCOPY_WARNING, stacklevel=3)
     return data
+
+
+def set_epoch(pipeline: IterDataPipe, epoch: int) -> IterDataPipe:
+    """Call ``set_epoch(epoch)`` on every ``dist_shard`` in ``pipeline`` and return it,
+    so a training loop need not keep a reference to the shard itself.
+
+    Example:
+        >>> for epoch in range(epochs):  # doctest: +SKIP
+        ...     distshard.set_epoch(pipeline, epoch)
+        ...     for batch in DataLoader(pipeline, batch_size=None, num_workers=4): ...
+    """
+    from .graph import upstream_pipes
+
+    shards = [p for p in upstream_pipes(pipeline) if isinstance(p, DistShardIterDataPipe)]
+    if not shards:
+        raise ValueError(f"{type(pipeline).__name__} has no dist_shard upstream to set the epoch of")
+    for shard in shards:
+        shard.set_epoch(epoch)
+    return pipeline

@@ -64,16 +64,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _set_epoch(pipe: IterDataPipe, epoch: int) -> None:
+    """``set_epoch`` on the pipeline's dist_shard pipes; a baseline being checked may have none."""
+    for shard in _dist_shard_pipes(pipe):
+        shard.set_epoch(epoch)
+
+
 def _dist_shard_pipes(pipe: IterDataPipe) -> list:
     from .datapipe import DistShardIterDataPipe
     from .graph import upstream_pipes
 
     return [p for p in upstream_pipes(pipe) if isinstance(p, DistShardIterDataPipe)]
-
-
-def _set_epoch(pipe: IterDataPipe, epoch: int) -> None:
-    for shard in _dist_shard_pipes(pipe):
-        shard.set_epoch(epoch)
 
 
 class _TagWithWorker:
