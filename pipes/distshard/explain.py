@@ -132,7 +132,9 @@ def explain(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None)
         shown = counts if S <= 16 else counts[:16] + ["..."]
         plan_lines.append(f"N = {total} positions over {S} slots; per slot: {shown}; this slot: {counts[ctx.slot]}")
         if pipe.even == "drop":
-            plan_lines.append(f"even='drop' leaves out the last {dropped_count(S, total, 'drop')} positions")
+            dropped = dropped_count(S, total, "drop")
+            plan_lines.append(f"even='drop' leaves out the last {dropped} positions" if dropped else
+                              "even='drop' leaves nothing out: N is a multiple of the slot count")
         elif pipe.even == "pad":
             pad = pad_position(ctx.slot, S, total)
             plan_lines.append(
@@ -168,7 +170,7 @@ def explain(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None)
         out.reads_per_element = 1.0
     else:
         reads.append(f"stream: every slot walks the stream of {_name(read_plan.base)}: "
-                     f"{S} reads per element of it (no random access)")
+                     f"{S} read{'s' if S > 1 else ''} per element of it (no random access)")
         out.reads_per_element = float(S)
     if read_plan.maps:
         reads.append("pushdown: " + ", ".join(_name(m) for m in read_plan.maps)

@@ -174,11 +174,13 @@ def run_on_group(
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=10.0)
+    timed_out = time.monotonic() >= deadline
     for rank in range(world_size):
         if rank not in outcomes:
-            outcomes[rank] = RankOutcome(
-                rank, error=f"rank {rank} sent no result within {timeout:.0f}s (hang or crash)"
-            )
+            code = procs[rank].exitcode
+            why = (f"was still running after {timeout:.0f}s (a hang) and was killed" if timed_out and code in (None, -9)
+                   else f"died with exit code {code} before sending a result (a crash or a kill)")
+            outcomes[rank] = RankOutcome(rank, error=f"rank {rank} sent no result: it {why}")
     return [outcomes[rank] for rank in range(world_size)]
 
 
