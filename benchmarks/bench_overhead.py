@@ -82,14 +82,13 @@ import gc
 import json
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
 
@@ -100,6 +99,7 @@ from torch.utils.data.graph import traverse_dps  # noqa: E402
 from torch.utils.data.graph_settings import apply_sharding  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
+from _common import IterOnly, command_line  # noqa: E402
 from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
 from distshard.context import forced_distributed  # noqa: E402
 
@@ -122,16 +122,6 @@ ITER_ONLY = "iter-only"
 def identity(x: Any) -> Any:
     """Module-level (picklable) identity for the ``--map`` pipelines."""
     return x
-
-
-class IterOnly:
-    """An iterable with no ``__len__`` / ``__getitem__``: forces streaming."""
-
-    def __init__(self, iterable: Iterable[Any]) -> None:
-        self.iterable = iterable
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.iterable)
 
 
 def slot_for(num_slots: int) -> int:
@@ -456,16 +446,6 @@ def table(results: list[Result], n: int, with_pipeline: bool) -> tuple[str, list
     return "\n".join(lines), rows
 
 
-def _command() -> str:
-    exe = Path(sys.executable)
-    try:
-        shown = os.path.relpath(exe) if exe.is_relative_to(Path.cwd()) else str(exe)
-    except ValueError:
-        shown = str(exe)
-    flags = ["-O"] if sys.flags.optimize else []
-    return shlex.join([shown, *flags, *sys.argv])
-
-
 def _parse_slots(text: str) -> list[int]:
     try:
         slots = [int(part) for part in text.split(",") if part.strip()]
@@ -504,7 +484,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     header = (
-        f"`{_command()}` — Python {platform.python_version()}, torch {torch.__version__}, "
+        f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
         f"distshard {distshard.__version__}, N={n:,}, repeats={repeats} (median), "
         f"os.cpu_count()={os.cpu_count()}"
     )
@@ -520,7 +500,7 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     if args.json is not None:
         payload = {
-            "command": _command(),
+            "command": command_line(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "distshard": distshard.__version__,

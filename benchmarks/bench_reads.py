@@ -122,7 +122,6 @@ import os
 import platform
 import re
 import resource
-import shlex
 import statistics
 import sys
 import tempfile
@@ -150,6 +149,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
 from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
+from _common import IterOnly, command_line  # noqa: E402
 from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
 from distshard.verify import run_on_group  # noqa: E402
 
@@ -213,16 +213,6 @@ def calibrate(target_s: float) -> tuple[int, float]:
 
 
 # -- sources and the baselines' pipes ---------------------------------------------------
-
-
-class IterOnly:
-    """An iterable with no ``__len__`` / ``__getitem__``: forces streaming."""
-
-    def __init__(self, iterable: Iterable[Any]) -> None:
-        self.iterable = iterable
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.iterable)
 
 
 class EverySlotSkips(IterDataPipe):
@@ -640,15 +630,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _command() -> str:
-    exe = Path(sys.executable)
-    try:
-        shown = os.path.relpath(exe) if exe.is_relative_to(Path.cwd()) else str(exe)
-    except ValueError:
-        shown = str(exe)
-    return shlex.join([shown, *sys.argv])
-
-
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--n", type=int, default=None,
@@ -698,7 +679,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     in_situ = in_situ_decode_cost(rows, floor_row)
 
     header = (
-        f"`{_command()}` — Python {platform.python_version()}, torch {torch.__version__}, "
+        f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
         f"distshard {distshard.__version__}, N={n:,}, S={NUM_SLOTS} ({WORLD_SIZE} ranks × "
         f"{NUM_WORKERS} fork workers, gloo), units={args.units}, decode = {cost * 1e3:.3f} ms CPU "
         f"(iters={iters}), ideal = N × decode = {ideal:.2f} s, os.cpu_count()={os.cpu_count()}, "
@@ -727,7 +708,7 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     if args.json is not None:
         payload = {
-            "command": _command(),
+            "command": command_line(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "distshard": distshard.__version__,

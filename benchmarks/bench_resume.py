@@ -99,7 +99,6 @@ import json
 import logging
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -123,6 +122,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from torchdata.stateful_dataloader import stateful_dataloader as _sdl_module  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
+from _common import IterOnly, command_line  # noqa: E402
 
 DEFAULT_N = 1_000_000
 QUICK_N = 100_000
@@ -161,16 +161,6 @@ def decode_cost_us(samples: int = 200_000) -> float:
             decode(x)
         best = min(best, time.perf_counter() - start)
     return best / samples * 1e6
-
-
-class IterOnly:
-    """An iterable with no ``__len__`` / ``__getitem__``: forces streaming."""
-
-    def __init__(self, iterable: Iterable[Any]) -> None:
-        self.iterable = iterable
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.iterable)
 
 
 def fast_pipe(n: int) -> IterDataPipe:
@@ -444,16 +434,6 @@ def _loadavg() -> str:
         return "n/a"
 
 
-def _command() -> str:
-    exe = Path(sys.executable)
-    try:
-        shown = os.path.relpath(exe) if exe.is_relative_to(Path.cwd()) else str(exe)
-    except ValueError:
-        shown = str(exe)
-    flags = ["-O"] if sys.flags.optimize else []
-    return shlex.join([shown, *flags, *sys.argv])
-
-
 def main(argv: Iterable[str] | None = None) -> int:
     global _decode_iters
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -501,7 +481,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     text, rows = table(VARIANTS, by_key, n)
     takens = [by_key[("fast", f)].point.taken for f in FRACTIONS]
     header = (
-        f"`{_command()}` — Python {platform.python_version()}, torch {torch.__version__}, "
+        f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
         f"torchdata {torchdata.__version__}, distshard {distshard.__version__}, N={n:,}, "
         f"repeats={repeats} (median; slow cells {min(repeats, args.slow_repeats)}), "
         f"os.cpu_count()={os.cpu_count()}, load average {load_before} before / {load_after} after"
@@ -526,7 +506,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                   f"{by_key[(key, fraction)].naive_warned}")
     if args.json is not None:
         args.json.write_text(json.dumps({
-            "command": _command(),
+            "command": command_line(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "torchdata": torchdata.__version__,

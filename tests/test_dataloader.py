@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-import distshard
+import distshard  # noqa: F401  (registers .dist_shard)
 
 from .builds import records
 from .helpers import multiset

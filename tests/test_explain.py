@@ -2,7 +2,7 @@
 
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-import distshard
+import distshard  # noqa: F401  (registers .dist_shard)
 
 
 class _Stream:

@@ -3,7 +3,6 @@ with init_process_group(rank=..., world_size=...) and no RANK/WORLD_SIZE in its
 environment (as mp.spawn code does), iterating through real DataLoader workers."""
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 

@@ -28,7 +28,7 @@ class _Stream:
 
 def _units(n_units=9):
     sizes = [(5 * u) % 13 for u in range(n_units)]
-    elements, start = {}, 0
+    elements = {}
     for u, size in enumerate(sizes):
         elements[u] = [f"u{u}e{i}" for i in range(size)]
     return sizes, elements

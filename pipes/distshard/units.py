@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from .plan import Even, Permutation, block_positions, leftover_share, slot_positions
+from .plan import Permutation, leftover_share
 
 Expand = Callable[[Any], Any]
 Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]

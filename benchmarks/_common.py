@@ -1,0 +1,31 @@
+"""What the benchmark scripts share: the streaming-only source and the header's
+command line."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+
+class IterOnly:
+    """An iterable with no ``__len__`` / ``__getitem__``: forces streaming."""
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self.iterable = iterable
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.iterable)
+
+
+def command_line() -> str:
+    """The command that ran this script, as a user would type it."""
+    exe = Path(sys.executable)
+    try:
+        shown = os.path.relpath(exe) if exe.is_relative_to(Path.cwd()) else str(exe)
+    except ValueError:
+        shown = str(exe)
+    flags = ["-O"] if sys.flags.optimize else []
+    return shlex.join([shown, *flags, *sys.argv])
