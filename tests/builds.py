@@ -306,3 +306,13 @@ def not_a_pipeline_factory():
 
 
 NOT_CALLABLE = 3
+
+
+def _count_record(record: dict) -> dict:
+    _record("decode", record["id"])
+    return record
+
+
+def resume_pipeline_counted():
+    """``resume_pipeline`` with a map after the shard that records every record it sees."""
+    return IterableWrapper(records(N_RESUME)).shuffle().dist_shard(even="drop").map(_count_record).batch(3)

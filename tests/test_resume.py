@@ -1,6 +1,8 @@
 """Exact mid-epoch resume, elastic resume under another world size, a killed rank."""
 
 import json
+import logging
+import os
 import warnings
 
 import pytest
@@ -120,9 +122,14 @@ def test_resume_does_not_run_maps_on_skipped_elements():
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("k", [0, 5, 16, 34])
-def test_stateful_dataloader_resumes_exactly_without_fast_forwarding(workers, k):
+def test_stateful_dataloader_resumes_exactly_without_fast_forwarding(workers, k, tmp_path, monkeypatch, caplog):
+    """The resumed loader neither re-reads the consumed prefix (every record the
+    map after dist_shard sees, in any process, is one it then yields) nor logs
+    torchdata's "naively fast-forwarding"."""
+    monkeypatch.setenv(builds.COUNT_DIR, str(tmp_path))
+
     def loader():
-        pipeline = distshard.StatefulPipeline(builds.resume_pipeline()).set_epoch(1)
+        pipeline = distshard.StatefulPipeline(builds.resume_pipeline_counted()).set_epoch(1)
         kwargs = {"multiprocessing_context": "fork"} if workers else {}
         return StatefulDataLoader(pipeline, batch_size=None, num_workers=workers, **kwargs)
 
@@ -133,14 +140,19 @@ def test_stateful_dataloader_resumes_exactly_without_fast_forwarding(workers, k)
     it = iter(first)
     head = [next(it) for _ in range(k)]
     state = json.loads(json.dumps(first.state_dict()))
-    del it
+    del it, first
+    for name in os.listdir(tmp_path):  # count only what the resumed loader decodes
+        os.remove(tmp_path / name)
     second = loader()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
         warnings.simplefilter("always")
         second.load_state_dict(state)
         rest = list(second)
     assert not [w for w in caught if "fast-forward" in str(w.message)]
+    assert "fast-forward" not in caplog.text
     assert head + rest == full
+    decoded = builds.counted(str(tmp_path), "decode")
+    assert sum(decoded.values()) == sum(len(batch) for batch in rest)
 
 
 def test_torch_dataloader_without_workers_resumes_exactly():

@@ -74,10 +74,14 @@ def check(args: argparse.Namespace) -> int:
     except CouldNotRun as exc:
         return _could_not_run(args, str(exc))
     interactive = sys.stderr.isatty() and not args.json
+    last = [time.monotonic()]
 
     def progress(line: str) -> None:
-        if interactive:
+        if interactive:  # one line, rewritten in place
             print(f"\r  {line}   ", end="", file=sys.stderr, flush=True)
+        elif not args.json and time.monotonic() - last[0] >= 10:  # logs: a line every 10 s
+            last[0] = time.monotonic()
+            print(f"  {line}", file=sys.stderr, flush=True)
 
     if not args.json:
         print(f"checking {args.factory} on {args.world_size} ranks x {args.num_workers} workers "
