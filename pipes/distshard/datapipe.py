@@ -14,7 +14,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
-from .graph import Pushdown, check_no_sharding, plan_pushdown, random_access, random_pipes
+from .graph import Pushdown, check_no_sharding, plan_pushdown, random_pipes
 from .plan import (
     Even,
     Permutation,
@@ -154,9 +154,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 "them no slot knows how many elements the others get. Pass sizes=, or use "
                 "even=None and shuffle upstream with .shuffle()"
             )
-        if shuffle and expand is None and random_access(source_datapipe)[0] is None and (
-            not pushdown or plan_pushdown(source_datapipe, True).sequence is None
-        ):
+        if shuffle and expand is None and plan_pushdown(source_datapipe, pushdown).sequence is None:
             raise ValueError(
                 f"shuffle=True needs random access to the stream, but it comes from "
                 f"{type(source_datapipe).__name__}: use IterableWrapper over a list/range/"
@@ -449,7 +447,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     # -- pickling ------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_random_pipes"] = state["_pushdown"] = None
+        # per-process caches, and the progress of an iteration that ran here, not in the copy
+        state["_random_pipes"] = state["_pushdown"] = state["_progress"] = None
         found = _context.dist_rank_world()
         if found is not None:
             state["_captured"] = found
