@@ -312,3 +312,23 @@ def test_merge_needs_every_slot_once():
     merged = distshard.merge_states(states)
     assert merged["remaining"] == [[3, 20]]  # the fast path knows the length
     assert validate_state(merged) == merged
+
+
+@pytest.mark.parametrize("k", [1, 2, 9])
+def test_merge_right_after_the_first_batches_and_resume_with_other_workers(k):
+    """With 2 workers, after one batch one worker has yielded nothing: its state
+    knows no slot yet, and the merge must still be exact."""
+    def loader(workers, state=None):
+        pipeline = distshard.StatefulPipeline(builds.resume_pipeline(even=None))
+        if state is not None:
+            pipeline.load_state_dict(state)
+        return StatefulDataLoader(pipeline, batch_size=None, num_workers=workers,
+                                  multiprocessing_context="fork")
+
+    first = loader(2)
+    it = iter(first)
+    head = [r["id"] for _ in range(k) for r in next(it)]
+    merged = distshard.merge_states([first.state_dict()])
+    del it, first
+    rest = [r["id"] for batch in loader(3, merged) for r in batch]
+    assert multiset(head + rest) == multiset(r["id"] for r in builds.records(builds.N_RESUME))

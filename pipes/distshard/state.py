@@ -134,18 +134,19 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     if not found:
         raise ValueError("merge_states found no distshard state in what it was given")
     first = found[0]
-    for key in ("epoch", "seed", "mode", "even", "remaining", "total"):
-        values = {repr(s[key]) for s in found}
+    for key in ("epoch", "mode", "even", "remaining", "seed", "total"):
+        # a state taken before its slot yielded anything may not know seed and total yet
+        values = {repr(s[key]) for s in found if s[key] is not None or key not in ("seed", "total")}
         if len(values) > 1:
             raise ValueError(
                 f"states disagree on {key} ({', '.join(sorted(values))}): they come from "
                 "different epochs, runs or pipelines; merge the states all slots saved at one step"
             )
+    known = {key: next((s[key] for s in found if s[key] is not None), None) for key in ("seed", "total")}
     sized = [s for s in found if s["slot"] is not None]
+    blank = len(found) - len(sized)  # states of slots that consumed nothing yet (no slot known)
     if not sized:  # only merged/fresh states: nothing to combine
-        return dict(first)
-    if len(sized) != len(found):
-        raise ValueError("cannot merge slot states with already merged states")
+        return dict(first, **known)
     num_slots = sized[0]["num_slots"]
     if any(s["num_slots"] != num_slots for s in sized):
         raise ValueError(f"states come from runs with different slot counts: "
@@ -156,13 +157,18 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
             raise ValueError(f"slot {s['slot']} appears twice; pass one state per slot")
         by_slot[s["slot"]] = s
     absent = [slot for slot in range(num_slots) if slot not in by_slot]
-    if absent:
+    if len(absent) > blank:
         raise ValueError(
             f"states of slots {absent} of {num_slots} are missing; every rank's every worker "
             "must contribute (gather them with all_gather_object or save one file per rank)"
         )
+    if len(absent) < blank:
+        raise ValueError(f"{len(found)} states for {num_slots} slots: some appear twice")
+    for slot in absent:  # those consumed nothing
+        by_slot[slot] = dict(first, slot=slot, num_slots=num_slots, taken=0, finished=False)
+    first = dict(first, **known)
     merged = dict(first, num_slots=None, slot=None, taken=0)
-    if all(s["finished"] for s in sized):
+    if all(s["finished"] for s in by_slot.values()):
         merged.update(remaining=[], total=0, finished=True)
         return merged
     if first["mode"] == "units":
