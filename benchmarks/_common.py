@@ -29,3 +29,23 @@ def command_line() -> str:
         shown = str(exe)
     flags = ["-O"] if sys.flags.optimize else []
     return shlex.join([shown, *flags, *sys.argv])
+
+
+def environment() -> dict[str, Any]:
+    """What a JSON dump of results records about where it was measured."""
+    import platform
+
+    import torch
+    import torchdata
+
+    import distshard
+
+    return {
+        "command": command_line(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchdata": torchdata.__version__,
+        "distshard": distshard.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }

@@ -99,7 +99,7 @@ from torch.utils.data.graph import traverse_dps  # noqa: E402
 from torch.utils.data.graph_settings import apply_sharding  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line  # noqa: E402
+from _common import IterOnly, command_line, environment  # noqa: E402
 from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
 from distshard.context import forced_distributed  # noqa: E402
 
@@ -500,12 +500,7 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     if args.json is not None:
         payload = {
-            "command": command_line(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "distshard": distshard.__version__,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
+            **environment(),
             "n": n,
             "repeats": repeats,
             "slots": args.slots,

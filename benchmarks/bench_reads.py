@@ -149,7 +149,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
 from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line  # noqa: E402
+from _common import IterOnly, command_line, environment  # noqa: E402
 from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
 from distshard.verify import run_on_group  # noqa: E402
 
@@ -708,12 +708,7 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     if args.json is not None:
         payload = {
-            "command": command_line(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "distshard": distshard.__version__,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
+            **environment(),
             "n": n,
             "units": args.units,
             "world_size": WORLD_SIZE,

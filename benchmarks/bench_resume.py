@@ -122,7 +122,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from torchdata.stateful_dataloader import stateful_dataloader as _sdl_module  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line  # noqa: E402
+from _common import IterOnly, command_line, environment  # noqa: E402
 
 DEFAULT_N = 1_000_000
 QUICK_N = 100_000
@@ -506,13 +506,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                   f"{by_key[(key, fraction)].naive_warned}")
     if args.json is not None:
         args.json.write_text(json.dumps({
-            "command": command_line(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torchdata": torchdata.__version__,
-            "distshard": distshard.__version__,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
+            **environment(),
             "n": n,
             "rank": RANK,
             "world_size": WORLD_SIZE,
