@@ -316,3 +316,15 @@ def _count_record(record: dict) -> dict:
 def resume_pipeline_counted():
     """``resume_pipeline`` with a map after the shard that records every record it sees."""
     return IterableWrapper(records(N_RESUME)).shuffle().dist_shard(even="drop").map(_count_record).batch(3)
+
+
+def gather_after(rank, world_size, steps):
+    """Consume ``steps`` batches, then merge every rank's state with the collective."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(distshard.StatefulPipeline(resume_pipeline()), batch_size=None,
+                                num_workers=2, multiprocessing_context="fork", timeout=60)
+    consumed, it = [], iter(loader)
+    for _ in range(steps):
+        consumed.extend(_ids(next(it)))
+    return consumed, distshard.gather_states(loader.state_dict())

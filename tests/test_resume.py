@@ -332,3 +332,16 @@ def test_merge_right_after_the_first_batches_and_resume_with_other_workers(k):
     del it, first
     rest = [r["id"] for batch in loader(3, merged) for r in batch]
     assert multiset(head + rest) == multiset(r["id"] for r in builds.records(builds.N_RESUME))
+
+
+def test_gather_states_merges_every_rank_collectively():
+    outcomes = run_on_group(builds.gather_after, world_size=2, args=(4,), timeout=TIMEOUT)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    merged = [o.value[1] for o in outcomes]
+    assert merged[0] == merged[1] and merged[0]["slot"] is None  # every rank gets the same merge
+    before = [i for o in outcomes for i in o.value[0]]
+    pipeline = distshard.StatefulPipeline(builds.resume_pipeline())
+    pipeline.load_state_dict(merged[0])  # one process finishes the epoch
+    after = [r["id"] for batch in pipeline for r in batch]
+    assert not set(before) & set(after)
+    assert multiset(before + after) == _epoch_ids()  # one slot: even="drop" drops nothing
