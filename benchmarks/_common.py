@@ -49,3 +49,11 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
     }
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Dump a benchmark's raw numbers (``--json PATH``)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=repr) + "\n")

@@ -79,7 +79,6 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import json
 import os
 import platform
 import statistics
@@ -99,7 +98,7 @@ from torch.utils.data.graph import traverse_dps  # noqa: E402
 from torch.utils.data.graph_settings import apply_sharding  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line, environment  # noqa: E402
+from _common import IterOnly, command_line, environment, write_json  # noqa: E402
 from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
 from distshard.context import forced_distributed  # noqa: E402
 
@@ -508,8 +507,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             "elapsed_s": elapsed,
             "rows": rows,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        write_json(args.json, payload)
     return 0
 
 

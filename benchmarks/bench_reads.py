@@ -149,7 +149,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
 from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line, environment  # noqa: E402
+from _common import IterOnly, command_line, environment, write_json  # noqa: E402
 from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
 from distshard.verify import run_on_group  # noqa: E402
 
@@ -722,8 +722,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             "loadavg_1min_after": load_after,
             "rows": rows,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        write_json(args.json, payload)
     return 0
 
 

@@ -122,7 +122,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 from torchdata.stateful_dataloader import stateful_dataloader as _sdl_module  # noqa: E402
 
 import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line, environment  # noqa: E402
+from _common import IterOnly, command_line, environment, write_json  # noqa: E402
 
 DEFAULT_N = 1_000_000
 QUICK_N = 100_000
@@ -505,7 +505,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"UNEXPECTED fast-forward warning state for {key} at {fraction:.0%}: "
                   f"{by_key[(key, fraction)].naive_warned}")
     if args.json is not None:
-        args.json.write_text(json.dumps({
+        write_json(args.json, {
             **environment(),
             "n": n,
             "rank": RANK,
@@ -521,7 +521,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             "elapsed_s": elapsed,
             "loadavg_1min_before_after": [load_before, load_after],
             "rows": rows,
-        }, indent=2, default=repr))
+        })
         log(f"wrote {args.json}")
     return 1 if failures else 0
 

@@ -50,11 +50,10 @@ def load_factory(path: str) -> Callable[[], Any]:
 
 def _estimated_reads(factory: Callable[[], Any], num_slots: int) -> str:
     from .context import forced_distributed
-    from .datapipe import DistShardIterDataPipe
-    from .graph import upstream_pipes
+    from .datapipe import shards_in
 
     with forced_distributed(0, 1):
-        shards = [p for p in upstream_pipes(factory()) if isinstance(p, DistShardIterDataPipe)]
+        shards = shards_in(factory())
     if not shards:
         return f"no dist_shard in the pipeline: every slot may read everything ({num_slots}x)"
     shard = shards[0]

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["DistShardIterDataPipe", "set_epoch"]
+__all__ = ["DistShardIterDataPipe", "set_epoch", "shards_in"]
 
 
 def _check_seed(name: str, value: object, *, allow_none: bool) -> int | None:
@@ -169,7 +169,6 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._captured: tuple[int, int] | None = None
         self._loader_seed: int | None = None
         self._loader_seed_shared = False
-        self._sharding_hint: tuple[int, int] | None = None
         self._random_pipes: list | None = None  # per process, never pickled
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
@@ -189,11 +188,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     ) -> None:
         """Called by torch's DataLoader (and ``graph_settings.apply_sharding``).
 
-        ``dist_shard`` resolves ranks and workers itself, so the values are only
-        recorded. Having this method makes torch's own check raise when a
+        ``dist_shard`` resolves ranks and workers itself, so the values are
+        ignored. Having this method makes torch's own check raise when a
         ``sharding_filter`` sits in the same chain.
         """
-        self._sharding_hint = (num_of_instances, instance_id)
 
     def set_seed(self, seed: int) -> "DistShardIterDataPipe[T]":
         """Called by torch's DataLoader with the seed it shares with all workers.
@@ -499,6 +497,13 @@ def _unwrapped(base: IterDataPipe) -> Any:
     return data
 
 
+def shards_in(pipeline: IterDataPipe) -> list[DistShardIterDataPipe]:
+    """Every ``dist_shard`` in ``pipeline`` (itself included), in traversal order."""
+    from .graph import upstream_pipes
+
+    return [p for p in upstream_pipes(pipeline) if isinstance(p, DistShardIterDataPipe)]
+
+
 def set_epoch(pipeline: IterDataPipe, epoch: int) -> IterDataPipe:
     """Call ``set_epoch(epoch)`` on every ``dist_shard`` in ``pipeline`` and return it,
     so a training loop need not keep a reference to the shard itself.
@@ -508,9 +513,7 @@ def set_epoch(pipeline: IterDataPipe, epoch: int) -> IterDataPipe:
         ...     distshard.set_epoch(pipeline, epoch)
         ...     for batch in DataLoader(pipeline, batch_size=None, num_workers=4): ...
     """
-    from .graph import upstream_pipes
-
-    shards = [p for p in upstream_pipes(pipeline) if isinstance(p, DistShardIterDataPipe)]
+    shards = shards_in(pipeline)
     if not shards:
         raise ValueError(f"{type(pipeline).__name__} has no dist_shard upstream to set the epoch of")
     for shard in shards:

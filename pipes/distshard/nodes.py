@@ -218,7 +218,7 @@ class DistShardNode(BaseNode[T]):
         if slot >= num_slots:
             raise fail(f"slot={slot} is outside [0, num_slots={num_slots})")
         even = state[self.EVEN_KEY]
-        if not any(even is mode or (isinstance(even, str) and even == mode) for mode in EVEN_MODES):
+        if even not in EVEN_MODES:
             raise fail(f"even={even!r} is not one of {EVEN_MODES}")
         source_state = state[self.SOURCE_KEY]
         if source_state is not None and not isinstance(source_state, Mapping):

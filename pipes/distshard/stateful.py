@@ -15,8 +15,7 @@ from typing import Any, Iterator
 from torch.utils.data import IterableDataset
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
-from .datapipe import DistShardIterDataPipe
-from .graph import upstream_pipes
+from .datapipe import DistShardIterDataPipe, shards_in
 from .state import find_states, merge_states
 
 __all__ = ["StatefulPipeline", "gather_states"]
@@ -52,7 +51,7 @@ class StatefulPipeline(IterableDataset):
     def __init__(self, pipeline: IterDataPipe) -> None:
         if not isinstance(pipeline, IterDataPipe):
             raise TypeError(f"StatefulPipeline wraps an IterDataPipe, got {type(pipeline).__name__}")
-        shards = [p for p in upstream_pipes(pipeline) if isinstance(p, DistShardIterDataPipe)]
+        shards = shards_in(pipeline)
         if len(shards) != 1:
             raise ValueError(
                 f"StatefulPipeline needs exactly one dist_shard in the pipeline, found {len(shards)}"

@@ -29,6 +29,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import context as _context
+from .datapipe import shards_in
 from .plan import dropped_count, padded_count
 
 __all__ = ["RankOutcome", "VerifyReport", "canonical", "free_port", "run_on_group", "verify"]
@@ -66,15 +67,8 @@ def free_port() -> int:
 
 def _set_epoch(pipe: IterDataPipe, epoch: int) -> None:
     """``set_epoch`` on the pipeline's dist_shard pipes; a baseline being checked may have none."""
-    for shard in _dist_shard_pipes(pipe):
+    for shard in shards_in(pipe):
         shard.set_epoch(epoch)
-
-
-def _dist_shard_pipes(pipe: IterDataPipe) -> list:
-    from .datapipe import DistShardIterDataPipe
-    from .graph import upstream_pipes
-
-    return [p for p in upstream_pipes(pipe) if isinstance(p, DistShardIterDataPipe)]
 
 
 class _TagWithWorker:
@@ -310,7 +304,7 @@ def _reference(
     readable name (``repr``, shortened) for every key."""
     with _context.forced_distributed(0, 1):
         pipe = build()
-        shards = _dist_shard_pipes(pipe)
+        shards = shards_in(pipe)
         even = shards[0].even if shards else None
         counters = []
         names: dict[str, str] = {}
