@@ -1,20 +1,29 @@
 """Who am I: priority of the sources and the errors for bad input."""
 
 import pickle
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import distshard
-from distshard.context import check_explicit, env_rank_world, resolve_distributed
+from distshard import context
+from distshard.context import check_environment, check_explicit, env_rank_world, note_captured, resolve_distributed
+from distshard.verify import free_port, run_on_group
 
 from .helpers import as_worker
+
+ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
 
 
 @pytest.fixture
 def no_env(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(context, "_pickled", None)  # no pipe arrived pickled in this process
     return monkeypatch
 
 
@@ -98,3 +107,144 @@ def test_pickling_without_a_process_group_captures_nothing(no_env):
     clone = pickle.loads(pickle.dumps(pipe))
     assert clone._captured is None
     assert clone.context().source == "default"
+
+
+# -- the environment Lightning's launcher sets: WORLD_SIZE, LOCAL_RANK, NODE_RANK, no RANK
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "2", "NODE_RANK": "0"}, (2, 4)),  # one node
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "3", "NODE_RANK": "0"}, (3, 8)),  # node 0 of two
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, (1, 4)),
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "1", "NODE_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, (5, 8)),
+        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1"}, (3, 4)),  # RANK wins
+        ({"LOCAL_RANK": "1", "NODE_RANK": "0"}, None),  # no world size: not distributed
+    ],
+)
+def test_rank_is_derived_from_local_rank_when_certain(env, expected):
+    assert env_rank_world(env) == expected
+
+
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "1", "NODE_RANK": "1"},
+         r"RANK is not set, and LOCAL_RANK=1, NODE_RANK=1 with WORLD_SIZE=8 do not say .* set RANK, "
+         r"or LOCAL_WORLD_SIZE \(processes per node\)$"),
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "1"}, r"set RANK, or LOCAL_WORLD_SIZE \(processes per node\) and NODE_RANK"),
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, "set RANK, or NODE_RANK"),
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "x", "NODE_RANK": "0"}, "LOCAL_RANK='x' is not an integer"),
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "0", "NODE_RANK": "one"}, "NODE_RANK='one' is not an integer"),
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "-1", "NODE_RANK": "0"}, "LOCAL_RANK=-1 must be non-negative"),
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "4", "NODE_RANK": "0"}, r"give rank 4, outside \[0, WORLD_SIZE=4\)"),
+        ({"WORLD_SIZE": "8", "LOCAL_RANK": "1", "NODE_RANK": "2", "LOCAL_WORLD_SIZE": "4"}, "give rank 9, outside"),
+        ({"WORLD_SIZE": "6", "LOCAL_RANK": "1", "NODE_RANK": "0", "LOCAL_WORLD_SIZE": "4"}, "do not fit together"),
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, "means a single node"),
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 must be at least 1"),
+    ],
+)
+def test_an_uncertain_or_malformed_derivation_names_the_variables(env, words):
+    with pytest.raises(ValueError, match=words):
+        env_rank_world(env)
+
+
+def test_lightning_single_node_environment_resolves(no_env):
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "NODE_RANK": "0"}.items():
+        no_env.setenv(name, value)
+    check_environment()
+    ctx = distshard.current_context()
+    assert (ctx.rank, ctx.world_size, ctx.source) == (1, 2, "env")
+    assert list(IterableWrapper(range(6)).dist_shard()) == [1, 3, 5]
+
+
+def test_check_environment_defers_a_rank_only_torch_distributed_can_tell(no_env):
+    # multi-node Lightning before trainer.fit: the process group will decide
+    for name, value in {"WORLD_SIZE": "8", "LOCAL_RANK": "1", "NODE_RANK": "1"}.items():
+        no_env.setenv(name, value)
+    check_environment()
+    with pytest.raises(ValueError, match="set RANK, or LOCAL_WORLD_SIZE"):
+        distshard.current_context()
+    no_env.setenv("LOCAL_RANK", "x")
+    with pytest.raises(ValueError, match="LOCAL_RANK='x' is not an integer"):
+        check_environment()
+
+
+@pytest.fixture
+def one_rank_group():
+    """torch.distributed initialized in this process (gloo, world size 1)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, timeout=timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("env", [{"RANK": "0", "WORLD_SIZE": "two"}, {"WORLD_SIZE": "2"}, {"RANK": "5", "WORLD_SIZE": "2"}])
+def test_malformed_env_is_ignored_when_torch_distributed_is_initialized(env, no_env, one_rank_group):
+    for name, value in env.items():
+        no_env.setenv(name, value)
+    check_environment()
+    ctx = distshard.current_context()
+    assert (ctx.rank, ctx.world_size, ctx.source) == (0, 1, "torch.distributed")
+    with pytest.raises(ValueError):
+        env_rank_world()  # the environment itself is still malformed
+
+
+def test_construction_ignores_malformed_env_when_torch_distributed_is_initialized(no_env, one_rank_group):
+    no_env.setenv("WORLD_SIZE", "two")
+    no_env.setenv("RANK", "0")
+    assert list(IterableWrapper(range(3)).dist_shard()) == [0, 1, 2]
+
+
+# -- the process-level record of a pipe that arrived pickled
+
+
+def test_a_recorded_capture_is_the_process_context(no_env):
+    no_env.setenv("RANK", "0")
+    no_env.setenv("WORLD_SIZE", "4")
+    note_captured((1, 2))
+    ctx = distshard.current_context()
+    assert (ctx.rank, ctx.world_size, ctx.source) == (1, 2, "pickled")  # pickled beats env
+    assert distshard.current_context(rank=0, world_size=3).source == "explicit"
+    assert resolve_distributed(None, captured=(0, 5)) == (0, 5, "pickled")  # a pipe's own value first
+    with pytest.raises(ValueError, match=r"rank=2 is outside \[0, world_size=2\)"):
+        note_captured((2, 2))
+    note_captured(None)
+    assert distshard.current_context().source == "env"
+
+
+class _ContextProbe(IterDataPipe):
+    """Yields ``current_context()`` of the process that iterates it. Pickled in a
+    rank with torch.distributed, it records the capture on arrival, as
+    ``DistShardIterDataPipe.__setstate__`` does."""
+
+    def __init__(self):
+        self.captured = None
+
+    def __iter__(self):
+        ctx = distshard.current_context()
+        yield [ctx.source, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers]
+
+    def __getstate__(self):
+        return {**self.__dict__, "captured": context.dist_rank_world()}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self.captured is not None and context.dist_rank_world() is None:
+            note_captured(self.captured)
+
+
+def _contexts_in_spawn_workers(rank, world_size):
+    loader = DataLoader(_ContextProbe(), batch_size=None, num_workers=2,
+                        multiprocessing_context="spawn", timeout=60)
+    return [tuple(row) for row in loader]
+
+
+def test_current_context_in_spawn_workers_of_a_gloo_rank_is_the_rank():
+    outcomes = run_on_group(_contexts_in_spawn_workers, world_size=2, timeout=90)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert sorted(o.value) == [("pickled", o.rank, 2, 0, 2), ("pickled", o.rank, 2, 1, 2)]

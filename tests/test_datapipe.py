@@ -224,8 +224,43 @@ def test_unsynced_sharding_filter_duplicates_where_dist_shard_does_not():
 
 def test_torch_apply_sharding_does_not_change_the_partition():
     pipe = IterableWrapper(range(20)).dist_shard(rank=1, world_size=4)
-    apply_sharding(pipe, 8, 3)  # what a DataLoader worker would call
+    apply_sharding(pipe, 1, 0)  # what a DataLoader without workers calls (no torch.distributed)
     assert list(pipe) == [1, 5, 9, 13, 17]
+    with as_worker(1, 2):
+        apply_sharding(pipe, 2, 1)  # what worker 1 of 2 calls: changes nothing either
+        assert list(pipe) == [3, 11, 19]  # slot 1 * 2 + 1 of 8
+
+
+def test_apply_sharding_by_hand_is_honoured_as_an_explicit_split():
+    """torch's own idiom (and what reading services do) must not be ignored silently."""
+    pipe = IterableWrapper(range(20)).dist_shard()
+    apply_sharding(pipe, 3, 1)
+    assert list(pipe) == [1, 4, 7, 10, 13, 16, 19]
+    assert pipe.context().source == "apply_sharding" and pipe.context().num_slots == 3
+    slots = []
+    for i in range(3):
+        copy = IterableWrapper(range(20)).dist_shard()
+        apply_sharding(copy, 3, i)
+        slots += list(copy)
+    assert sorted(slots) == list(range(20))
+
+
+def test_apply_sharding_by_hand_in_dataloader_workers_is_refused():
+    pipe = IterableWrapper(range(20)).dist_shard()
+    apply_sharding(pipe, 3, 1)
+    with as_worker(0, 2):
+        with pytest.raises(RuntimeError, match="cannot honour both"):
+            list(pipe)
+
+
+def test_dataloader_shuffle_false_turns_shuffle_true_off():
+    from torch.utils.data import DataLoader
+
+    pipe = IterableWrapper(range(30)).dist_shard(shuffle=True, seed=1)
+    assert list(DataLoader(pipe, batch_size=None, shuffle=False)) == list(range(30))
+    pipe = IterableWrapper(range(30)).dist_shard(seed=1)
+    shuffled = list(DataLoader(pipe, batch_size=None, shuffle=True))
+    assert shuffled != list(range(30)) and sorted(shuffled) == list(range(30))
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
-"""explain() and the notebook view: what a user sees before running."""
+"""distshard.explain(pipeline) and the notebook view: what a user sees before running."""
 
+import pytest
+from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 
-import distshard  # noqa: F401  (registers .dist_shard)
+import distshard
 
 
 class _Stream:
@@ -20,7 +22,7 @@ def keep(x):
 
 def test_fast_path_with_pushdown_reads_once():
     shard = IterableWrapper(list(range(1000))).map(decode).dist_shard(rank=1, world_size=4, even="drop")
-    found = shard.explain()
+    found = distshard.explain(shard)
     text = str(found)
     assert found.reads_per_element == 1.0 and found.decodes_per_element == 1.0
     assert "rank 1 of 4, from the rank= / world_size= arguments" in text
@@ -34,7 +36,7 @@ def test_stream_with_a_map_below_a_shuffle_warns_with_the_fix(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
     shard = IterableWrapper(_Stream()).map(decode).shuffle().dist_shard()
     pipeline = shard.map(decode).filter(keep).shuffle()
-    found = shard.explain(pipeline)
+    found = distshard.explain(pipeline)
     text = str(found)
     assert "rank 2 of 8, from the RANK / WORLD_SIZE environment" in text
     assert found.reads_per_element == 8.0 and found.decodes_per_element == 8.0
@@ -47,19 +49,56 @@ def test_stream_with_a_map_below_a_shuffle_warns_with_the_fix(monkeypatch):
 def test_default_context_warns(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    found = IterableWrapper(range(10)).dist_shard().explain()
+    found = distshard.explain(IterableWrapper(range(10)).dist_shard())
     assert any("no distributed context found" in w for w in found.warnings)
 
 
 def test_pad_and_units_plans_are_spelled_out():
-    pad = str(IterableWrapper(range(10)).dist_shard(rank=3, world_size=4, even="pad").explain())
+    pad = str(distshard.explain(IterableWrapper(range(10)).dist_shard(rank=3, world_size=4, even="pad")))
     assert "even='pad' repeats 2 elements in all; this slot repeats position 3" in pad
     units = IterableWrapper(["a", "b", "c"]).dist_shard(rank=1, world_size=2, expand=list, sizes=[1, 1, 1])
-    text = str(units.explain())
+    text = str(distshard.explain(units))
     assert "contiguous element block [2, 3)" in text
 
 
 def test_html_for_notebooks_escapes_and_lists_warnings():
     shard = IterableWrapper(_Stream()).map(decode).shuffle().dist_shard(rank=0, world_size=2)
-    page = shard._repr_html_()
+    page = distshard.explain(shard)._repr_html_()
     assert page.startswith("<div") and "<b>warnings</b><ul>" in page and "<li" in page
+
+
+def test_the_readme_call_takes_the_pipeline_or_what_wraps_it():
+    assert callable(distshard.explain) and distshard.Explanation is type(
+        distshard.explain(IterableWrapper(range(4)).dist_shard(rank=0, world_size=1)))
+    pipeline = IterableWrapper(range(12)).map(decode).dist_shard(rank=1, world_size=3).filter(keep)
+    text = str(distshard.explain(pipeline))
+    assert "per slot: [4, 4, 4]" in text and "Filter after dist_shard" in text
+    assert str(distshard.explain(distshard.StatefulPipeline(pipeline))) == text
+    assert str(distshard.explain(DataLoader(pipeline, batch_size=None))) == text
+    assert str(distshard.explain(DataLoader(distshard.StatefulPipeline(pipeline), batch_size=None))) == text
+
+
+def test_several_dist_shards_are_each_explained():
+    left = IterableWrapper(range(8)).dist_shard(rank=0, world_size=2)
+    right = IterableWrapper(_Stream()).dist_shard(rank=0, world_size=2)
+    found = distshard.explain(left.zip(right).shuffle())
+    assert [part.reads_per_element for part in found.parts] == [1.0, 2.0]
+    assert found.reads_per_element is None and found.context == found.parts[0].context
+    text = str(found)
+    assert "dist_shard 1 of 2: DistShardIterDataPipe(IterableWrapperIterDataPipe" in text
+    assert "dist_shard 2 of 2: reads:" in text
+    shuffles = [w for w in found.warnings if "shuffle() after dist_shard" in w]
+    assert [w.split(":")[0] for w in shuffles] == ["dist_shard 1 of 2", "dist_shard 2 of 2"]
+
+
+def test_explain_refuses_what_it_cannot_explain():
+    with pytest.raises(ValueError, match="explain.. found no dist_shard in MapperIterDataPipe"):
+        distshard.explain(IterableWrapper(range(3)).map(decode))
+    with pytest.raises(TypeError, match="explain.. needs an IterDataPipe pipeline.*got list"):
+        distshard.explain([1, 2])
+
+
+def test_the_method_and_the_notebook_view_still_work():
+    shard = IterableWrapper(range(10)).dist_shard(rank=0, world_size=2)
+    assert str(shard.explain(shard.batch(2))) == str(distshard.explain(shard.batch(2)))
+    assert shard._repr_html_() == distshard.explain(shard)._repr_html_()

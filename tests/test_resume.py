@@ -84,7 +84,7 @@ def test_plain_loop_resume_equals_an_uninterrupted_run(name, even):
                         assert head + list(fresh) == full, (name, even, world, rank, worker, k)
 
 
-def test_state_at_the_end_of_an_epoch_starts_the_next():
+def test_state_at_the_end_of_an_epoch_resumes_an_empty_rest_then_set_epoch_starts_the_next():
     def make():
         return distshard.StatefulPipeline(PIPES["stream + shuffle"](None, 0, 2))
 
@@ -94,8 +94,39 @@ def test_state_at_the_end_of_an_epoch_starts_the_next():
     assert state["shard"]["finished"] and state["shard"]["epoch"] == 4
     fresh = make()
     fresh.load_state_dict(state)
-    assert fresh.shard.epoch == 5
-    assert list(fresh) == list(make().set_epoch(5)) != list(make().set_epoch(4))
+    assert fresh.shard.epoch == 4
+    assert list(fresh) == []  # nothing is left of epoch 4
+    assert list(fresh.set_epoch(5)) == list(make().set_epoch(5)) != list(make().set_epoch(4))
+    # set_epoch before the load (as StatefulDataLoader loads in its workers): the same
+    late = make().set_epoch(5)
+    late.load_state_dict(state)
+    assert list(late) == list(make().set_epoch(5))
+
+
+def test_checkpoint_after_the_last_batch_with_workers_then_next_epoch_is_whole():
+    """Issue 8, item 1: every worker yielded its last batch but none saw StopIteration."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make():
+        return distshard.StatefulPipeline(
+            IterableWrapper(list(range(23))).shuffle().dist_shard(rank=1, world_size=2, seed=3).batch(3))
+
+    for workers in (0, 2):
+        loader = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
+        it = iter(loader)
+        first = [x for _ in range(4) for x in next(it)]
+        assert len(first) == 11
+        state = loader.state_dict()
+        del it
+        pipeline = make()
+        fresh = StatefulDataLoader(pipeline, batch_size=None, num_workers=workers)
+        fresh.load_state_dict(state)
+        pipeline.set_epoch(1)
+        second = [x for batch in fresh for x in batch]
+        assert len(second) == 11, (workers, second)
+        expected = [x for batch in StatefulDataLoader(make().set_epoch(1), batch_size=None,
+                                                      num_workers=workers) for x in batch]
+        assert sorted(second) == sorted(expected)
 
 
 def test_resume_does_not_run_maps_on_skipped_elements():
@@ -285,15 +316,117 @@ def test_malformed_states_are_rejected_and_leave_the_pipe_unchanged(mutate, word
 def test_states_from_other_pipelines_or_slots_are_refused():
     state = _good_state()  # slot 0 of 2, element mode
     units = IterableWrapper(["a"]).dist_shard(rank=0, world_size=2, expand=list)
-    with pytest.raises(ValueError, match="'element' mode, this one is in 'units' mode"):
+    with pytest.raises(ValueError, match="mode='element' but this dist_shard has mode='units'"):
         units.load_state_dict(state)
     dropper = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2, even="drop")
     with pytest.raises(ValueError, match="saved with even=None"):
         dropper.load_state_dict(state)
     other_slot = IterableWrapper(range(20)).dist_shard(rank=1, world_size=3)
     other_slot.load_state_dict(state)
-    with pytest.raises(ValueError, match="slot 0 of 2's, but this copy is slot 1 of 3.*merge_states"):
-        list(other_slot)
+    for _ in range(2):  # refused at every iteration, never used up by the first refusal
+        with pytest.raises(ValueError, match="slot 0 of 2's, but this copy is slot 1 of 3.*merge_states"):
+            list(other_slot)
+
+
+def test_a_state_of_a_shuffle_true_pipe_is_refused_by_an_unshuffled_one_and_back():
+    """Issue 8, item 3: positions mean other elements under shuffle=True."""
+    shuffled = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2, shuffle=True)
+    it = iter(shuffled)
+    next(it)
+    plain = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
+    with pytest.raises(ValueError, match="shuffle=True but this dist_shard has shuffle=False"):
+        plain.load_state_dict(shuffled.state_dict())
+    with pytest.raises(ValueError, match="shuffle=False but this dist_shard has shuffle=True"):
+        IterableWrapper(range(20)).dist_shard(rank=0, world_size=2, shuffle=True).load_state_dict(_good_state())
+
+
+def test_a_state_of_other_data_is_refused_and_the_loaded_state_is_kept():
+    """Issue 8, item 3: a state of a 20-element epoch loaded into 25 elements."""
+    state = _good_state()
+    longer = IterableWrapper(range(25)).dist_shard(rank=0, world_size=2)
+    with pytest.raises(ValueError, match="had 20 elements, this pipeline's has 25"):
+        longer.load_state_dict(state)
+    other_values = IterableWrapper([f"x{i}" for i in range(20)]).dist_shard(rank=0, world_size=2)
+    with pytest.raises(ValueError, match="source="):
+        other_values.load_state_dict(state)
+    # a pipe that already holds a good state keeps it when a bad one is refused
+    pipe = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
+    pipe.load_state_dict(state)
+    with pytest.raises(ValueError):
+        pipe.load_state_dict({**state, "shuffle": True})
+    assert list(pipe) == list(range(2, 20, 2))
+
+
+@pytest.mark.parametrize("tamper", [
+    {"taken": 10**12}, {"taken": 11}, {"remaining": [[0, 40]]}, {"remaining": [[30, None]]},
+])
+def test_tampered_states_beyond_the_data_raise_instead_of_yielding_nothing(tamper):
+    state = {**_good_state(), **tamper}
+    pipe = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
+    with pytest.raises(ValueError, match="altered|beyond"):
+        pipe.load_state_dict(state)
+        list(pipe)
+
+
+def test_a_stream_shorter_than_the_state_claims_raises_before_yielding():
+    stream = IterableWrapper(_Stream(list(range(20))), deepcopy=False).shuffle()
+    pipe = stream.dist_shard(rank=0, world_size=2, seed=1)
+    it = iter(pipe)
+    next(it)
+    state = {**pipe.state_dict(), "taken": 500}
+    fresh = IterableWrapper(_Stream(list(range(20))), deepcopy=False).shuffle().dist_shard(
+        rank=0, world_size=2, seed=1)
+    fresh.load_state_dict(state)
+    with pytest.raises(ValueError, match="yielded 500 elements, but the stream"):
+        next(iter(fresh))
+
+
+def test_merge_refuses_huge_or_impossible_counts_quickly():
+    """Issue 8, item 4: taken=10**12 of a 10-element epoch must not walk 10**12 positions."""
+    states = []
+    for rank in range(2):
+        pipe = IterableWrapper(range(10)).dist_shard(rank=rank, world_size=2)
+        it = iter(pipe)
+        next(it)
+        states.append(pipe.state_dict())
+    with pytest.raises(ValueError, match="share"):
+        distshard.merge_states([states[0], {**states[1], "taken": 10**12}])
+    streams = []
+    for rank in range(2):
+        pipe = IterableWrapper(_Stream(list(range(10))), deepcopy=False).dist_shard(rank=rank, world_size=2)
+        it = iter(pipe)
+        next(it)
+        streams.append(pipe.state_dict())
+    with pytest.raises(ValueError, match="differ by too much"):
+        distshard.merge_states([streams[0], {**streams[1], "taken": 10**12}])
+
+
+def test_merge_after_a_resumed_run_with_another_even():
+    """Issue 8, item 4: the new run uses even='drop', a slot that yielded nothing yet
+    reports the merged state it loaded (even=None)."""
+    old = []
+    for rank in range(2):
+        pipe = IterableWrapper(range(30)).dist_shard(rank=rank, world_size=2)
+        it = iter(pipe)
+        for _ in range(3):
+            next(it)
+        old.append(pipe.state_dict())
+    merged = distshard.merge_states(old)
+    new = [IterableWrapper(range(30)).dist_shard(rank=r, world_size=3, even="drop") for r in range(3)]
+    consumed = []
+    for pipe in new:
+        pipe.load_state_dict(merged)
+    it = iter(new[0])
+    consumed.append(next(it))
+    again = distshard.merge_states([p.state_dict() for p in new])
+    rest = []
+    for r in range(2):
+        pipe = IterableWrapper(range(30)).dist_shard(rank=r, world_size=2)
+        pipe.load_state_dict(again)
+        rest += list(pipe)
+    first = [x for x in range(30) if x < 6]
+    got = first + consumed + rest
+    assert sorted(got) == list(range(30))
 
 
 def test_merge_needs_every_slot_once():

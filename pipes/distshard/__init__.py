@@ -10,7 +10,8 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
 
 from .context import ShardContext, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch
-from .explain import Explanation
+from .explaining import Explanation, explain
+from .graph import positional
 from .guard import stop_together
 from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
@@ -24,8 +25,10 @@ __all__ = [
     "StatefulPipeline",
     "VerifyReport",
     "current_context",
+    "explain",
     "gather_states",
     "merge_states",
+    "positional",
     "set_epoch",
     "stop_together",
     "verify",

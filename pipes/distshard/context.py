@@ -8,7 +8,11 @@ The distributed part (``rank``, ``world_size``) comes from, in this order:
 3. ``pickled``: the values captured when the pipe was pickled in a process where
    ``torch.distributed`` was initialized (DataLoader workers started with
    ``spawn`` or ``forkserver`` receive the pipe that way, without a process group);
-4. ``env``: the ``RANK`` / ``WORLD_SIZE`` variables ``torchrun`` sets;
+   a pipe that arrives so records its value for the whole process
+   (:func:`note_captured`), which ``current_context()`` then reports too;
+4. ``env``: the ``RANK`` / ``WORLD_SIZE`` variables ``torchrun`` sets (or, without
+   ``RANK``, the rank derived from ``LOCAL_RANK`` / ``NODE_RANK`` /
+   ``LOCAL_WORLD_SIZE`` where certain, as PyTorch Lightning's launcher sets them);
 5. ``default``: ``(0, 1)``.
 
 The worker part comes from ``torch.utils.data.get_worker_info()``; torchdata's
@@ -110,20 +114,102 @@ def _env_int(environ: Mapping[str, str], name: str) -> int:
         ) from None
 
 
+class _UnknownRank(ValueError):
+    """The environment has ``WORLD_SIZE`` but does not say this process's rank for certain."""
+
+
 def env_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """``(rank, world_size)`` from ``RANK`` / ``WORLD_SIZE``, or ``None`` if unset."""
+    """``(rank, world_size)`` from the environment, or ``None`` if it names no world size.
+
+    ``RANK`` / ``WORLD_SIZE`` as ``torchrun`` sets them. Without ``RANK`` (PyTorch
+    Lightning's launcher sets ``WORLD_SIZE``, ``LOCAL_RANK`` and ``NODE_RANK``
+    only) the rank is derived from ``LOCAL_RANK`` only where that is certain:
+    ``LOCAL_RANK`` itself on node 0 (``NODE_RANK=0``) or on the only node
+    (``LOCAL_WORLD_SIZE == WORLD_SIZE``), else
+    ``NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``. Raises ``ValueError`` naming the
+    variables for malformed values and for a rank that cannot be known.
+    """
     environ = os.environ if environ is None else environ
-    has_rank, has_world = "RANK" in environ, "WORLD_SIZE" in environ
-    if not has_rank and not has_world:
+    if "RANK" not in environ and "WORLD_SIZE" not in environ:
         return None
-    if has_rank != has_world:
-        present, absent = ("RANK", "WORLD_SIZE") if has_rank else ("WORLD_SIZE", "RANK")
+    if "WORLD_SIZE" not in environ:
         raise ValueError(
-            f"environment variable {present}={environ[present]!r} is set but {absent} is "
-            f"not; set both (torchrun does) or neither"
+            f"environment variable RANK={environ['RANK']!r} is set but WORLD_SIZE is not; "
+            "set both (torchrun does) or neither"
         )
-    rank, world_size = _env_int(environ, "RANK"), _env_int(environ, "WORLD_SIZE")
-    return check_rank_world(rank, world_size, ("RANK", "WORLD_SIZE"), "environment variable ")
+    world_size = _env_int(environ, "WORLD_SIZE")
+    if world_size < 1:
+        raise ValueError(f"environment variable WORLD_SIZE={world_size} must be at least 1")
+    if "RANK" in environ:
+        rank = _env_int(environ, "RANK")
+        return check_rank_world(rank, world_size, ("RANK", "WORLD_SIZE"), "environment variable ")
+    if "LOCAL_RANK" not in environ:
+        raise ValueError(
+            f"environment variable WORLD_SIZE={environ['WORLD_SIZE']!r} is set but RANK is not "
+            "(nor LOCAL_RANK to derive it from); set both RANK and WORLD_SIZE (torchrun does) or neither"
+        )
+    rank, how = _derived_rank(environ, world_size)
+    if rank >= world_size:
+        raise ValueError(
+            f"environment variables {how} give rank {rank}, outside [0, WORLD_SIZE={world_size}); "
+            "set RANK to this process's global rank"
+        )
+    return rank, world_size
+
+
+def _derived_rank(environ: Mapping[str, str], world_size: int) -> tuple[int, str]:
+    """``(rank, what it came from)`` out of ``LOCAL_RANK``, ``NODE_RANK`` and
+    ``LOCAL_WORLD_SIZE``, when ``RANK`` is unset."""
+    values: dict[str, int] = {}
+    for name in ("LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE"):
+        if name in environ:
+            values[name] = _env_int(environ, name)
+            if values[name] < (1 if name == "LOCAL_WORLD_SIZE" else 0):
+                low = "at least 1" if name == "LOCAL_WORLD_SIZE" else "non-negative"
+                raise ValueError(f"environment variable {name}={values[name]} must be {low}")
+    local, node, per_node = values["LOCAL_RANK"], values.get("NODE_RANK"), values.get("LOCAL_WORLD_SIZE")
+    how = ", ".join(f"{name}={value}" for name, value in values.items())
+    if per_node is not None:
+        if world_size % per_node or local >= per_node:
+            raise ValueError(
+                f"environment variables {how}, WORLD_SIZE={world_size} do not fit together "
+                "(LOCAL_WORLD_SIZE must divide WORLD_SIZE, and LOCAL_RANK be below it); "
+                "set RANK to this process's global rank"
+            )
+        if per_node == world_size and node not in (None, 0):
+            raise ValueError(
+                f"environment variables {how}, WORLD_SIZE={world_size}: LOCAL_WORLD_SIZE == WORLD_SIZE "
+                "means a single node, but NODE_RANK is not 0; set RANK to this process's global rank"
+            )
+        if per_node == world_size or node is not None:
+            return (node or 0) * per_node + local, how
+    elif node == 0:
+        return local, how
+    missing = "NODE_RANK" if per_node is not None else "LOCAL_WORLD_SIZE (processes per node)"
+    raise _UnknownRank(
+        f"environment variable RANK is not set, and {how} with WORLD_SIZE={world_size} do not say "
+        f"this process's global rank for certain: set RANK, or {missing}"
+        + (" and NODE_RANK" if per_node is None and node is None else "")
+    )
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Validate ``RANK`` / ``WORLD_SIZE`` (and Lightning's ``LOCAL_RANK`` /
+    ``NODE_RANK``) when they will be used: only if ``torch.distributed`` is not
+    initialized, since otherwise the process group decides and the environment is
+    never read. Raises ``ValueError`` naming the variable.
+
+    A rank the environment does not determine (a multi-node Lightning job without
+    ``LOCAL_WORLD_SIZE``) is not an error here: such launchers initialize
+    ``torch.distributed`` before the pipe is iterated, and if nothing does,
+    resolving the context raises then.
+    """
+    if dist_rank_world() is not None:
+        return
+    try:
+        env_rank_world(environ)
+    except _UnknownRank:
+        pass
 
 
 def dist_rank_world() -> tuple[int, int] | None:
@@ -148,11 +234,27 @@ def forced_distributed(rank: int, world_size: int) -> Iterator[None]:
         _forced = previous
 
 
+_pickled: tuple[int, int] | None = None
+
+
+def note_captured(rank_world: tuple[int, int] | None) -> None:
+    """Record the ``(rank, world_size)`` a pipe carried when it was unpickled in
+    this process (a ``spawn`` / ``forkserver`` DataLoader worker of a rank whose
+    ``torch.distributed`` was initialized), so that :func:`current_context` and
+    pipes that carry none resolve to it with ``source="pickled"``. ``None`` forgets
+    it. The last call wins; all pipes sent by one rank carry the same value.
+    """
+    global _pickled
+    _pickled = None if rank_world is None else check_rank_world(*rank_world)
+
+
 def resolve_distributed(
     explicit: tuple[int, int] | None = None,
     captured: tuple[int, int] | None = None,
 ) -> tuple[int, int, str]:
-    """``(rank, world_size, source)`` by the priority in the module docstring."""
+    """``(rank, world_size, source)`` by the priority in the module docstring;
+    ``captured`` is a pipe's own captured value, else this process's record
+    (:func:`note_captured`) is used."""
     if _forced is not None:
         explicit = _forced
     if explicit is not None:
@@ -160,6 +262,8 @@ def resolve_distributed(
     found = dist_rank_world()
     if found is not None:
         return found[0], found[1], "torch.distributed"
+    if captured is None:
+        captured = _pickled
     if captured is not None:
         return captured[0], captured[1], "pickled"
     found = env_rank_world()

@@ -1,8 +1,16 @@
-"""``DistShardIterDataPipe``: the ``.dist_shard()`` functional."""
+"""``DistShardIterDataPipe``: the ``.dist_shard()`` functional.
+
+This module is the DataPipe front-end: it finds how to read the source in the
+pipe graph (``graph.py``), seeds upstream random pipes, resolves the slot
+(``context.py``) and hands one epoch to the engine (``engine.py``), which runs
+the plan over a reader (``readers/``). State format and merging live in
+``state.py``.
+"""
 
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
@@ -14,23 +22,24 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
-from .graph import Pushdown, check_no_sharding, plan_pushdown, random_pipes
-from .plan import (
-    Even,
-    Permutation,
-    Remaining,
-    block_positions,
-    check_even,
-    mix_seed,
-    select_stream,
-    slot_count,
-    slot_positions,
+from .engine import SlotRun, remaining_share
+from .graph import Pushdown, check_no_sharding, plan_pushdown, random_pipes, upstream_pipes
+from .plan import Even, check_even, mix_seed, slot_count
+from .readers import (
+    Reader,
+    SequenceReader,
+    SizedUnitsReader,
+    StreamReader,
+    WholeUnitsReader,
+    check_sizes,
+    stable_digest,
+    unit_sizes,
 )
+from .readers.sequence import DEEPCOPY_WARNING
 from .state import fresh_state, validate_state
-from .units import check_sizes, iterate_sized_units, iterate_whole_units, unit_sizes
 
 if TYPE_CHECKING:
-    from .explain import Explanation
+    from .explaining import Explanation
 
 T = TypeVar("T")
 
@@ -154,7 +163,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 "them no slot knows how many elements the others get. Pass sizes=, or use "
                 "even=None and shuffle upstream with .shuffle()"
             )
-        if shuffle and expand is None and plan_pushdown(source_datapipe, pushdown).sequence is None:
+        if shuffle and not self._can_shuffle():
             raise ValueError(
                 f"shuffle=True needs random access to the stream, but it comes from "
                 f"{type(source_datapipe).__name__}: use IterableWrapper over a list/range/"
@@ -163,21 +172,67 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             )
         if self._explicit is None:
             # Surface a malformed RANK / WORLD_SIZE now rather than in a worker.
-            _context.env_rank_world()
+            _context.check_environment()
         check_no_sharding(source_datapipe)
         self._epoch = 0
+        self._epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
         self._captured: tuple[int, int] | None = None
         self._loader_seed: int | None = None
         self._loader_seed_shared = False
+        self._loader_workers: int | None = None  # workers of the last DataLoader iterating us
+        self._sharding: dict[SHARDING_PRIORITIES, tuple[int, int]] = {}  # apply_sharding overrides
+        self._chain: str | None = None  # identity of the upstream graph, computed once
         self._random_pipes: list | None = None  # per process, never pickled
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
-        self._progress: _Progress | None = None  # the state of the current iteration
+        self._progress: SlotRun | None = None  # the current iteration
+
+    def _can_shuffle(self) -> bool:
+        if self.expand is not None:
+            return self.sizes is not None
+        return plan_pushdown(self.source_datapipe, self.pushdown).sequence is not None
 
     # -- who am I ---------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this pipe resolves to in this process."""
+        if self._sharding:
+            return self._override_context()
         return _context.current_context(*(self._explicit or (None, None)), _captured=self._captured)
+
+    def _override_context(self) -> _context.ShardContext:
+        """The context when ``apply_sharding`` was called with values of its own
+        (not the DataLoader's automatic call): honoured as an explicit split."""
+        info = get_worker_info()
+        default = self._sharding.get(SHARDING_PRIORITIES.DEFAULT)
+        if default is not None:
+            if len(self._sharding) > 1:
+                raise RuntimeError("apply_sharding was called with the DEFAULT group and another "
+                                   "group on this dist_shard: use one or the other")
+            if info is not None:
+                raise RuntimeError(
+                    f"apply_sharding({default[0]}, {default[1]}) was called on this dist_shard, and it "
+                    f"also runs in DataLoader worker {info.id} of {info.num_workers}: it cannot honour "
+                    "both splits. Drop the apply_sharding call (dist_shard splits over ranks and "
+                    "workers by itself) or pass rank=/world_size= to dist_shard"
+                )
+            return _context.ShardContext(default[1], default[0], 0, 1, "apply_sharding")
+        ranks = self._sharding.get(SHARDING_PRIORITIES.DISTRIBUTED)
+        if ranks is not None:
+            rank, world = ranks[1], ranks[0]
+            source = "apply_sharding"
+        else:
+            rank, world, source = _context.resolve_distributed(self._explicit, self._captured)
+        workers = self._sharding.get(SHARDING_PRIORITIES.MULTIPROCESSING)
+        if workers is not None:
+            if info is not None and (workers[0], workers[1]) != (info.num_workers, info.id):
+                raise RuntimeError(
+                    f"apply_sharding({workers[0]}, {workers[1]}, MULTIPROCESSING) disagrees with "
+                    f"DataLoader worker {info.id} of {info.num_workers}; drop the call"
+                )
+            return _context.ShardContext(rank, world, workers[1], workers[0], source)
+        if info is None:
+            return _context.ShardContext(rank, world, 0, 1, source)
+        return _context.ShardContext(rank, world, info.id, info.num_workers, source)
 
     # -- hooks torch's DataLoader calls ----------------------------------------
     def apply_sharding(
@@ -188,10 +243,24 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     ) -> None:
         """Called by torch's DataLoader (and ``graph_settings.apply_sharding``).
 
-        ``dist_shard`` resolves ranks and workers itself, so the values are
-        ignored. Having this method makes torch's own check raise when a
-        ``sharding_filter`` sits in the same chain.
+        torch's DataLoader calls it on its own in every worker (and in the main
+        process without workers) with the split it derives from torch.distributed;
+        ``dist_shard`` resolves ranks and workers itself, so such calls change
+        nothing. Any other call, e.g. ``graph_settings.apply_sharding(dp, 3, 1)``,
+        is honoured as an explicit split: instance ``1`` of ``3`` (``DEFAULT``
+        group), or the rank part (``DISTRIBUTED``) or the worker part
+        (``MULTIPROCESSING``). Having this method also makes torch's own check
+        raise when a ``sharding_filter`` sits in the same chain.
         """
+        for name, value in (("num_of_instances", num_of_instances), ("instance_id", instance_id)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}={value!r} must be an int")
+        if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
+            raise ValueError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
+        if sharding_group == SHARDING_PRIORITIES.DEFAULT and \
+                (num_of_instances, instance_id) == _torch_split(self._captured):
+            return  # the DataLoader's own call: nothing to override
+        self._sharding[sharding_group] = (num_of_instances, instance_id)
 
     def set_seed(self, seed: int) -> "DistShardIterDataPipe[T]":
         """Called by torch's DataLoader with the seed it shares with all workers.
@@ -202,6 +271,19 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         """
         self._loader_seed = int(seed)
         self._loader_seed_shared = _context.dist_rank_world() is not None or self._captured is not None
+        workers = _iterating_loader_workers()
+        if workers is not None:
+            self._loader_workers = workers
+        return self
+
+    def set_shuffle(self, shuffle: bool = True) -> "DistShardIterDataPipe[T]":
+        """Called by torch's DataLoader with its ``shuffle=`` argument (when given).
+
+        ``False`` turns ``shuffle=True`` off; ``True`` turns it on where the source
+        allows random access (elsewhere upstream ``.shuffle()`` pipes, which the
+        DataLoader turns on too, do the shuffling).
+        """
+        self.global_shuffle = bool(shuffle) and self._can_shuffle()
         return self
 
     def set_epoch(self, epoch: int) -> "DistShardIterDataPipe[T]":
@@ -209,11 +291,13 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
         Call it with the same value on every rank before each epoch, before the
         DataLoader creates its iterator (workers receive a copy of the pipe then).
+        A loaded state of another epoch is discarded (also when it is loaded later,
+        as StatefulDataLoader does in its workers): a state resumes its own epoch only.
         """
         epoch = _check_seed("epoch", epoch, allow_none=False)  # type: ignore[assignment]
         if self._resume is not None and self._resume["epoch"] != epoch:
-            self._resume = None  # a loaded state of another epoch no longer applies
-        self._epoch = epoch
+            self._resume = None
+        self._epoch, self._epoch_set = epoch, True
         return self
 
     @property
@@ -233,10 +317,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def _seed_upstream(self, base: int) -> None:
         if self._random_pipes is None:
             self._random_pipes = random_pipes(self.source_datapipe)
+        salt = stable_digest(self.chain_identity())
         for index, pipe in enumerate(self._random_pipes):
-            pipe.set_seed(mix_seed(base, self._epoch, index))
+            pipe.set_seed(mix_seed(base, self._epoch, index, int(salt, 16)))
 
-    # -- iteration ---------------------------------------------------------------
+    # -- how the source is read ---------------------------------------------------
     def read_plan(self) -> Pushdown:
         """How this pipe reads its source (see :class:`distshard.graph.Pushdown`)."""
         if self._pushdown is None:
@@ -250,100 +335,60 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return "element"
         return "units" if self.sizes is None else "sized_units"
 
-    def _start(self, ctx: _context.ShardContext) -> _Progress:
-        """The progress record of the iteration that starts now, from a loaded
-        state if there is one for this epoch."""
-        resume, self._resume = self._resume, None
-        if resume is not None and resume["epoch"] == self._epoch:
-            if resume["slot"] is not None and (resume["slot"], resume["num_slots"]) != (ctx.slot, ctx.num_slots):
-                raise ValueError(
-                    f"the loaded state is slot {resume['slot']} of {resume['num_slots']}'s, but this copy "
-                    f"is slot {ctx.slot} of {ctx.num_slots} (rank {ctx.rank} of {ctx.world_size}, worker "
-                    f"{ctx.worker_id} of {ctx.num_workers}); to resume with other ranks or workers, "
-                    "merge the states of all slots with distshard.merge_states() and load that"
-                )
-            seed = resume["seed"] if resume["seed"] is not None else self.base_seed(ctx)
-            remaining = Remaining((a, b) for a, b in resume["remaining"])
-            return _Progress(self._epoch, seed, remaining, ctx, resume["taken"])
-        return _Progress(self._epoch, self.base_seed(ctx), Remaining(), ctx, 0)
+    def chain_identity(self) -> str:
+        """A process-independent identity of the upstream graph: the pipes' types
+        and, for ``IterableWrapper``s, what they wrap (see ``readers.base``)."""
+        if self._chain is None:
+            parts = []
+            for pipe in upstream_pipes(self.source_datapipe):
+                part = type(pipe).__qualname__
+                if isinstance(pipe, IterableWrapperIterDataPipe):
+                    data = pipe.iterable
+                    size = len(data) if hasattr(data, "__len__") else None
+                    sample = (data[0], data[-1]) if isinstance(data, (list, tuple, range)) and data else ()
+                    part += f"({type(data).__qualname__}:{size}:{stable_digest(*sample)})"
+                parts.append(part)
+            self._chain = ">".join(parts)
+        return self._chain
 
-    def _order(self, total: int, seed: int) -> Permutation | None:
-        if not self.global_shuffle:
-            return None
-        return Permutation(total, mix_seed(seed, self._epoch, 0x5EED))
+    def reader(self) -> Reader:
+        """The reader of this epoch's source (lists the units in unit mode)."""
+        if self.expand is not None:
+            if self.sizes is None:
+                return WholeUnitsReader(lambda: self.source_datapipe, self.expand,
+                                        f"units:{self.chain_identity()}")
+            units = list(self.source_datapipe)
+            return SizedUnitsReader(units, unit_sizes(units, self.sizes), self.expand)
+        plan = self.read_plan()
+        if plan.sequence is not None:
+            return SequenceReader(plan.sequence, plan.copy_elements)
+        base = plan.base
+        return StreamReader(lambda: _unwrapped(base), type(base).__name__,
+                            f"stream:{self.chain_identity()}")
+
+    # -- iteration ---------------------------------------------------------------
+    def _pending(self) -> dict[str, Any] | None:
+        """The loaded state the next iteration resumes, if it is of this epoch."""
+        resume = self._resume
+        return resume if resume is not None and resume["epoch"] == self._epoch else None
 
     def __iter__(self) -> Iterator[T]:
         ctx = self.context()
-        progress = self._progress = self._start(ctx)
-        self._seed_upstream(progress.seed)
-        if self.expand is not None:
-            selected = self._iter_units(progress)
+        resume = self._pending()
+        seed = resume["seed"] if resume is not None and resume["seed"] is not None else self.base_seed(ctx)
+        self._seed_upstream(seed)
+        reader = self.reader()
+        if resume is not None:
+            self._check_against(resume, reader)
+        # raises before anything is consumed if the state is for another slot
+        run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.global_shuffle,
+                      epoch=self._epoch, seed=seed, resume=resume)
+        self._resume, self._progress = None, run
+        plan = self.read_plan() if self.expand is None else None
+        if plan is not None and plan.maps:
+            yield from map(plan.apply, run)
         else:
-            plan = self.read_plan()
-            if plan.sequence is not None:
-                selected = self._iter_sequence(plan, progress)
-            else:
-                selected = select_stream(progress.remaining.stream(_unwrapped(plan.base)), ctx.slot,
-                                         ctx.num_slots, self.even, progress.taken)
-            if plan.maps:
-                selected = map(plan.apply, selected)
-        for element in selected:
-            progress.taken += 1
-            yield element
-        progress.finished = True
-
-    def _positions(self, progress: _Progress, total: int, blocks: bool = False) -> Iterator[int]:
-        """The visit indices this slot still has to yield, out of ``total``."""
-        remaining = progress.remaining.clip(total)
-        count = remaining.length()
-        assert count is not None
-        progress.total = count
-        ctx = progress.ctx
-        layout = block_positions if blocks else slot_positions
-        own = layout(ctx.slot, ctx.num_slots, count, self.even, progress.taken)  # O(1) to skip
-        if remaining == Remaining([(0, total)]):
-            return own
-        return map(remaining.indexer(), own)
-
-    def _iter_sequence(self, plan: Pushdown, progress: _Progress) -> Iterator[Any]:
-        """The fast path: index the slot's own positions, O(1) to reach any of them."""
-        sequence = plan.sequence
-        total = len(sequence)
-        positions = self._positions(progress, total)
-        order = self._order(total, progress.seed)
-        if order is not None:
-            positions = map(order, positions)
-        if not plan.copy_elements:
-            for position in positions:
-                yield sequence[position]
-            return
-        warned = False
-        for position in positions:
-            element = sequence[position]
-            try:  # IterableWrapper(deepcopy=True) copies the data; we copy only what we yield
-                element = copy.deepcopy(element)
-            except TypeError:
-                if not warned:
-                    warnings.warn(_DEEPCOPY_WARNING, stacklevel=2)
-                    warned = True
-            yield element
-
-    def _iter_units(self, progress: _Progress) -> Iterator[Any]:
-        expand = self.expand
-        assert expand is not None
-        ctx = progress.ctx
-        if self.sizes is None:
-            if not progress.remaining.is_full:
-                raise ValueError("a merged state cannot be resumed in unit mode without sizes=")
-            yield from iterate_whole_units(self.source_datapipe, expand, ctx.slot, ctx.num_slots,
-                                           progress.taken)
-            return
-        units = list(self.source_datapipe)
-        sizes = unit_sizes(units, self.sizes)
-        total = sum(sizes)
-        order = self._order(total, progress.seed)
-        positions = self._positions(progress, total, blocks=order is None)
-        yield from iterate_sized_units(units, sizes, expand, positions, order, check_empty=ctx.slot == 0)
+            yield from run
 
     # -- state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -355,34 +400,68 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         """
         progress = self._progress
         if progress is not None and progress.epoch == self._epoch:
-            return progress.state(self.mode, self.even)
-        if self._resume is not None:
-            return dict(self._resume)
+            return progress.state()
+        pending = self._pending()
+        if pending is not None:
+            return dict(pending)
         return fresh_state(self._epoch, self.mode, self.even)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (a slot's or a merged state).
 
-        A state taken at the end of an epoch starts the next epoch. Raises
-        ``ValueError`` for a malformed state or one from another kind of pipeline,
-        leaving this pipe unchanged.
+        The state resumes its own epoch: a fresh pipe takes the state's epoch; after
+        ``set_epoch(e)`` a state of another epoch is discarded. A state taken after
+        a slot's last element resumes with nothing left of that epoch for that slot.
+        Raises ``ValueError`` for a malformed state or one from another pipeline
+        (other options, other data), leaving this pipe exactly as it was.
         """
         found = validate_state(state)
-        if found["mode"] != self.mode:
-            raise ValueError(
-                f"the state comes from a dist_shard in {found['mode']!r} mode, this one is in "
-                f"{self.mode!r} mode; load it into the pipeline that saved it"
-            )
-        if found["slot"] is not None and found["even"] != self.even:
-            raise ValueError(
-                f"the state was saved with even={found['even']!r} but this pipe has even={self.even!r}"
-            )
-        if found["finished"]:
-            self._epoch, self._resume = found["epoch"] + 1, None
-        else:
-            self._epoch, self._resume = found["epoch"], found
-        self._progress = None
+        self._check_against(found, self.reader() if self._cheap_reader() else None)
+        if self._epoch_set and found["epoch"] != self._epoch:
+            return  # a state of another epoch than the one set: void (see set_epoch)
+        self._epoch, self._resume, self._progress = found["epoch"], found, None
 
+    def _cheap_reader(self) -> bool:
+        """Whether building the reader reads no data (everything but listing units,
+        which is cheap too unless sizes are computed from the files)."""
+        return not (self.mode == "sized_units" and callable(self.sizes) and not isinstance(self.sizes, Mapping))
+
+    def _check_against(self, found: dict[str, Any], reader: Reader | None) -> None:
+        """Raise ``ValueError`` if ``found`` does not come from a pipe like this one."""
+        def refuse(what: str, theirs: Any, ours: Any) -> ValueError:
+            return ValueError(
+                f"the state was saved with {what}={theirs!r} but this dist_shard has {what}={ours!r}: "
+                "it comes from another pipeline or other data; load it into the pipeline that saved it"
+            )
+
+        if found["mode"] != self.mode:
+            raise refuse("mode", found["mode"], self.mode)
+        if found["shuffle"] is not None and found["shuffle"] != self.global_shuffle:
+            raise refuse("shuffle", found["shuffle"], self.global_shuffle)
+        if found["slot"] is not None and found["even"] != self.even:
+            raise refuse("even", found["even"], self.even)
+        if self.seed is not None and found["seed"] is not None and found["seed"] != self.seed:
+            raise refuse("seed", found["seed"], self.seed)
+        if reader is None:
+            return
+        length = reader.length()
+        if found["length"] is not None and length is not None and found["length"] != length:
+            raise ValueError(
+                f"the state's epoch had {found['length']} elements, this pipeline's has {length}: the data "
+                "changed since the checkpoint (or it comes from another pipeline); it cannot be resumed"
+            )
+        if found["source"] is not None and found["source"] != reader.identity():
+            raise refuse("source", found["source"], reader.identity())
+        if length is not None:
+            for start, stop in found["remaining"]:
+                end = stop if stop is not None else start
+                if end > length:
+                    raise ValueError(
+                        f"the state's remaining positions reach {end}, beyond this epoch's {length} "
+                        "elements: it comes from other data or was altered"
+                    )
+
+    # -- length ------------------------------------------------------------------------
     def _total(self) -> int:
         """The number of positions ``dist_shard`` splits, if it can be known."""
         if self.expand is not None:
@@ -399,28 +478,38 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             ) from None
 
     def __len__(self) -> int:
+        """This worker's count inside a DataLoader worker; else this rank's count,
+        over the workers of the DataLoader that iterates (or asks ``len()`` of)
+        this pipe, or 1 if none did yet. After ``load_state_dict``, what is left."""
         total = self._total()
         ctx = self.context()
-        if get_worker_info() is not None:
-            return slot_count(ctx.slot, ctx.num_slots, total, self.even)
-        workers = _context.loader_num_workers() or 1
+        resume = self._pending()
+        if get_worker_info() is not None or self._sharding:
+            return self._share(total, resume, ctx.slot, ctx.num_slots)
+        workers = _context.loader_num_workers() or self._loader_workers or 1
         num_slots = ctx.world_size * workers
         first = ctx.rank * workers
-        return sum(slot_count(s, num_slots, total, self.even) for s in range(first, first + workers))
+        return sum(self._share(total, resume, s, num_slots) for s in range(first, first + workers))
+
+    def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
+        if resume is not None and resume["slot"] is not None and resume["slot"] != slot:
+            resume = None  # another slot's state: that copy will refuse it when iterated
+        return remaining_share(total, resume, slot, num_slots, self.even)
 
     # -- seeing it -------------------------------------------------------------------
     def explain(self, pipeline: IterDataPipe | None = None) -> "Explanation":
         """What this pipe will do here: context and where it came from, the plan
         (slots, counts, what ``even`` drops or repeats), how often elements are read
         and decoded as placed, and warnings with their fix. Pass the whole
-        ``pipeline`` to also check what comes after ``dist_shard``.
+        ``pipeline`` to also check what comes after ``dist_shard``
+        (``distshard.explain(pipeline)`` does that for you).
 
         Example:
             >>> print(IterableWrapper(range(10)).dist_shard(rank=0, world_size=2).explain())  # doctest: +SKIP
         """
-        from .explain import explain
+        from .explaining import explain_shard
 
-        return explain(self, pipeline)
+        return explain_shard(self, pipeline)
 
     def _repr_html_(self) -> str:
         return self.explain()._repr_html_()
@@ -456,30 +545,34 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if self._captured is not None:
+            _context.note_captured(self._captured)
 
 
-class _Progress:
-    """Where the current iteration of one slot is: what its ``state_dict`` reports."""
-
-    __slots__ = ("epoch", "seed", "remaining", "ctx", "taken", "total", "finished")
-
-    def __init__(self, epoch: int, seed: int, remaining: Remaining,
-                 ctx: _context.ShardContext, taken: int) -> None:
-        self.epoch, self.seed, self.remaining, self.ctx = epoch, seed, remaining, ctx
-        self.taken, self.total, self.finished = taken, None, False
-
-    def state(self, mode: str, even: Even) -> dict[str, Any]:
-        state = fresh_state(self.epoch, mode, even)
-        state.update(
-            seed=self.seed, remaining=self.remaining.to_list(), total=self.total,
-            num_slots=self.ctx.num_slots, slot=self.ctx.slot, taken=self.taken,
-            finished=self.finished,
-        )
-        return state
+def _torch_split(captured: tuple[int, int] | None) -> tuple[int, int]:
+    """``(num_of_instances, instance_id)`` torch's DataLoader passes to
+    ``apply_sharding`` in this process: from torch.distributed only (as the main
+    process saw it: ``captured`` in a spawned worker; else one rank), times the
+    workers in a worker, numbered worker-major."""
+    rank, world = _context.dist_rank_world() or captured or (0, 1)
+    info = get_worker_info()
+    if info is None:
+        return world, rank
+    return info.num_workers * world, info.id * world + rank
 
 
-_DEEPCOPY_WARNING = ("The input iterable can not be deepcopied, please be aware of in-place "
-                     "modification would affect source data.")
+def _iterating_loader_workers() -> int | None:
+    """The ``num_workers`` of the DataLoader iterator being created right now, if
+    this call comes from one (torch seeds the pipe from ``_BaseDataLoaderIter``)."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and type(owner).__name__.endswith("DataLoaderIter") and hasattr(owner, "_num_workers"):
+            return max(1, int(owner._num_workers))
+        frame = frame.f_back
+    return None
 
 
 def _unwrapped(base: IterDataPipe) -> Any:
@@ -493,20 +586,32 @@ def _unwrapped(base: IterDataPipe) -> Any:
         try:
             data = copy.deepcopy(data)
         except TypeError:
-            warnings.warn(_DEEPCOPY_WARNING, stacklevel=3)
+            warnings.warn(DEEPCOPY_WARNING, stacklevel=3)
     return data
 
 
-def shards_in(pipeline: IterDataPipe) -> list[DistShardIterDataPipe]:
-    """Every ``dist_shard`` in ``pipeline`` (itself included), in traversal order."""
-    from .graph import upstream_pipes
+def shards_in(pipeline: Any) -> list[DistShardIterDataPipe]:
+    """Every ``dist_shard`` in ``pipeline`` (itself included), in traversal order.
 
+    ``pipeline`` may be an ``IterDataPipe``, a :class:`distshard.StatefulPipeline`
+    or anything holding the pipeline as ``.pipeline`` or ``.dataset`` (a DataLoader)."""
+    seen = 0
+    while not isinstance(pipeline, IterDataPipe) and seen < 4:
+        inner = getattr(pipeline, "pipeline", None) or getattr(pipeline, "dataset", None)
+        if inner is None:
+            break
+        pipeline, seen = inner, seen + 1
+    if not isinstance(pipeline, IterDataPipe):
+        return []
     return [p for p in upstream_pipes(pipeline) if isinstance(p, DistShardIterDataPipe)]
 
 
-def set_epoch(pipeline: IterDataPipe, epoch: int) -> IterDataPipe:
+def set_epoch(pipeline: Any, epoch: int) -> Any:
     """Call ``set_epoch(epoch)`` on every ``dist_shard`` in ``pipeline`` and return it,
     so a training loop need not keep a reference to the shard itself.
+
+    ``pipeline``: an ``IterDataPipe``, a :class:`distshard.StatefulPipeline`, or a
+    DataLoader over either.
 
     Example:
         >>> for epoch in range(epochs):  # doctest: +SKIP

@@ -4,30 +4,99 @@ would shard twice, random pipes to seed, and the pushdown of selection below
 
 torch discovers a pipeline's graph by pickling it with hooks
 (``torch.utils.data.graph.traverse_dps``); we use the same walk so that we see
-exactly what torch's DataLoader sees when it applies sharding and seeds.
+exactly what torch's DataLoader sees when it applies sharding and seeds. A pipe
+that cannot be pickled (a class defined inside a function) makes that walk
+fail; we then walk the pipes' attributes instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import array
+import pickle
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import FunctionType
+from typing import Any, Generic, Iterator, TypeVar
 
-from torch.utils.data.datapipes.datapipe import IterDataPipe
+import torch
+from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
-from torch.utils.data.graph import DataPipe, traverse_dps
+from torch.utils.data.datapipes.map.callable import MapperMapDataPipe
+from torch.utils.data.datapipes.map.utils import SequenceWrapperMapDataPipe
+from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
 from torch.utils.data.graph_settings import (
     _is_random_datapipe,
     _is_sharding_datapipe,
     get_all_graph_pipes,
 )
 
+__all__ = ["Positional", "Pushdown", "is_positional", "pipe_graph", "plan_pushdown", "positional",
+           "random_access", "upstream_pipes"]
 
-def upstream_pipes(source: IterDataPipe) -> list[DataPipe]:
+T = TypeVar("T")
+
+# what torch's traversal raises (and catches itself when dill is installed) for
+# something pickle cannot serialize: a local class, a lock in a list attribute, ...
+_PICKLING_ERRORS = (pickle.PickleError, AttributeError, TypeError)
+
+
+def pipe_graph(pipe: DataPipe) -> DataPipeGraph:
+    """The graph of ``pipe`` and the pipes it reads from, in torch's format
+    ``{id(pipe): (pipe, {id(parent): (parent, {...}), ...})}``.
+
+    torch's own traversal when it works; when it cannot pickle a pipe (e.g. a
+    DataPipe class defined inside a function), a walk of the pipes' attributes:
+    the values of ``vars(pipe)`` that are DataPipes or lists, tuples and dicts
+    holding DataPipes, in attribute order.
+    """
+    try:
+        return traverse_dps(pipe)
+    except _PICKLING_ERRORS:
+        return _attribute_graph(pipe, {}, set())
+
+
+def _attribute_graph(pipe: DataPipe, done: dict[int, DataPipeGraph], path: set[int]) -> DataPipeGraph:
+    """``pipe_graph`` from attributes; ``done`` shares the subgraph of a pipe met
+    twice, ``path`` stops cycles."""
+    key = id(pipe)
+    if key in done:
+        return done[key]
+    parents: DataPipeGraph = {}
+    path.add(key)
+    for parent in _attribute_pipes(pipe):
+        if id(parent) not in path and id(parent) not in parents:
+            parents.update(_attribute_graph(parent, done, path))
+    path.discard(key)
+    done[key] = {key: (pipe, parents)}
+    return done[key]
+
+
+def _attribute_pipes(pipe: DataPipe) -> Iterator[DataPipe]:
+    """The DataPipes among ``pipe``'s attribute values and inside its lists,
+    tuples and dicts, depth first in attribute order."""
+    try:
+        stack = [iter(vars(pipe).values())]
+    except TypeError:  # no __dict__
+        return
+    seen: set[int] = set()
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, (IterDataPipe, MapDataPipe)):
+                yield value
+            elif isinstance(value, (list, tuple, dict)) and id(value) not in seen:
+                seen.add(id(value))
+                stack.append(iter(value.values() if isinstance(value, dict) else value))
+                break
+        else:
+            stack.pop()
+
+
+def upstream_pipes(source: DataPipe) -> list[DataPipe]:
     """Every pipe ``source`` reads from, ``source`` included, each once, in a
-    deterministic order (the order of torch's own traversal)."""
-    return get_all_graph_pipes(traverse_dps(source))
+    deterministic order (the order of torch's own traversal, see :func:`pipe_graph`)."""
+    return get_all_graph_pipes(pipe_graph(source))
 
 
 def check_no_sharding(source: IterDataPipe) -> None:
@@ -52,6 +121,108 @@ def random_pipes(source: IterDataPipe) -> list[DataPipe]:
     return [pipe for pipe in upstream_pipes(source) if _is_random_datapipe(pipe)]
 
 
+class Positional(Generic[T]):
+    """A sequence declared positional; see :func:`positional`."""
+
+    __distshard_positional__ = True
+    __slots__ = ("sequence",)
+
+    def __init__(self, sequence: Any) -> None:
+        if not (hasattr(sequence, "__len__") and hasattr(sequence, "__getitem__")):
+            raise TypeError(
+                f"positional() needs an object with __len__ and __getitem__, got "
+                f"{type(sequence).__name__}; pass anything else to IterableWrapper as is "
+                "(dist_shard then streams it)"
+            )
+        self.sequence = sequence
+
+    def __len__(self) -> int:
+        return len(self.sequence)
+
+    def __getitem__(self, index: int) -> T:
+        return self.sequence[index]
+
+    def __iter__(self) -> Iterator[T]:
+        sequence = self.sequence
+        for index in range(len(sequence)):
+            yield sequence[index]
+
+    def __repr__(self) -> str:
+        return f"positional({type(self.sequence).__name__} of {len(self)})"
+
+
+def positional(sequence: Any) -> Positional:
+    """Declare that ``sequence[i]`` is the ``i``-th element, so that ``dist_shard``
+    may read it by index (each element once cluster-wide) instead of streaming it.
+
+    The result has ``len()``, positional ``[]`` and iterates ``sequence[0]``,
+    ``sequence[1]``, ... (by index, whatever ``iter(sequence)`` does), so plain
+    iteration and the sharded reads see the same elements in the same order.
+    Needed only for a container with its own ``__iter__`` that ``dist_shard``
+    does not know (see :func:`distshard.graph.is_positional`: lists, tuples,
+    ranges, tensors, NumPy arrays, ``array.array``, map-style datasets, Hugging
+    Face ``datasets.Dataset`` are known); a class can also declare itself with
+    ``__distshard_positional__ = True``. Do not use it where ``[]`` looks up
+    labels or keys (a pandas Series with a non-default index: pass
+    ``series.to_list()`` or ``series.reset_index(drop=True)``).
+
+    Example:
+        >>> import distshard
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> rows = distshard.positional(["a", "b", "c"])
+        >>> list(IterableWrapper(rows).dist_shard(rank=0, world_size=2))
+        ['a', 'c']
+    """
+    return sequence if isinstance(sequence, Positional) else Positional(sequence)
+
+
+_PROTOCOL = ("__len__", "__getitem__", "__iter__")
+
+
+def _keeps(cls: type, base: type) -> bool:
+    """``cls`` uses ``base``'s indexing, length and iteration (overrides none)."""
+    return all(getattr(cls, name, None) is getattr(base, name, None) for name in _PROTOCOL)
+
+
+def is_positional(obj: object) -> bool:
+    """Whether ``obj[i]`` for ``i`` in ``range(len(obj))`` is exactly what iterating
+    ``obj`` yields, in order. Conservative: ``False`` for anything not known to be.
+
+    Known: a class declaring ``__distshard_positional__ = True``; list, tuple,
+    range, ``array.array``, NumPy arrays (and memmaps) and tensors of at least one
+    dimension, Hugging Face ``datasets.Dataset``; and any class whose iteration is
+    its indexing: a Python ``__getitem__`` and no ``__iter__`` (Python then
+    iterates ``obj[0]``, ``obj[1]``, ... as for torch's map-style datasets and
+    ``MapDataPipe``) or ``collections.abc.Sequence``'s inherited ``__iter__``. Subclasses that override
+    ``__len__``, ``__getitem__`` or ``__iter__`` of a known type are not known.
+    """
+    cls = type(obj)
+    if getattr(cls, "__distshard_positional__", False) is True:
+        return True
+    for base in (list, tuple, range, array.array):
+        if isinstance(obj, base):
+            return _keeps(cls, base)
+    numpy = sys.modules.get("numpy")  # an ndarray exists only once numpy is imported
+    if numpy is not None and isinstance(obj, numpy.ndarray):
+        return (cls is numpy.ndarray or isinstance(obj, numpy.memmap)) and obj.ndim >= 1
+    if isinstance(obj, torch.Tensor):
+        return obj.dim() >= 1 and _keeps(cls, torch.Tensor)
+    for base in cls.__mro__:  # Hugging Face datasets.Dataset, without importing datasets
+        if base.__module__ == "datasets.arrow_dataset" and base.__name__ == "Dataset":
+            return _keeps(cls, base)
+    if isinstance(obj, SequenceWrapperMapDataPipe) and isinstance(obj.sequence, Mapping):
+        return False  # keyed, not positional
+    if isinstance(obj, MapperMapDataPipe) and not is_positional(obj.datapipe):
+        return False
+    if isinstance(obj, (str, bytes, bytearray, memoryview, Mapping)):
+        return False
+    # Iteration is obj[0], obj[1], ... through the same Python __getitem__ (a C type
+    # such as mmap may iterate its sequence slot and index another: not trusted).
+    iterate = getattr(cls, "__iter__", None)
+    return ((iterate is None or iterate is Sequence.__iter__) and hasattr(cls, "__len__")
+            and isinstance(getattr(cls, "__getitem__", None), FunctionType))
+
+
 @dataclass
 class Pushdown:
     """How a slot reads the stream that reaches ``dist_shard``.
@@ -61,8 +232,8 @@ class Pushdown:
     are the 1:1 maps between ``base`` and ``dist_shard`` (upstream first); a slot
     applies them to its own elements only, which gives the same elements in the
     same order as running them on every element. ``sequence`` is set when
-    ``base`` wraps something with random access (``__len__`` + ``__getitem__``),
-    so a slot can index its positions instead of walking the stream.
+    ``base`` has positional random access (see :func:`random_access`), so a slot
+    can index its positions instead of walking the stream.
     """
 
     base: IterDataPipe
@@ -77,17 +248,27 @@ class Pushdown:
 
 
 def random_access(pipe: IterDataPipe) -> tuple[Any, bool]:
-    """``(sequence, deepcopy)`` if ``pipe`` is an ``IterableWrapper`` over an object
-    with ``__len__`` and ``__getitem__`` (list, tuple, range, a ``MapDataPipe``, a
-    tensor, ...) that is not a mapping; else ``(None, False)``."""
-    if type(pipe) is not IterableWrapperIterDataPipe:
-        return None, False
-    iterable = pipe.iterable
-    if isinstance(iterable, (Mapping, str, bytes)) or not (
-        hasattr(iterable, "__len__") and hasattr(iterable, "__getitem__")
-    ):
-        return None, False
-    return iterable, bool(pipe.deepcopy)
+    """``(sequence, deepcopy)`` when ``pipe``'s stream can be read by position:
+    ``sequence[i]`` is the ``i``-th element ``pipe`` yields. Else ``(None, False)``.
+
+    Two cases: a source whose class has ``__distshard_sequence__()`` returning such
+    a sequence (or ``None``), and an ``IterableWrapper`` over an object
+    :func:`is_positional` accepts; ``deepcopy`` is then the wrapper's. Anything
+    else, such as a container whose ``[]`` is not what its iteration yields (a
+    pandas-like Series with its own index, ``mmap``, a mapping), is streamed.
+    """
+    hook = getattr(type(pipe), "__distshard_sequence__", None)
+    if hook is not None:
+        sequence = hook(pipe)
+        if sequence is not None and not (hasattr(sequence, "__len__") and hasattr(sequence, "__getitem__")):
+            raise TypeError(
+                f"{type(pipe).__name__}.__distshard_sequence__() returned {type(sequence).__name__}, "
+                "which lacks __len__ or __getitem__; return a positional sequence or None"
+            )
+        return sequence, False
+    if type(pipe) is IterableWrapperIterDataPipe and is_positional(pipe.iterable):
+        return pipe.iterable, bool(pipe.deepcopy)
+    return None, False
 
 
 def plan_pushdown(source: IterDataPipe, enabled: bool) -> Pushdown:

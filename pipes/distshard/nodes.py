@@ -115,7 +115,7 @@ class DistShardNode(BaseNode[T]):
         self.even = check_even(even)
         if self._explicit is None:
             # Surface a malformed RANK / WORLD_SIZE now rather than at the first reset.
-            _context.env_rank_world()
+            _context.check_environment()
         self._captured: Optional[tuple] = None  # (rank, world_size) of the pickling process
         self._ctx: Optional[_context.ShardContext] = None
         self._source_state: Optional[Dict[str, Any]] = None
@@ -247,6 +247,8 @@ class DistShardNode(BaseNode[T]):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if self._captured is not None:
+            _context.note_captured(self._captured)
 
     def __repr__(self) -> str:
         options = [f"even={self.even!r}"]

@@ -19,6 +19,8 @@ Terms
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 
@@ -101,6 +103,30 @@ def _nth(it: Iterator[T], skip: int) -> T | object:
     return next(islice(it, skip, skip + 1), _END)
 
 
+def _advance(it: Iterator[T], count: int) -> tuple[int, Any]:
+    """Consume up to ``count`` items of ``it`` (in C); return how many there were
+    and the last one (``_END`` if none)."""
+    if count <= 0:
+        return 0, _END
+    last = deque(zip(islice(it, count), itertools.count(1)), maxlen=1)
+    if not last:
+        return 0, _END
+    element, consumed = last[0]
+    return consumed, element
+
+
+class StreamTooShort(ValueError):
+    """A resumed slot's state claims more of the stream than the stream holds."""
+
+
+def _too_short(slot: int, num_slots: int, taken: int, seen: int) -> StreamTooShort:
+    return StreamTooShort(
+        f"the state says slot {slot} of {num_slots} already yielded {taken} elements, but the "
+        f"stream it resumes holds only {seen} elements where that slot's share lies: the state "
+        "comes from other data or was altered; resume from a state this pipeline saved"
+    )
+
+
 def select_stream(
     items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0
 ) -> Iterator[T]:
@@ -114,16 +140,19 @@ def select_stream(
     before it (the degenerate case ``N < num_slots``, where a slot that owns
     nothing must repeat an earlier element).
 
-    ``skip_rounds=k`` resumes after the slot's first ``k`` own elements (which
-    its earlier run yielded): the first ``k`` rounds are skipped unread, except
-    for the element ``"pad"`` may have to repeat.
+    ``skip_rounds=k`` resumes after the slot's first ``k`` yielded elements: the
+    first ``k`` rounds are skipped unread (but for the element ``"pad"`` may have to
+    repeat), and the stream must hold them: if it ends before the slot's ``k``-th
+    element (or, under ``"pad"``, before the round where the slot padded), the
+    state does not belong to this stream and :class:`StreamTooShort` is raised
+    before anything is yielded.
     """
     it = iter(items)
-    if even is None:
-        yield from islice(it, skip_rounds * num_slots + slot, None, num_slots)
-        return
     pad: Any = _END
     if skip_rounds == 0:
+        if even is None:
+            yield from islice(it, slot, None, num_slots)
+            return
         if even == "pad":
             head = list(islice(it, slot))
             mine = next(it, _END)
@@ -137,21 +166,42 @@ def select_stream(
             mine = _nth(it, slot)
             if mine is _END:
                 return
+        yield from _rounds(it, mine, pad, slot, num_slots, even)
+        return
+    k = skip_rounds
+    if even == "pad":
+        seen, pad = _advance(it, slot + 1)
+        if seen < slot + 1:
+            if k == 1 and seen > 0:
+                return  # N < num_slots: this slot repeated an earlier element, and is done
+            raise _too_short(slot, num_slots, k, seen)
+        if k > 1:
+            more, _ = _advance(it, (k - 1) * num_slots)
+            if more < (k - 1) * num_slots:
+                seen += more
+                if seen > (k - 1) * num_slots:
+                    return  # the last round lacked this slot's element: it yielded its pad
+                raise _too_short(slot, num_slots, k, seen)
     else:
-        rest = skip_rounds * num_slots
+        want = (k - 1) * num_slots + slot + 1
+        seen, _ = _advance(it, want)
+        if seen < want:
+            raise _too_short(slot, num_slots, k, seen)
+    # right after the slot's k-th element, at (k - 1) * num_slots + slot
+    if even is None:
+        yield from islice(it, num_slots - 1, None, num_slots)
+        return
+    after = num_slots - 1 - slot
+    if after and _nth(it, after - 1) is _END:
+        return  # the stream ended inside the round of the last element yielded
+    start = next(it, _END)
+    if start is _END:
+        return  # it ended on the boundary of the consumed rounds
+    mine = start if slot == 0 else _nth(it, slot - 1)
+    if mine is _END:
         if even == "pad":
-            pad = _nth(it, slot)
-            rest -= slot + 1
-        if (even == "pad" and pad is _END) or (rest and _nth(it, rest - 1) is _END):
-            return  # the stream ended within rounds already consumed: nothing is left
-        start = next(it, _END)
-        if start is _END:
-            return  # it ended on the boundary of the consumed rounds
-        mine = start if slot == 0 else _nth(it, slot - 1)
-        if mine is _END:
-            if even == "pad":
-                yield pad
-            return
+            yield pad
+        return
     yield from _rounds(it, mine, pad, slot, num_slots, even)
 
 
@@ -406,12 +456,22 @@ class Remaining:
         return [[start, stop] for start, stop in self.intervals]
 
 
+MAX_BAND = 10_000_000  # positions a merge may list one by one between the slowest and fastest slot
+
+
 def left_after_round_robin(taken: Sequence[int], num_slots: int) -> Remaining:
     """What is left when slot ``s`` of a round-robin split consumed its first
     ``taken[s]`` positions (counted within the set being split)."""
     if len(taken) != num_slots:
         raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
     low, high = min(taken), max(taken)
+    spread = sum(high - count for count in taken)
+    if spread > MAX_BAND:
+        raise ValueError(
+            f"the slots' counts differ by too much to merge ({spread} positions between the slowest "
+            f"slot at {low} and the fastest at {high}): such states do not come from one run of one "
+            "pipeline; merge the states every slot saved at the same step"
+        )
     band = [
         (j, j + 1)
         for j in range(low * num_slots, high * num_slots)

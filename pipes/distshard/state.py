@@ -3,21 +3,29 @@ makes elastic resume possible.
 
 A *slot state* is what one copy of the pipeline (one rank's DataLoader worker)
 reports: the epoch and seed it runs, the part of the epoch its run splits
-(``remaining``), and how many elements it yielded of its share (``taken``). A
+(``remaining``, in visit indices), how the run laid that out over its slots
+(``layout``), and how many elements it yielded of its share (``taken``). A
 *merged state* has no slot: it is the part of the epoch nobody consumed yet, and
 any number of ranks and workers can load it and split it afresh. Everything is
-plain JSON (ints, strings, lists, ``None``), with a version number.
+plain JSON (ints, strings, lists, ``None``, bools), with a version number.
+
+A state identifies the run it came from: ``mode``, ``shuffle``, ``seed``, ``even``,
+``length`` (the epoch's element count, when known before reading) and ``source``
+(a short identity of the data) are checked on load and merge, so a state from
+another pipeline, or one whose data changed, is refused instead of resuming at
+the wrong positions.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from .plan import EVEN_MODES, Remaining, left_after_blocks, left_after_round_robin
+from .plan import EVEN_MODES, Remaining, left_after_blocks, left_after_round_robin, slot_count
 
-VERSION = 1
+VERSION = 2
 KEY = "distshard"  # the marker (and version) key of a slot or merged state
-MODES = ("element", "units", "sized_units")  # how positions are laid out over slots
+MODES = ("element", "units", "sized_units")  # what the positions are
+LAYOUTS = ("stride", "blocks", "units")  # how a run laid its positions out over slots
 
 __all__ = ["VERSION", "fresh_state", "validate_state", "merge_states", "find_states"]
 
@@ -26,6 +34,7 @@ def fresh_state(epoch: int, mode: str, even: Any) -> dict[str, Any]:
     """The state of an epoch nobody has consumed anything of yet."""
     return {
         KEY: VERSION, "epoch": epoch, "seed": None, "mode": mode, "even": even,
+        "layout": None, "shuffle": None, "length": None, "source": None,
         "remaining": [[0, None]], "total": None, "num_slots": None, "slot": None,
         "taken": 0, "finished": False,
     }
@@ -56,8 +65,10 @@ def validate_state(state: object) -> dict[str, Any]:
             f"no {KEY!r} key (got keys {sorted(map(str, state))[:8]}); pass what "
             "dist_shard's state_dict(), StatefulPipeline.state_dict() or merge_states() returned"
         )
-    if state[KEY] != VERSION:
-        raise _fail(f"version {state[KEY]!r} is not {VERSION}, the one this distshard reads")
+    if state[KEY] != VERSION or isinstance(state[KEY], bool):
+        older = " (an older distshard's state records too little to check it against the data)" \
+            if state[KEY] == 1 else ""
+        raise _fail(f"version {state[KEY]!r} is not {VERSION}, the one this distshard reads{older}")
     missing = [k for k in fresh_state(0, "element", None) if k not in state]
     if missing:
         raise _fail(f"missing keys {missing}")
@@ -65,6 +76,13 @@ def validate_state(state: object) -> dict[str, Any]:
     _int(state, "seed", optional=True)
     _int(state, "total", optional=True)
     _int(state, "taken")
+    _int(state, "length", optional=True)
+    if state["layout"] is not None and state["layout"] not in LAYOUTS:
+        raise _fail(f"layout={state['layout']!r} is not one of {LAYOUTS}")
+    if state["shuffle"] is not None and not isinstance(state["shuffle"], bool):
+        raise _fail(f"shuffle={state['shuffle']!r} must be True, False or None")
+    if state["source"] is not None and not isinstance(state["source"], str):
+        raise _fail(f"source={state['source']!r} must be a string or None")
     num_slots = _int(state, "num_slots", minimum=1, optional=True)
     slot = _int(state, "slot", optional=True)
     if (num_slots is None) != (slot is None):
@@ -94,6 +112,8 @@ def validate_state(state: object) -> dict[str, Any]:
         raise _fail(f"remaining: {exc}") from None
     if slot is None and state["taken"]:
         raise _fail("a merged state (no slot) must have taken=0")
+    if slot is not None and state["layout"] is None:
+        raise _fail("a slot's state must say its layout")
     out = dict(state)
     out["remaining"] = intervals.to_list()
     return out
@@ -120,6 +140,17 @@ def find_states(obj: object) -> list[dict[str, Any]]:
     return found
 
 
+def _agree(found: list[dict[str, Any]], key: str, optional: bool) -> Any:
+    """The value every state has for ``key`` (``optional``: ignoring ``None``)."""
+    values = {repr(s[key]) for s in found if not (optional and s[key] is None)}
+    if len(values) > 1:
+        raise ValueError(
+            f"states disagree on {key} ({', '.join(sorted(values))}): they come from "
+            "different epochs, runs or pipelines; merge the states all slots saved at one step"
+        )
+    return next((s[key] for s in found if s[key] is not None), None)
+
+
 def merge_states(states: Iterable[object]) -> dict[str, Any]:
     """Merge the states of *all* slots of a run into one slot-agnostic state.
 
@@ -128,25 +159,20 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     and can be loaded by a run with any number of ranks and workers: that run
     splits the remainder exactly once among its slots. Raises ``ValueError`` if a
     slot is missing or appears twice, or the states come from different epochs,
-    seeds or pipelines.
+    seeds or pipelines, or claim more than their share.
     """
     found = find_states(list(states))
     if not found:
-        raise ValueError("merge_states found no distshard state in what it was given")
-    first = found[0]
-    for key in ("epoch", "mode", "even", "remaining", "seed", "total"):
-        # a state taken before its slot yielded anything may not know seed and total yet
-        values = {repr(s[key]) for s in found if s[key] is not None or key not in ("seed", "total")}
-        if len(values) > 1:
-            raise ValueError(
-                f"states disagree on {key} ({', '.join(sorted(values))}): they come from "
-                "different epochs, runs or pipelines; merge the states all slots saved at one step"
-            )
-    known = {key: next((s[key] for s in found if s[key] is not None), None) for key in ("seed", "total")}
+        raise ValueError("merge_states found no distshard state in what was given")
+    common = {key: _agree(found, key, optional=key in ("seed", "total", "length", "source", "shuffle"))
+              for key in ("epoch", "mode", "remaining", "seed", "total", "length", "source", "shuffle")}
     sized = [s for s in found if s["slot"] is not None]
     blank = len(found) - len(sized)  # states of slots that consumed nothing yet (no slot known)
+    first = dict(found[0], **common)
     if not sized:  # only merged/fresh states: nothing to combine
-        return dict(first, **known)
+        return first
+    # only slots that ran know how they split and what even they used
+    even, layout = _agree(sized, "even", False), _agree(sized, "layout", False)
     num_slots = sized[0]["num_slots"]
     if any(s["num_slots"] != num_slots for s in sized):
         raise ValueError(f"states come from runs with different slot counts: "
@@ -164,26 +190,34 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         )
     if len(absent) < blank:
         raise ValueError(f"{len(found)} states for {num_slots} slots: some appear twice")
-    for slot in absent:  # those consumed nothing
-        by_slot[slot] = dict(first, slot=slot, num_slots=num_slots, taken=0, finished=False)
-    first = dict(first, **known)
-    merged = dict(first, num_slots=None, slot=None, taken=0)
-    if all(s["finished"] for s in by_slot.values()):
+    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0)
+    if all(s["finished"] for s in by_slot.values()) and not absent:
         merged.update(remaining=[], total=0, finished=True)
         return merged
-    if first["mode"] == "units":
+    if layout == "units":
         raise ValueError(
             "elastic resume in unit mode needs sizes= (without them nobody knows where a "
             "slot's elements sit); resume with the same ranks and workers, or pass sizes="
         )
-    taken = [by_slot[slot]["taken"] for slot in range(num_slots)]
-    outer = Remaining((a, b) for a, b in first["remaining"])
-    if first["mode"] == "sized_units":
-        inner = left_after_blocks(taken, num_slots, first["total"], first["even"])
+    taken = [by_slot[slot]["taken"] if slot in by_slot else 0 for slot in range(num_slots)]
+    count = common["total"]
+    if count is not None:
+        for slot, took in enumerate(taken):
+            share = slot_count(slot, num_slots, count, even)
+            if took > share:
+                raise ValueError(
+                    f"slot {slot}'s state says it yielded {took} elements, but its share of the {count} "
+                    f"positions its run split is {share}: the state was altered or comes from another run"
+                )
+    outer = Remaining((a, b) for a, b in common["remaining"])
+    if layout == "blocks":
+        if count is None:
+            raise _fail("a state in block layout must record total")
+        inner = left_after_blocks(taken, num_slots, count, even)
     else:
         inner = left_after_round_robin(taken, num_slots)
     left = outer.compose(inner)
-    if first["total"] is not None:
-        left = left.clip(outer.index(first["total"] - 1) + 1) if first["total"] else Remaining([])
+    if count is not None:
+        left = left.clip(outer.index(count - 1) + 1) if count else Remaining([])
     merged.update(remaining=left.to_list(), total=left.length(), finished=False)
     return merged

@@ -1,4 +1,4 @@
-"""``explain()``: what a ``dist_shard`` pipeline will do, before it runs.
+"""``distshard.explain(pipeline)``: what a ``dist_shard`` pipeline will do, before it runs.
 
 The resolved context (and where it came from), the plan (slots, counts, what
 ``even`` drops or repeats, where a few positions go), how often each element is
@@ -13,22 +13,23 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
-from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph import DataPipeGraph
 from torch.utils.data.graph_settings import _is_sharding_datapipe
 
 from .context import ShardContext
+from .graph import pipe_graph
 from .plan import block_range, dropped_count, pad_position, padded_count, slot_count
 
 if TYPE_CHECKING:
     from .datapipe import DistShardIterDataPipe
 
-__all__ = ["Explanation", "explain"]
+__all__ = ["Explanation", "explain", "explain_shard"]
 
 _SOURCES = {
     "explicit": "the rank= / world_size= arguments",
     "torch.distributed": "the initialized torch.distributed process group",
     "pickled": "torch.distributed as captured when the pipe was sent to this process",
-    "env": "the RANK / WORLD_SIZE environment (torchrun)",
+    "env": "the RANK / WORLD_SIZE environment (torchrun; or LOCAL_RANK / NODE_RANK as Lightning sets them)",
     "default": "nothing: no rank given, no torch.distributed, no RANK/WORLD_SIZE",
 }
 
@@ -38,8 +39,14 @@ _UNBALANCING = ("FilterIterDataPipe", "FlatMapperIterDataPipe", "UnBatcherIterDa
 
 @dataclass
 class Explanation:
-    """What :meth:`DistShardIterDataPipe.explain` found; ``str()`` for terminals,
-    ``_repr_html_`` for notebooks."""
+    """What :func:`distshard.explain` found; ``str()`` for terminals,
+    ``_repr_html_`` for notebooks.
+
+    For a pipeline with several ``dist_shard`` pipes, ``parts`` holds one
+    Explanation per pipe (in traversal order, downstream first); the sections and
+    warnings of the whole are theirs, labelled with the pipe they concern, its
+    ``context`` is the first one's and the per-element figures are left ``None``.
+    """
 
     context: ShardContext
     sections: list[tuple[str, list[str]]] = field(default_factory=list)
@@ -47,6 +54,7 @@ class Explanation:
     total: int | None = None
     reads_per_element: float | None = None
     decodes_per_element: float | None = None
+    parts: list["Explanation"] = field(default_factory=list)
 
     def __str__(self) -> str:
         out = []
@@ -82,21 +90,96 @@ def _name(pipe: Any) -> str:
     return type(pipe).__name__.replace("IterDataPipe", "")
 
 
-def _chain(pipe: IterDataPipe, stop: Any = None) -> list:
+def _chain(pipe: IterDataPipe) -> list:
     """The linear chain of pipes from ``pipe`` down to its first source (first
-    parent of each), ``stop`` excluded."""
+    parent of each)."""
     chain: list = []
-    graph = traverse_dps(pipe)
+    graph = pipe_graph(pipe)
     while graph:
         node, graph = next(iter(graph.values()))
-        if node is stop:
-            break
         chain.append(node)
     return chain
 
 
-def explain(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None) -> Explanation:
-    """Build the :class:`Explanation` of ``pipe`` (see ``DistShardIterDataPipe.explain``)."""
+def _path(graph: DataPipeGraph, target: Any) -> list | None:
+    """The pipes from the top of ``graph`` down to ``target`` (excluded), or ``None``
+    if ``target`` is not in it."""
+    for node, parents in graph.values():
+        if node is target:
+            return []
+        below = _path(parents, target)
+        if below is not None:
+            return [node, *below]
+    return None
+
+
+def _pipeline_of(obj: Any) -> IterDataPipe:
+    """The ``IterDataPipe`` inside ``obj``: itself, or its ``.pipeline`` /
+    ``.dataset`` (``StatefulPipeline``, ``DataLoader``), unwrapped repeatedly."""
+    seen = obj
+    for _ in range(8):
+        if isinstance(obj, IterDataPipe):
+            return obj
+        inner = getattr(obj, "pipeline", None)
+        if inner is None:
+            inner = getattr(obj, "dataset", None)
+        if inner is None:
+            break
+        obj = inner
+    raise TypeError(
+        f"explain() needs an IterDataPipe pipeline, or an object holding one as .pipeline or "
+        f".dataset (distshard.StatefulPipeline, a DataLoader), got {type(seen).__name__}"
+    )
+
+
+def explain(pipeline: Any) -> Explanation:
+    """What the ``dist_shard`` pipes of ``pipeline`` will do in this process: the
+    context and where it came from, the plan (slots, counts, what ``even`` drops
+    or repeats), how often elements are read and decoded as placed, and warnings
+    with their fix, including pipes after ``dist_shard`` that unbalance or shard
+    again.
+
+    Args:
+        pipeline: an ``IterDataPipe`` holding one or more ``dist_shard`` pipes, or
+            an object with the pipeline as ``.pipeline`` or ``.dataset`` (a
+            :class:`distshard.StatefulPipeline`, a ``DataLoader``).
+
+    Returns:
+        An :class:`Explanation` (``print()`` it, or let a notebook show it); with
+        several ``dist_shard`` pipes it combines one per pipe, kept in ``parts``.
+
+    Example:
+        >>> import distshard
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> pipeline = IterableWrapper(range(10)).dist_shard(rank=0, world_size=2).batch(2)
+        >>> distshard.explain(pipeline).total
+        10
+    """
+    from .datapipe import shards_in  # at call time: importing this module never imports datapipe.py
+
+    top = _pipeline_of(pipeline)
+    shards = shards_in(top)
+    if not shards:
+        raise ValueError(
+            f"explain() found no dist_shard in {type(top).__name__}; add .dist_shard() to the "
+            "pipeline, or pass the pipeline that holds it"
+        )
+    parts = [explain_shard(shard, top) for shard in shards]
+    if len(parts) == 1:
+        return parts[0]
+    labels = [f"dist_shard {index} of {len(parts)}" for index in range(1, len(parts) + 1)]
+    whole = Explanation(parts[0].context, parts=parts)
+    whole.sections.append(("pipeline", [f"{label}: {shard!r}" for label, shard in zip(labels, shards)]))
+    for label, part in zip(labels, parts):
+        whole.sections.extend((f"{label}: {title}", lines) for title, lines in part.sections)
+        whole.warnings.extend(f"{label}: {warning}" for warning in part.warnings)
+    return whole
+
+
+def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None) -> Explanation:
+    """The :class:`Explanation` of one ``dist_shard`` pipe; ``pipeline``, if given,
+    is the whole pipeline, whose pipes after ``pipe`` are checked too (see
+    ``DistShardIterDataPipe.explain``)."""
     ctx = pipe.context()
     out = Explanation(ctx)
     S = ctx.num_slots
@@ -207,8 +290,7 @@ def explain(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None)
         ]))
 
     if pipeline is not None:
-        after = [p for p in _chain(pipeline, stop=pipe)]
-        for p in after:
+        for p in _path(pipe_graph(pipeline), pipe) or []:
             if _is_sharding_datapipe(p) and p is not pipe:
                 out.warnings.append(
                     f"{_name(p)} after dist_shard shards a second time (torch's DataLoader will raise); remove it")

@@ -1,5 +1,5 @@
-"""Unit mode: the stream holds units (files, shards, URLs) and ``expand(unit)``
-gives a unit's elements.
+"""Unit mode readers: the stream holds units (files, shards, URLs) and
+``expand(unit)`` gives a unit's elements.
 
 Without ``sizes`` a slot reads the unit stream (cheap: paths) in rounds of
 ``num_slots`` units and expands only the unit of each whole round that is its own;
@@ -24,12 +24,14 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from .plan import Permutation, leftover_share
+from ..plan import leftover_share
+from .base import RandomAccessReader, Reader, stable_digest
 
 Expand = Callable[[Any], Any]
 Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]
 
-__all__ = ["check_sizes", "unit_sizes", "iterate_whole_units", "iterate_sized_units"]
+__all__ = ["SizedUnitsReader", "WholeUnitsReader", "check_sizes", "unit_sizes",
+           "iterate_whole_units", "iterate_sized_units"]
 
 
 def _is_sequence(value: Any) -> bool:
@@ -82,26 +84,41 @@ def _mismatch(unit: Any, got: str, size: int) -> ValueError:
     )
 
 
-def _elements(expand: Expand, unit: Any, start: int, stop: int | None, size: int | None) -> Iterator[Any]:
-    """Elements ``[start, stop)`` of ``expand(unit)``; with ``size``, check the unit has that many."""
+def _expand(expand: Expand, unit: Any) -> Any:
+    """``expand(unit)`` as a sequence (kept) or an iterator; a ``TypeError`` naming
+    the unit if it returned something that is neither."""
     got = expand(unit)
+    if _is_sequence(got):
+        return got
+    try:
+        return iter(got)
+    except TypeError:
+        raise TypeError(
+            f"expand({unit!r}) returned {type(got).__name__}, which is not iterable; expand "
+            "must return the unit's elements, as a sequence (best) or an iterator"
+        ) from None
+
+
+def _elements(expand: Expand, unit: Any, start: int, stop: int | None, size: int | None) -> Iterator[Any]:
+    """Elements ``[start, stop)`` of ``expand(unit)``; with ``size``, check the unit
+    has exactly that many (never yielding past ``size``)."""
+    got = _expand(expand, unit)
     if _is_sequence(got):
         if size is not None and len(got) != size:
             raise _mismatch(unit, str(len(got)), size)
         for index in range(start, len(got) if stop is None else stop):
             yield got[index]
         return
-    it = iter(got)
+    end = size if stop is None else stop
     count = start
-    for element in islice(it, start, stop):
+    for element in islice(got, start, end):
         count += 1
         yield element
     if size is not None:
-        if count < (size if stop is None else stop):
+        if count < end:  # type: ignore[operator]
             raise _mismatch(unit, f"only {count}", size)
-        if stop is None or stop == size:
-            if next(it, _NOTHING) is not _NOTHING:
-                raise _mismatch(unit, "more than " + str(size), size)
+        if end == size and next(got, _NOTHING) is not _NOTHING:
+            raise _mismatch(unit, f"more than {size}", size)
 
 
 _NOTHING = object()
@@ -109,12 +126,12 @@ _NOTHING = object()
 
 def _strided(expand: Expand, unit: Any, first: int, step: int) -> Iterator[Any]:
     """Elements ``first, first + step, ...`` of ``expand(unit)``."""
-    got = expand(unit)
+    got = _expand(expand, unit)
     if _is_sequence(got):
         for index in range(first, len(got), step):
             yield got[index]
     else:
-        yield from islice(iter(got), first, None, step)
+        yield from islice(got, first, None, step)
 
 
 def iterate_whole_units(
@@ -131,7 +148,7 @@ def iterate_whole_units(
     for unit in units:
         buffer.append(unit)
         if len(buffer) == num_slots:
-            got = expand(buffer[slot])
+            got = _expand(expand, buffer[slot])
             buffer = []
             if _is_sequence(got):
                 if skip >= len(got):
@@ -165,35 +182,29 @@ def _runs(positions: Iterable[int]) -> Iterator[tuple[int, int]]:
 
 
 def iterate_sized_units(
-    units: list, sizes: list[int], expand: Expand, positions: Iterable[int],
-    order: Permutation | None, check_empty: bool = False,
+    units: list, sizes: list[int], expand: Expand, positions: Iterable[int], shuffled: bool,
 ) -> Iterator[Any]:
     """Unit mode with sizes: the elements at ``positions`` of the global element
-    index space (through the permutation ``order`` with ``shuffle=True``).
+    index space (the units' elements laid end to end).
 
-    Without ``order`` the positions form a contiguous block (plus, for
-    ``even="pad"``, one repeated element), read unit range by unit range.
-    ``check_empty``: also check that units declared empty are (no block reads them).
+    Unshuffled, the positions form a contiguous block (plus, for ``even="pad"``, one
+    repeated element), read unit range by unit range. ``shuffled`` positions come in
+    any order and are read one by one from a sequence-returning ``expand``, keeping
+    the 16 most recently used units expanded.
     """
     offsets = [0]
     for size in sizes:
         offsets.append(offsets[-1] + size)
-    if check_empty:
-        for unit, size in zip(units, sizes):
-            if size == 0:
-                for _ in _elements(expand, unit, 0, None, 0):
-                    pass
 
     def locate(position: int) -> int:
         return bisect.bisect_right(offsets, position) - 1
 
-    if order is not None:
+    if shuffled:
         cache: OrderedDict[int, Any] = OrderedDict()
-        for visit in positions:
-            position = order(visit)
+        for position in positions:
             unit = locate(position)
             if unit not in cache:
-                got = expand(units[unit])
+                got = _expand(expand, units[unit])
                 if not _is_sequence(got):
                     raise TypeError(
                         f"expand({units[unit]!r}) returned {type(got).__name__}, not a sequence; "
@@ -216,6 +227,61 @@ def iterate_sized_units(
             lo = max(start, offsets[unit]) - offsets[unit]
             hi = min(stop, offsets[unit + 1]) - offsets[unit]
             if hi > lo:
-                yield from _elements(expand, units[unit], lo,
-                                     None if hi == sizes[unit] else hi, sizes[unit])
+                yield from _elements(expand, units[unit], lo, hi, sizes[unit])
             unit += 1
+
+
+class WholeUnitsReader(Reader):
+    """Units without sizes: whole units by rounds, the leftover split element-wise.
+
+    ``open_units()`` returns a fresh iterable of the units (cheap: paths)."""
+
+    mode = "units"
+
+    def __init__(self, open_units: Callable[[], Iterable[Any]], expand: Expand, identity: str) -> None:
+        self._open_units = open_units
+        self.expand = expand
+        self._identity = identity
+
+    def identity(self) -> str:
+        return self._identity
+
+    def describe(self) -> str:
+        return ("units without sizes: whole units go to slots round by round; the leftover units "
+                "are split element-wise among a few slots")
+
+    def select(self, slot: int, num_slots: int, skip: int) -> Iterator[Any]:
+        return iterate_whole_units(self._open_units(), self.expand, slot, num_slots, skip)
+
+
+class SizedUnitsReader(RandomAccessReader):
+    """Units with per-unit element counts: random access into the element space."""
+
+    mode = "sized_units"
+    prefers_blocks = True
+
+    def __init__(self, units: list, sizes: list[int], expand: Expand) -> None:
+        self.units = units
+        self.sizes = sizes
+        self.expand = expand
+        self._total = sum(sizes)
+
+    def length(self) -> int:
+        return self._total
+
+    def identity(self) -> str:
+        return f"sized_units:{len(self.units)}:{self._total}:{stable_digest(self.units, self.sizes)}"
+
+    def describe(self) -> str:
+        return (f"{len(self.units)} units with sizes ({self._total} elements): each slot reads a "
+                "contiguous block of the element space, touching only the units it covers")
+
+    def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
+        return iterate_sized_units(self.units, self.sizes, self.expand, positions, shuffled)
+
+    def check_empty_units(self) -> None:
+        """Check that units declared empty are (no slot's block reads them)."""
+        for unit, size in zip(self.units, self.sizes):
+            if size == 0:
+                for _ in _elements(self.expand, unit, 0, None, 0):
+                    pass

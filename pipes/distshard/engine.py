@@ -1,0 +1,164 @@
+"""Runs the plan: one slot's share of one epoch, read through a reader, resumed
+from a state, and the state it reports. The DataPipe and the ``torchdata.nodes``
+front-ends both execute their epochs here; neither knows how positions are laid
+out or how a source is read.
+
+A run splits a set of *visit indices* (``remaining``: all of ``[0, N)`` in a fresh
+epoch, what nobody consumed after an elastic resume) among the slots:
+
+* ``stride`` layout: the ``j``-th remaining index goes to slot ``j % num_slots``
+  (streams, sequences);
+* ``blocks`` layout: slot ``s`` gets a contiguous block (readers whose neighbours
+  share a unit, when not shuffled);
+* ``units``: whole units, decided by the reader (units without sizes).
+
+With ``shuffle=True`` a visit index ``v`` reads position ``order(v)`` of a seeded
+permutation of ``[0, N)``; ``remaining`` and ``taken`` are always counted in visit
+indices, so states merge the same way shuffled or not.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Iterator
+
+from .context import ShardContext
+from .plan import (
+    Even,
+    Permutation,
+    Remaining,
+    block_positions,
+    mix_seed,
+    select_stream,
+    slot_count,
+    slot_positions,
+)
+from .readers import RandomAccessReader, Reader, StreamReader, WholeUnitsReader
+from .state import fresh_state
+
+__all__ = ["SlotRun", "layout_of", "salt_of", "shuffle_order", "remaining_share"]
+
+
+def salt_of(reader: Reader) -> int:
+    """A per-source number mixed into seeds, so that two branches of one pipeline
+    over different sources do not shuffle alike (same in every process)."""
+    return zlib.crc32(reader.identity().encode())
+
+
+def shuffle_order(length: int, seed: int, epoch: int, salt: int) -> Permutation:
+    """The permutation ``shuffle=True`` visits positions in."""
+    return Permutation(length, mix_seed(seed, epoch, 0x5EED, salt))
+
+
+def layout_of(reader: Reader, shuffle: bool) -> str:
+    if isinstance(reader, WholeUnitsReader):
+        return "units"
+    if isinstance(reader, RandomAccessReader) and reader.prefers_blocks and not shuffle:
+        return "blocks"
+    return "stride"
+
+
+def remaining_share(reader_length: int | None, resume: dict | None, slot: int, num_slots: int,
+                    even: Even) -> int:
+    """How many elements ``slot`` yields in a run that starts from ``resume``
+    (``None``: a fresh epoch); needs a known length."""
+    if reader_length is None:
+        raise TypeError("the share of a stream is not known before reading it")
+    if resume is None:
+        return slot_count(slot, num_slots, reader_length, even)
+    count = Remaining((a, b) for a, b in resume["remaining"]).clip(reader_length).length()
+    assert count is not None
+    if resume["slot"] is None:
+        return slot_count(slot, num_slots, count, even)
+    if resume["finished"]:
+        return 0
+    return max(0, slot_count(slot, num_slots, count, even) - resume["taken"])
+
+
+class SlotRun:
+    """One slot's iteration of one epoch: iterate it for the elements; ``state()``
+    is where it is. ``resume`` is a validated state of the same epoch (a slot's own
+    state or a merged one) or ``None``."""
+
+    def __init__(self, reader: Reader, *, ctx: ShardContext, even: Even, shuffle: bool,
+                 epoch: int, seed: int, resume: dict[str, Any] | None = None) -> None:
+        self.reader, self.ctx, self.even, self.shuffle = reader, ctx, even, shuffle
+        self.epoch, self.seed = epoch, seed
+        self.layout = layout_of(reader, shuffle)
+        self.length = reader.length()
+        self.identity = reader.identity()
+        self.remaining = Remaining()
+        self.taken = 0
+        self.finished = False
+        self.count: int | None = None  # visit indices this run splits, when known
+        if resume is not None:
+            self.remaining = Remaining((a, b) for a, b in resume["remaining"])
+            if resume["slot"] is not None:
+                if (resume["slot"], resume["num_slots"]) != (ctx.slot, ctx.num_slots):
+                    raise ValueError(
+                        f"the loaded state is slot {resume['slot']} of {resume['num_slots']}'s, but this "
+                        f"copy is slot {ctx.slot} of {ctx.num_slots} (rank {ctx.rank} of {ctx.world_size}, "
+                        f"worker {ctx.worker_id} of {ctx.num_workers}); to resume with other ranks or "
+                        "workers, merge the states of all slots with distshard.merge_states() and load that"
+                    )
+                self.taken, self.finished = resume["taken"], resume["finished"]
+
+    def state(self) -> dict[str, Any]:
+        state = fresh_state(self.epoch, self.reader.mode, self.even)
+        state.update(
+            seed=self.seed, layout=self.layout, shuffle=self.shuffle, length=self.length,
+            source=self.identity, remaining=self.remaining.to_list(), total=self.count,
+            num_slots=self.ctx.num_slots, slot=self.ctx.slot, taken=self.taken,
+            finished=self.finished,
+        )
+        return state
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self.finished:
+            for element in self._select():
+                self.taken += 1
+                yield element
+        self.finished = True
+
+    # -- the three shapes of reader ------------------------------------------------
+    def _select(self) -> Iterator[Any]:
+        ctx, reader = self.ctx, self.reader
+        if isinstance(reader, WholeUnitsReader):
+            if not self.remaining.is_full:
+                raise ValueError("a merged state cannot be resumed in unit mode without sizes=")
+            return reader.select(ctx.slot, ctx.num_slots, self.taken)
+        if isinstance(reader, RandomAccessReader):
+            return self._read_positions(reader)
+        assert isinstance(reader, StreamReader)
+        return select_stream(self.remaining.stream(reader.stream()), ctx.slot, ctx.num_slots,
+                             self.even, self.taken)
+
+    def _read_positions(self, reader: RandomAccessReader) -> Iterator[Any]:
+        ctx, length = self.ctx, reader.length()
+        for start, stop in self.remaining.intervals:
+            if (stop if stop is not None else start) > length:
+                raise ValueError(
+                    f"the loaded state's remaining positions reach {stop if stop is not None else start}, "
+                    f"beyond this epoch's {length} elements: it comes from other data or was altered"
+                )
+        remaining = self.remaining.clip(length)
+        count = remaining.length()
+        assert count is not None
+        self.count = count
+        share = slot_count(ctx.slot, ctx.num_slots, count, self.even)
+        if self.taken > share:
+            raise ValueError(
+                f"the loaded state says slot {ctx.slot} of {ctx.num_slots} yielded {self.taken} "
+                f"elements, but its share of the {count} remaining is {share}: it comes from other "
+                "data or was altered"
+            )
+        layout = block_positions if self.layout == "blocks" else slot_positions
+        positions: Iterator[int] = layout(ctx.slot, ctx.num_slots, count, self.even, self.taken)
+        if remaining != Remaining([(0, length)]):
+            positions = map(remaining.indexer(), positions)
+        if self.shuffle:
+            positions = map(shuffle_order(length, self.seed, self.epoch, salt_of(reader)), positions)
+        check = getattr(reader, "check_empty_units", None)
+        if check is not None and ctx.slot == 0 and self.taken == 0 and remaining.is_full:
+            check()
+        return reader.read(positions, shuffled=self.shuffle)

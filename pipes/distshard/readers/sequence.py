@@ -1,0 +1,62 @@
+"""Random access by index: lists, tuples, ranges, tensors, numpy arrays, HF
+``datasets.Dataset``, ``distshard.positional(...)`` and file sources with an index."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Iterable, Iterator
+
+from .base import RandomAccessReader, stable_digest
+
+__all__ = ["SequenceReader", "DEEPCOPY_WARNING"]
+
+DEEPCOPY_WARNING = ("The input iterable can not be deepcopied, please be aware of in-place "
+                    "modification would affect source data.")
+
+
+class SequenceReader(RandomAccessReader):
+    """Reads ``sequence[p]`` for each position ``p``.
+
+    ``copy_elements`` deep-copies each element read, as ``IterableWrapper(deepcopy=True)``
+    copies its whole iterable (here only what a slot yields is copied).
+    """
+
+    def __init__(self, sequence: Any, copy_elements: bool = False) -> None:
+        self.sequence = sequence
+        self.copy_elements = copy_elements
+
+    def length(self) -> int:
+        return len(self.sequence)
+
+    def identity(self) -> str:
+        sequence = self.sequence
+        own = getattr(sequence, "distshard_identity", None)
+        if callable(own):
+            return str(own())
+        n = len(sequence)
+        sample: tuple = ()
+        if isinstance(sequence, (list, tuple, range)) and n:
+            sample = (sequence[0], sequence[n // 2], sequence[-1])
+        return f"sequence:{type(sequence).__qualname__}:{n}:{stable_digest(*sample)}"
+
+    def describe(self) -> str:
+        return (f"random access into {type(self.sequence).__name__} of {len(self.sequence)}: "
+                "each slot indexes its own positions (read once, O(1) to resume)")
+
+    def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
+        sequence = self.sequence
+        if not self.copy_elements:
+            for position in positions:
+                yield sequence[position]
+            return
+        warned = False
+        for position in positions:
+            element = sequence[position]
+            try:
+                element = copy.deepcopy(element)
+            except TypeError:
+                if not warned:
+                    warnings.warn(DEEPCOPY_WARNING, stacklevel=2)
+                    warned = True
+            yield element
