@@ -158,7 +158,7 @@ def test_slot_is_resolved_at_reset_from_the_worker_info():
     shard = node(20, 1, 2)  # built outside any worker
     with as_worker(1, 2):  # iterated in DataLoader worker 1 of 2 on rank 1: slot 3 of 4
         got = list(shard)
-        assert shard.state_dict()["slot"] == 3 and shard.state_dict()["num_slots"] == 4
+        assert shard.state_dict()["shard"]["slot"] == 3 and shard.state_dict()["shard"]["num_slots"] == 4
     assert got == ["e3", "e7", "e11", "e15", "e19"]
 
 
@@ -192,22 +192,23 @@ def test_resume_at_every_position_equals_an_uninterrupted_run(num_slots, n, even
             first = node(n, slot, num_slots, even)
             head = take(first, k)
             state = json.loads(json.dumps(first.state_dict()))
-            assert state["taken"] == k
+            assert state["shard"]["taken"] == k
             resumed = node(n, slot, num_slots, even)
             resumed.reset(state)
             assert head + list(resumed) == full
-            assert resumed.state_dict()["taken"] == len(full)
+            assert resumed.state_dict()["shard"]["taken"] == len(full)
 
 
 def test_state_format():
     shard = node(10, 1, 4, "pad")
-    assert shard.state_dict() == {
-        "distshard_node": 1, "taken": 0, "slot": 1, "num_slots": 4, "even": "pad",
-        "source": {"_num_yielded": 0},
-    }
+    state = shard.state_dict()
+    assert state["distshard_node"] == 2
+    inner = state["shard"]
+    assert (inner["distshard"], inner["taken"], inner["slot"], inner["num_slots"], inner["even"]) == (2, 0, 1, 4, "pad")
+    assert inner["node_source"] == {"_num_yielded": 0} and inner["layout"] == "stride"
     take(shard, 2)
     state = shard.state_dict()
-    assert state["taken"] == 2 and state["source"] == {"_num_yielded": 0}  # start of epoch
+    assert state["shard"]["taken"] == 2 and state["shard"]["node_source"] == {"_num_yielded": 0}
     assert json.loads(json.dumps(state)) == state
 
 
@@ -299,34 +300,42 @@ def test_source_without_state():
     first = DistShardNode(_Stateless(9), rank=0, world_size=2)
     head = take(first, 2)
     state = first.state_dict()
-    assert state["source"] is None
+    assert state["shard"]["node_source"] is None
     resumed = DistShardNode(_Stateless(9), rank=0, world_size=2)
     resumed.reset(json.loads(json.dumps(state)))
     assert head + list(resumed) == [0, 2, 4, 6, 8]
 
 
 def _good():
-    return {"distshard_node": 1, "taken": 1, "slot": 1, "num_slots": 3, "even": None,
-            "source": {"_num_yielded": 0}}
+    first = node(12, 1, 3)
+    take(first, 1)
+    return json.loads(json.dumps(first.state_dict()))
+
+
+def _shard(**changes):
+    good = _good()
+    return {**good, "shard": {**good["shard"], **changes}}
 
 
 BAD_STATES = [
-    ("a list", [1, 2], "expected a dict, got list"),
+    ("a list", [1, 2], "no 'distshard_node' key"),
     ("no marker", {"taken": 1}, "no 'distshard_node' key"),
-    ("datapipe state", distshard.DistShardIterDataPipe(PipeWrapper([1])).state_dict(), "DataPipe"),
     ("loader state", {"root": _good(), "num_yielded": 1}, "Loader state"),
-    ("version", dict(_good(), distshard_node=2), "version 2"),
-    ("missing", {k: v for k, v in _good().items() if k != "source"}, r"missing keys \['source'\]"),
-    ("taken negative", dict(_good(), taken=-1), "taken=-1 must be at least 0"),
-    ("taken str", dict(_good(), taken="1"), "taken='1' must be an int"),
-    ("taken bool", dict(_good(), taken=True), "taken=True must be an int"),
-    ("slot outside", dict(_good(), slot=3), r"slot=3 is outside \[0, num_slots=3\)"),
-    ("num_slots 0", dict(_good(), num_slots=0), "num_slots=0 must be at least 1"),
-    ("even", dict(_good(), even="odd"), "even='odd' is not one of"),
-    ("source", dict(_good(), source=5), "source=5 must be"),
-    ("other slot", dict(_good(), slot=2), "the state is slot 2 of 3's, but this node is slot 1 of 3"),
-    ("other num_slots", dict(_good(), slot=1, num_slots=4), "slot 1 of 4's, but this node is slot 1 of 3"),
-    ("other even", dict(_good(), even="pad"), "saved with even='pad' but this node has even=None"),
+    ("version", dict(_good(), distshard_node=1), "version 1"),
+    ("missing", _shard(distshard=2, taken=None) | {"shard": {k: v for k, v in _good()["shard"].items() if k != "taken"}},
+     r"missing keys \['taken'\]"),
+    ("taken negative", _shard(taken=-1), "taken=-1 must be at least 0"),
+    ("taken str", _shard(taken="1"), "taken='1' must be an int"),
+    ("taken bool", _shard(taken=True), "taken=True must be an int"),
+    ("slot outside", _shard(slot=3), r"slot=3 is outside \[0, num_slots=3\)"),
+    ("num_slots 0", _shard(num_slots=0), "num_slots=0 must be at least 1"),
+    ("even", _shard(even="odd"), "even='odd' is not one of"),
+    ("other slot", _shard(slot=2), "slot 2 of 3's, but this copy is slot 1 of 3"),
+    ("other num_slots", _shard(slot=1, num_slots=4), "slot 1 of 4's, but this copy is slot 1 of 3"),
+    ("other even", _shard(even="pad"), "saved with even='pad' but this node has even=None"),
+    ("other shuffle", _shard(shuffle=True), "saved with shuffle=True but this node has shuffle=False"),
+    ("other data", _shard(source="stream:node:Other"), "saved with source="),
+    ("taken beyond", _shard(taken=400), "yielded 400 elements, but the stream"),
 ]
 
 
@@ -337,6 +346,11 @@ def test_bad_state_raises_and_leaves_the_node_unchanged(name, state, message):
     fresh = node(12, 1, 3)
     with pytest.raises(ValueError, match=message):
         fresh.reset(state)
+        next(fresh)  # a stream shorter than the state claims is found when it is read
+    if name == "taken beyond":
+        fresh.reset()
+        assert list(fresh) == full
+        return
     assert list(fresh) == full
     running = node(12, 1, 3)
     head = take(running, 2)
@@ -369,9 +383,10 @@ def test_bad_arguments(kwargs, error, message):
         DistShardNode(IterableWrapper([1]), **kwargs)
 
 
-def test_source_must_be_a_node():
-    with pytest.raises(TypeError, match="BaseNode source, got list; wrap an iterable"):
-        DistShardNode([1, 2, 3], rank=0, world_size=1)
+def test_source_must_be_a_node_or_a_positional_sequence():
+    with pytest.raises(TypeError, match="BaseNode or a random-access sequence, got set; wrap an iterable"):
+        DistShardNode({1, 2, 3}, rank=0, world_size=1)
+    assert list(DistShardNode([1, 2, 3], rank=0, world_size=1)) == [1, 2, 3]
 
 
 def test_repr_and_docstring_example(capsys):

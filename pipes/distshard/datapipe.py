@@ -45,6 +45,8 @@ T = TypeVar("T")
 
 __all__ = ["DistShardIterDataPipe", "set_epoch", "shards_in"]
 
+_END = object()
+
 
 def _check_seed(name: str, value: object, *, allow_none: bool) -> int | None:
     if value is None and allow_none:
@@ -383,12 +385,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         # raises before anything is consumed if the state is for another slot
         run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.global_shuffle,
                       epoch=self._epoch, seed=seed, resume=resume)
-        self._resume, self._progress = None, run
+        self._progress = run
         plan = self.read_plan() if self.expand is None else None
-        if plan is not None and plan.maps:
-            yield from map(plan.apply, run)
-        else:
-            yield from run
+        elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
+        # the loaded state stays pending until the run shows it fits (a stream shorter
+        # than the state claims raises at the first element, every time)
+        first = next(elements, _END)
+        self._resume = None
+        if first is _END:
+            return
+        yield first
+        yield from elements
 
     # -- state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

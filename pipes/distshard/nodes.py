@@ -1,21 +1,35 @@
-"""``DistShardNode``: the ``dist_shard`` partition for ``torchdata.nodes`` pipelines.
+"""``DistShardNode``: ``dist_shard`` for ``torchdata.nodes`` pipelines.
 
-Users moving from DataPipes to ``torchdata.nodes`` keep exactly the same
-sharding: the element at stream position ``p`` goes to slot ``p % num_slots``,
-with the same ``even`` modes, the same rank / world size resolution and the same
-argument checks as ``.dist_shard()``.
+The same plan as the DataPipe, executed by the same engine over the same readers
+(``engine.py``, ``readers/``): the element at position ``p`` goes to slot
+``p % num_slots`` (or a block / whole units), with the same ``even`` modes, the same
+``shuffle=True``, read once from random-access sources and units, the same state
+format (``merge_states`` and elastic resume work across front-ends), and the same
+rank / world size resolution and argument checks as ``.dist_shard()``.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, TypeVar
 
 from torchdata.nodes.base_node import BaseNode
 
 from . import context as _context
-from .plan import EVEN_MODES, Even, check_even, select_stream
+from .engine import SlotRun
+from .graph import is_positional
+from .plan import Even, check_even
+from .readers import (
+    Reader,
+    SequenceReader,
+    SizedUnitsReader,
+    StreamReader,
+    WholeUnitsReader,
+    check_sizes,
+    unit_sizes,
+)
+from .state import KEY, find_states, merge_states, validate_state
 
 T = TypeVar("T")
 
@@ -23,57 +37,46 @@ __all__ = ["DistShardNode"]
 
 
 class DistShardNode(BaseNode[T]):
-    r"""Shard the stream of a ``torchdata.nodes`` source exactly once over ranks × workers.
+    r"""Shard a ``torchdata.nodes`` source exactly once over ranks × workers.
 
-    The node keeps the elements at the positions ``p`` with
-    ``p % num_slots == slot``, where ``p`` counts the elements of the source's
-    stream in the current epoch (their values are never looked at), exactly as
-    ``.dist_shard()`` does for DataPipes. Every element goes to exactly one slot.
+    ``source`` is either a :class:`torchdata.nodes.BaseNode`, whose stream every
+    slot walks and keeps its own positions of (skipping in C; put decoding after
+    the node), or a random-access sequence (a list, tuple, range, tensor, numpy
+    array, ``distshard.positional(...)``, a ``distshard`` file source), which each
+    slot indexes at its own positions only: read once, ``shuffle=True``, O(1)
+    resume. With ``expand`` the source holds units (files, shards), as for
+    ``.dist_shard(expand=, sizes=)``.
 
-    The slot is resolved by :func:`distshard.current_context` at every
-    :meth:`reset` (the start of every epoch): explicit ``rank`` / ``world_size``,
-    else ``torch.distributed``, else (in a DataLoader worker started with
-    ``spawn`` / ``forkserver``) the ``torch.distributed`` rank of the process that
-    pickled the node, else the ``RANK`` / ``WORLD_SIZE`` environment, else
-    ``(0, 1)``; times the workers of a ``torch.utils.data.DataLoader`` when the
-    node runs inside one (``get_worker_info()``). In a plain
-    :class:`torchdata.nodes.Loader` the slot is the rank: the thread or process
-    workers of ``ParallelMapper`` only run the map function and never iterate
-    the source, so they need no sharding of their own.
+    The slot is resolved at every :meth:`reset` (the start of every epoch):
+    explicit ``rank`` / ``world_size``, else ``torch.distributed``, else the rank of
+    the process that pickled the node (spawned DataLoader workers), else the
+    ``RANK`` / ``WORLD_SIZE`` environment, else ``(0, 1)``; times the workers of a
+    ``torch.utils.data.DataLoader`` when the node runs inside one. In a plain
+    :class:`torchdata.nodes.Loader` the slot is the rank: the workers of
+    ``ParallelMapper`` only run the map function and never iterate the source.
 
-    Every element of the source is pulled (skipping is positional), but only this
-    slot's elements leave the node, so maps placed *after* it run on the slot's
-    share only. Put expensive decoding after the shard.
+    Epochs: every :meth:`reset` without a state after the first starts the next
+    epoch (as ``SamplerWrapper`` does); :meth:`set_epoch` sets it. ``shuffle=True``
+    visits positions in a permutation seeded by ``(seed, epoch)``. A node source's
+    own randomness must give the same stream on every slot (seed it identically).
 
     Args:
-        source: the node whose stream is split.
-        rank: this process's rank; give it with ``world_size``. By default they
-            come from ``torch.distributed``, else from the ``RANK`` /
-            ``WORLD_SIZE`` environment (torchrun), else ``(0, 1)``.
-        world_size: the number of ranks.
-        even: ``None`` keeps every element (slot counts differ by at most one);
-            ``"drop"`` makes every slot yield exactly ``N // num_slots`` (the last
-            ``N % num_slots`` elements are dropped); ``"pad"`` makes every slot
-            yield exactly ``ceil(N / num_slots)``, a slot that falls short
-            repeating its own first element (or element ``slot % N`` when
-            ``N < num_slots``). Use ``"drop"`` or ``"pad"`` under DDP.
+        source: a ``BaseNode`` (a stream), or a random-access sequence.
+        rank, world_size: as for ``.dist_shard()``: both or neither.
+        even: ``None``, ``"drop"`` or ``"pad"``, as for ``.dist_shard()``.
+        seed: base seed of ``shuffle=True`` (``None``: 0).
+        shuffle: visit positions in a seeded permutation (random access or units
+            with ``sizes`` only).
+        expand: unit mode: ``expand(unit)`` gives a unit's elements.
+        sizes: unit mode: element counts per unit (sequence, mapping or callable).
 
     State:
-        ``state_dict()`` (through ``get_state``) returns a JSON-serialisable dict
-        (as far as the source's own state is)::
-
-            {"distshard_node": 1,       # marker and format version
-             "taken": 3,                # elements this node yielded this epoch
-             "slot": 1, "num_slots": 4, # the slot the share was computed for
-             "even": None,              # the even mode
-             "source": {...}}           # the source's state at the start of the
-                                        # epoch, or None if it has none
-
-        ``reset(state)`` resets the source to that start-of-epoch state and skips
-        the first ``taken`` rounds positionally (the skipped elements are pulled
-        from the source but never leave this node), so the run continues exactly
-        after the last element yielded. The source must replay the same stream
-        from the same state, as every deterministic source does.
+        ``state_dict()`` (through ``get_state``) is ``{"distshard_node": 2, "shard":
+        <the dist_shard state of this slot>}``; the shard state also holds the
+        source node's state at the start of the epoch (``node_source``), so the
+        epoch replays from there. States of all slots merge with
+        :func:`distshard.merge_states`; load a merged state with
+        :meth:`load_state_dict` (any ranks and workers) before the next epoch starts.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper, Loader
@@ -81,165 +84,226 @@ class DistShardNode(BaseNode[T]):
         >>> node = DistShardNode(IterableWrapper(["a", "b", "c", "d", "e"]), rank=1, world_size=2)
         >>> list(Loader(node))
         ['b', 'd']
-        >>> node = DistShardNode(IterableWrapper(["a", "b", "c", "d", "e"]), rank=1, world_size=2,
-        ...                      even="pad")
-        >>> list(Loader(node))
+        >>> list(Loader(DistShardNode(["a", "b", "c", "d", "e"], rank=1, world_size=2, even="pad")))
         ['b', 'd', 'b']
     """
 
     STATE_KEY = "distshard_node"  # marker key; its value is the format version
-    VERSION = 1
-    TAKEN_KEY = "taken"
-    SLOT_KEY = "slot"
-    NUM_SLOTS_KEY = "num_slots"
-    EVEN_KEY = "even"
-    SOURCE_KEY = "source"
-    _KEYS = (STATE_KEY, TAKEN_KEY, SLOT_KEY, NUM_SLOTS_KEY, EVEN_KEY, SOURCE_KEY)
+    VERSION = 2
 
     def __init__(
         self,
-        source: BaseNode[T],
+        source: Any,
         *,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         even: Even = None,
+        seed: Optional[int] = None,
+        shuffle: bool = False,
+        expand: Optional[Callable[[Any], Any]] = None,
+        sizes: Optional[Sequence[int] | Mapping[Any, int] | Callable[[Any], int]] = None,
     ) -> None:
         super().__init__()
+        self._sequence: Any = None
         if not isinstance(source, BaseNode):
-            raise TypeError(
-                f"DistShardNode needs a torchdata.nodes.BaseNode source, got "
-                f"{type(source).__name__}; wrap an iterable with torchdata.nodes.IterableWrapper"
-            )
+            self._sequence = _random_access(source)
+            if self._sequence is None:
+                raise TypeError(
+                    f"DistShardNode needs a torchdata.nodes.BaseNode or a random-access sequence, got "
+                    f"{type(source).__name__}; wrap an iterable with torchdata.nodes.IterableWrapper, "
+                    "or a sequence whose [] is positional with distshard.positional()"
+                )
         self.source = source
         self._explicit = _context.check_explicit(rank, world_size)
         self.even = check_even(even)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise TypeError(f"seed={seed!r} must be a non-negative int or None")
+        self.seed = seed
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle={shuffle!r} must be True or False")
+        if expand is not None and not callable(expand):
+            raise TypeError(f"expand={expand!r} must be a callable unit -> elements")
+        self.shuffle, self.expand, self.sizes = shuffle, expand, check_sizes(sizes)
+        if self.sizes is not None and expand is None:
+            raise ValueError("sizes= counts the elements of each unit and needs expand=")
+        if expand is not None and self.sizes is None and (self.even is not None or shuffle):
+            raise ValueError("even= and shuffle=True with expand= need sizes= (the element count of each unit)")
+        if shuffle and expand is None and self._sequence is None:
+            raise ValueError(
+                "shuffle=True needs random access: pass a sequence (list, range, tensor, "
+                "distshard.positional(...), a distshard file source) instead of a node, or units with sizes="
+            )
         if self._explicit is None:
-            # Surface a malformed RANK / WORLD_SIZE now rather than at the first reset.
-            _context.check_environment()
+            _context.check_environment()  # a malformed RANK / WORLD_SIZE now, not at the first reset
         self._captured: Optional[tuple] = None  # (rank, world_size) of the pickling process
-        self._ctx: Optional[_context.ShardContext] = None
-        self._source_state: Optional[Dict[str, Any]] = None
-        self._taken = 0
+        self._epoch = 0
+        self._epoch_set = False
+        self._started = False
+        self._pending: Optional[Dict[str, Any]] = None  # a state loaded with load_state_dict
+        self._source_start: Any = None
+        self._source_fresh = False  # the source was just reset for this epoch
+        self._run: Optional[SlotRun] = None
         self._it: Optional[Iterator[T]] = None
 
     # -- who am I -----------------------------------------------------------------
     def context(self) -> _context.ShardContext:
-        """The :class:`~distshard.ShardContext` this node resolves to right now.
-
-        The node itself uses the context resolved at its last :meth:`reset`.
-        """
+        """The :class:`~distshard.ShardContext` this node resolves to right now."""
         return _context.current_context(*(self._explicit or (None, None)), _captured=self._captured)
+
+    @property
+    def mode(self) -> str:
+        if self.expand is None:
+            return "element"
+        return "units" if self.sizes is None else "sized_units"
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> "DistShardNode[T]":
+        """Set the epoch the next :meth:`reset` starts (same value on every rank)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise TypeError(f"epoch={epoch!r} must be a non-negative int")
+        if self._pending is not None and self._pending["epoch"] != epoch:
+            self._pending = None
+        self._epoch, self._epoch_set = epoch, True
+        return self
 
     # -- BaseNode -----------------------------------------------------------------
     def reset(self, initial_state: Optional[Dict[str, Any]] = None) -> None:
-        """Start the epoch from the beginning, or continue from ``initial_state``.
+        """Start the next epoch, continue the one ``initial_state`` was saved in, or
+        (without a state) continue a state given to :meth:`load_state_dict`.
 
-        ``initial_state`` must be a state this node's ``state_dict()`` returned on
-        the same slot. Raises ``ValueError`` for a malformed state or one saved
-        for another slot, ``num_slots`` or ``even`` mode, before touching the node
-        or its source (the node stays as it was).
-        """
+        A malformed state, or one from another pipeline or slot, raises
+        ``ValueError`` before the node or its source is touched."""
         ctx = self.context()
-        found = None if initial_state is None else self._check_state(initial_state, ctx)
+        resume = None
+        if initial_state is not None:
+            resume = self._parse(initial_state)
+        elif self._pending is not None and self._pending["epoch"] == self._epoch:
+            resume = self._pending
+        elif self._started and not self._epoch_set:
+            self._epoch += 1
+        if resume is not None:
+            self._check(resume)
+            if resume["slot"] is not None and (resume["slot"], resume["num_slots"]) != (ctx.slot, ctx.num_slots):
+                raise ValueError(
+                    f"the loaded state is slot {resume['slot']} of {resume['num_slots']}'s, but this copy is "
+                    f"slot {ctx.slot} of {ctx.num_slots} (rank {ctx.rank} of {ctx.world_size}, worker "
+                    f"{ctx.worker_id} of {ctx.num_workers}); to resume with other ranks or workers, merge "
+                    "the states of all slots with distshard.merge_states() and load that"
+                )
+        listing = self.mode == "sized_units" and isinstance(self.source, BaseNode)  # reads the source
+        if resume is not None and not listing:
+            self._check(resume, self._reader())
         super().reset(initial_state)
-        self._ctx = ctx
-        if found is None:
-            self.source.reset(None)
-            self._source_state = self._current_source_state()
-            self._taken = 0
-        else:
-            source_state = found[self.SOURCE_KEY]
-            self.source.reset(copy.deepcopy(source_state))
-            self._source_state = copy.deepcopy(source_state)
-            self._taken = found[self.TAKEN_KEY]
-        self._it = select_stream(self.source, ctx.slot, ctx.num_slots, self.even, self._taken)
+        if resume is not None:
+            self._epoch = resume["epoch"]
+        self._pending, self._epoch_set, self._started = None, False, True
+        if isinstance(self.source, BaseNode):
+            if resume is not None and "node_source" in resume:
+                self._source_start, self._source_fresh = copy.deepcopy(resume["node_source"]), False
+            else:
+                self.source.reset(None)
+                self._source_start, self._source_fresh = _node_state(self.source), True
+        seed = resume["seed"] if resume is not None and resume["seed"] is not None else (self.seed or 0)
+        reader = self._reader()
+        if resume is not None and listing:
+            self._check(resume, reader)
+        self._run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.shuffle,
+                            epoch=self._epoch, seed=seed, resume=resume)
+        self._it = iter(self._run)
 
     def next(self) -> T:
-        item = next(self._it)  # type: ignore[arg-type]
-        self._taken += 1
-        return item
+        return next(self._it)  # type: ignore[arg-type]
 
     def get_state(self) -> Dict[str, Any]:
-        ctx = self._ctx
-        assert ctx is not None  # BaseNode.state_dict() resets first
-        return {
-            self.STATE_KEY: self.VERSION,
-            self.TAKEN_KEY: self._taken,
-            self.SLOT_KEY: ctx.slot,
-            self.NUM_SLOTS_KEY: ctx.num_slots,
-            self.EVEN_KEY: self.even,
-            self.SOURCE_KEY: copy.deepcopy(self._source_state),
-        }
+        assert self._run is not None  # BaseNode.state_dict() resets first
+        shard = self._run.state()
+        if isinstance(self.source, BaseNode):
+            shard["node_source"] = copy.deepcopy(self._source_start)
+        return {self.STATE_KEY: self.VERSION, "shard": shard}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state`` at the next :meth:`reset` without a state: this
+        slot's own state, a merged state (:func:`distshard.merge_states`, any ranks
+        and workers), or the states of all slots of a run (merged here). Raises
+        ``ValueError`` and leaves the node unchanged if it does not fit."""
+        found = find_states(state)
+        if not found:
+            raise ValueError("no distshard state found in what was passed to load_state_dict")
+        merged = found[0] if len(found) == 1 else merge_states(found)
+        if len(found) > 1 and isinstance(self.source, BaseNode):
+            merged.setdefault("node_source", next((s["node_source"] for s in found if "node_source" in s), None))
+        self._check(merged)
+        if self._epoch_set and merged["epoch"] != self._epoch:
+            return
+        self._epoch, self._pending = merged["epoch"], merged
 
     # -- helpers ------------------------------------------------------------------
-    def _current_source_state(self) -> Optional[Dict[str, Any]]:
-        """The source's state right after its reset, or ``None`` if it keeps none."""
-        try:
-            state = self.source.state_dict()
-        except NotImplementedError:
-            return None
-        return copy.deepcopy(state)
+    def _stream(self) -> Iterator[Any]:
+        """The source node's stream of this epoch, from its start state (a source
+        just reset for this epoch is used as it is: it may keep no state)."""
+        if self._source_fresh:
+            self._source_fresh = False
+        else:
+            self.source.reset(copy.deepcopy(self._source_start))
+        return iter(self.source)
 
-    def _check_state(self, state: object, ctx: _context.ShardContext) -> Dict[str, Any]:
-        """Validate ``state`` for this node on slot ``ctx``; ``ValueError`` naming the
-        first problem otherwise. Touches nothing."""
+    def _reader(self) -> Reader:
+        if self.expand is not None:
+            if self.sizes is None:
+                open_units = self._stream if isinstance(self.source, BaseNode) else (lambda: iter(self.source))
+                return WholeUnitsReader(open_units, self.expand, f"units:node:{type(self.source).__qualname__}")
+            units = list(self._stream() if isinstance(self.source, BaseNode) else self.source)
+            return SizedUnitsReader(units, unit_sizes(units, self.sizes), self.expand)
+        if self._sequence is not None:
+            return SequenceReader(self._sequence)
+        name = type(self.source).__qualname__
+        return StreamReader(self._stream, name, f"stream:node:{name}")
 
-        def fail(why: str) -> ValueError:
-            return ValueError(f"not a valid DistShardNode state: {why}")
+    def _parse(self, state: object) -> Dict[str, Any]:
+        if isinstance(state, Mapping) and self.STATE_KEY in state:
+            version = state[self.STATE_KEY]
+            if isinstance(version, bool) or version != self.VERSION:
+                raise ValueError(f"not a valid DistShardNode state: version {version!r} is not {self.VERSION}")
+            return validate_state(state.get("shard"))
+        if isinstance(state, Mapping) and KEY in state:
+            return validate_state(state)
+        hint = ""
+        if isinstance(state, Mapping) and "root" in state:
+            hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
+        keys = sorted(map(str, state))[:8] if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(
+            f"not a valid DistShardNode state: no {self.STATE_KEY!r} key (got {keys}); pass what "
+            f"this node's state_dict() returned{hint}"
+        )
 
-        if not isinstance(state, Mapping):
-            raise fail(f"expected a dict, got {type(state).__name__}")
-        if self.STATE_KEY not in state:
-            if "distshard" in state:
-                raise fail(
-                    "this is the state of a dist_shard DataPipe (DistShardIterDataPipe), not of a "
-                    "DistShardNode; load it into the DataPipe pipeline that saved it"
-                )
-            hint = ""
-            if "root" in state and "num_yielded" in state:
-                hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
-            raise fail(
-                f"no {self.STATE_KEY!r} key (got keys {sorted(map(str, state))[:8]}); pass what "
-                f"this node's state_dict() returned{hint}"
-            )
-        version = state[self.STATE_KEY]
-        if isinstance(version, bool) or version != self.VERSION:
-            raise fail(f"version {version!r} is not {self.VERSION}, the one this distshard reads")
-        missing = [key for key in self._KEYS if key not in state]
-        if missing:
-            raise fail(f"missing keys {missing}")
-        for key, minimum in ((self.TAKEN_KEY, 0), (self.SLOT_KEY, 0), (self.NUM_SLOTS_KEY, 1)):
-            value = state[key]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise fail(f"{key}={value!r} must be an int")
-            if value < minimum:
-                raise fail(f"{key}={value} must be at least {minimum}")
-        slot, num_slots = state[self.SLOT_KEY], state[self.NUM_SLOTS_KEY]
-        if slot >= num_slots:
-            raise fail(f"slot={slot} is outside [0, num_slots={num_slots})")
-        even = state[self.EVEN_KEY]
-        if even not in EVEN_MODES:
-            raise fail(f"even={even!r} is not one of {EVEN_MODES}")
-        source_state = state[self.SOURCE_KEY]
-        if source_state is not None and not isinstance(source_state, Mapping):
-            raise fail(f"source={source_state!r} must be the source's state dict or None")
-        if (slot, num_slots) != (ctx.slot, ctx.num_slots):
-            raise ValueError(
-                f"the state is slot {slot} of {num_slots}'s, but this node is slot {ctx.slot} of "
-                f"{ctx.num_slots} (rank {ctx.rank} of {ctx.world_size}, worker {ctx.worker_id} of "
-                f"{ctx.num_workers}); resume with the same ranks and workers that saved it"
-            )
-        if even != self.even:
-            raise ValueError(
-                f"the state was saved with even={even!r} but this node has even={self.even!r}"
-            )
-        return dict(state)
+    def _check(self, found: Dict[str, Any], reader: Optional[Reader] = None) -> None:
+        def refuse(what: str, theirs: Any, ours: Any) -> ValueError:
+            return ValueError(f"the state was saved with {what}={theirs!r} but this node has {what}={ours!r}: "
+                              "it comes from another pipeline or other data")
+
+        if found["mode"] != self.mode:
+            raise refuse("mode", found["mode"], self.mode)
+        if found["shuffle"] is not None and found["shuffle"] != self.shuffle:
+            raise refuse("shuffle", found["shuffle"], self.shuffle)
+        if found["slot"] is not None and found["even"] != self.even:
+            raise refuse("even", found["even"], self.even)
+        if reader is not None:
+            length = reader.length()
+            if found["length"] is not None and length is not None and found["length"] != length:
+                raise ValueError(f"the state's epoch had {found['length']} elements, this node's has {length}: "
+                                 "the data changed since the checkpoint; it cannot be resumed")
+            if found["source"] is not None and found["source"] != reader.identity():
+                raise refuse("source", found["source"], reader.identity())
 
     # -- pickling -----------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
         # Like dist_shard: DataLoader workers started with spawn / forkserver get the
         # node by pickle and have no process group; remember the rank it had here.
         state = dict(self.__dict__)
+        state["_it"] = state["_run"] = None
         found = _context.dist_rank_world()
         if found is not None:
             state["_captured"] = found
@@ -254,4 +318,25 @@ class DistShardNode(BaseNode[T]):
         options = [f"even={self.even!r}"]
         if self._explicit is not None:
             options.append(f"rank={self._explicit[0]}, world_size={self._explicit[1]}")
+        if self.shuffle:
+            options.append("shuffle=True")
+        if self.expand is not None:
+            options.append(f"expand={getattr(self.expand, '__name__', self.expand)!r}")
         return f"{type(self).__name__}({type(self.source).__name__}, {', '.join(options)})"
+
+
+def _random_access(source: Any) -> Any:
+    """``source`` itself if its ``[]`` is positional, a distshard file source's
+    sequence, or ``None``."""
+    hook = getattr(type(source), "__distshard_sequence__", None)
+    if hook is not None:
+        return hook(source)
+    return source if is_positional(source) else None
+
+
+def _node_state(node: BaseNode) -> Optional[Dict[str, Any]]:
+    """The node's state right after its reset, or ``None`` if it keeps none."""
+    try:
+        return copy.deepcopy(node.state_dict())
+    except NotImplementedError:
+        return None

@@ -1,0 +1,123 @@
+"""Pipelines of the model-based exactness test (test_model.py), importable by name
+in spawned processes: a :class:`Spec` says what to build, :func:`build` builds it.
+
+Elements are distinct strings, so a multiset of them says exactly what was lost
+or repeated: ``"e17"`` (element mode), ``"E17"`` (after the 1:1 ``upper`` map),
+``"u3e4"`` (element 4 of unit 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+import distshard
+
+# element mode: "list" (random access), "list+map" (random access, 1:1 map before the
+# shard), "stream" (an object with only __iter__), "shuffled" (upstream .shuffle());
+# unit mode: "units"
+SOURCES = ("list", "list+map", "stream", "shuffled", "units")
+
+
+@dataclass(frozen=True)
+class Spec:
+    source: str
+    n: int = 0  # element mode: how many elements
+    unit_sizes: tuple[int, ...] = ()  # unit mode: elements per unit
+    sized: bool = False  # unit mode: pass sizes=
+    expand_list: bool = True  # unit mode: expand returns a list (else an iterator)
+    shuffle: bool = False
+    even: str | None = None
+    seed: int = 0
+
+    @property
+    def units(self) -> bool:
+        return self.source == "units"
+
+    @property
+    def random_access(self) -> bool:
+        """Where shuffle=True is documented to work."""
+        return self.source in ("list", "list+map") or (self.units and self.sized)
+
+    def universe(self) -> list[str]:
+        """Every element of one epoch, once."""
+        if self.units:
+            return [f"u{u}e{i}" for u, size in enumerate(self.unit_sizes) for i in range(size)]
+        return [upper(f"e{i}") if self.source == "list+map" else f"e{i}" for i in range(self.n)]
+
+
+class Stream:
+    """An iterable with nothing but ``__iter__``: no length, no random access."""
+
+    def __init__(self, data: list) -> None:
+        self.data = data
+
+    def __iter__(self):
+        return iter(self.data)
+
+
+class Expand:
+    """``expand(unit)``: the unit's elements as a list or as an iterator."""
+
+    def __init__(self, sizes: tuple[int, ...], as_list: bool) -> None:
+        self.sizes, self.as_list = sizes, as_list
+
+    def __call__(self, unit: int) -> Any:
+        elements = [f"u{unit}e{i}" for i in range(self.sizes[unit])]
+        return elements if self.as_list else iter(elements)
+
+
+def upper(x: str) -> str:
+    return x.upper()
+
+
+def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
+    """The ``dist_shard`` pipe of ``spec``; rank and world_size explicit unless None."""
+    options: dict[str, Any] = dict(rank=rank, world_size=world_size, even=spec.even,
+                                   seed=spec.seed, shuffle=spec.shuffle)
+    if spec.units:
+        units = IterableWrapper(list(range(len(spec.unit_sizes))))
+        sizes = list(spec.unit_sizes) if spec.sized else None
+        return units.dist_shard(expand=Expand(spec.unit_sizes, spec.expand_list), sizes=sizes,
+                                **options)
+    data = [f"e{i}" for i in range(spec.n)]
+    if spec.source == "list":
+        source = IterableWrapper(data)
+    elif spec.source == "list+map":
+        source = IterableWrapper(data).map(upper)
+    elif spec.source == "stream":
+        source = IterableWrapper(Stream(data), deepcopy=False)
+    elif spec.source == "shuffled":
+        source = IterableWrapper(data).shuffle()
+    else:
+        raise ValueError(f"unknown source {spec.source!r}")
+    return source.dist_shard(**options)
+
+
+def gloo_run(rank: int, world_size: int, spec: Spec, workers: int, take: int | None,
+             state: dict | None = None):
+    """One rank of a training-like run on a real gloo group: the rank comes from
+    torch.distributed. Loads ``state`` (a merged state) if given, consumes ``take``
+    elements (all if None) through a StatefulDataLoader with ``workers`` workers,
+    and returns what it consumed and the merge of every rank's state
+    (``gather_states``, a collective)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    pipeline = distshard.StatefulPipeline(build(spec))
+    pipeline.set_epoch(0)
+    if state is not None:
+        pipeline.load_state_dict(state)
+    kwargs = {"multiprocessing_context": "fork", "timeout": 30} if workers else {}
+    loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=workers, **kwargs)
+    consumed: list[str] = []
+    it = iter(loader)
+    while take is None or len(consumed) < take:
+        try:
+            consumed.append(next(it))
+        except StopIteration:
+            break
+    merged = distshard.gather_states(loader.state_dict())
+    del it
+    return consumed, merged

@@ -1,0 +1,513 @@
+"""Model-based test of the exactness promise (DESIGN.md, "Trust: exact, or refused loudly").
+
+Hypothesis draws a pipeline (tests/model_factories.Spec) and a history of runs:
+every run has its own layout (world size x workers) and loader, its slots consume
+random amounts (nothing, everything, exactly their share without exhausting the
+iterator, anything in between), then every slot checkpoints, the run is "killed"
+(its pipes are dropped) and the next run resumes: from each slot's own state on
+the same layout and loader, else from ``merge_states`` of all of them. A history
+may cross an epoch end: the epoch's last checkpoint is loaded, then ``set_epoch``
+starts the next epoch, which must be whole again.
+
+The oracle knows nothing about the implementation, only the contract, per epoch:
+the multiset of everything consumed over all its runs, against the epoch's
+elements. A *split* is one layout dividing what was left: the first run of an
+epoch, and every run that loaded a merged state, start one (and may pick another
+``even``: "even holds for the new run's counts"); a resume from the slots' own
+states continues it. With ``R`` the distinct elements not consumed when the
+epoch's last split ``F`` started, ``S`` its slot count and ``even`` its mode:
+
+* nothing outside the epoch; repeats only from ``"pad"`` splits, at most
+  ``S' - 1`` for every such split ``S'`` in which some slot reached its end;
+* ``even=None`` and ``"pad"``: nothing missing; ``"drop"``: exactly ``|R| % S``
+  missing (the new run's own tail). If the split before ``F`` had reached the end
+  of every share, the epoch was over, and ``F`` may also yield nothing (then
+  ``|R|`` are missing);
+* ``"drop"``: every slot of ``F`` yields ``|R| // S``; ``"pad"``: ``ceil(r / S)``,
+  where ``r`` is ``|R|`` plus at most what earlier pads repeated (a pad may
+  repeat an element its owner has not yielded yet, which stays to be consumed);
+* with ``even``, every slot (every rank with real workers) of a split that
+  reached the end of every share yielded the same count over that split.
+
+Or the library refused with a clear error, of one of the kinds listed in
+``REFUSALS`` (construction refusals must happen). Anything else fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from itertools import islice
+from typing import Callable
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import distshard
+from distshard.verify import run_on_group
+
+from .helpers import as_worker
+from .model_factories import SOURCES, Spec, build, gloo_run
+
+# -- what the library may refuse, and must refuse --------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    why: str
+    stages: frozenset[str]  # see stage() below
+    error: type
+    message: str  # a regex the message must contain
+    applies: Callable[[Spec], bool]
+
+
+# The only refusals the contract documents (DESIGN.md "Contract", README). The
+# construction ones are mandatory; the others may happen, but only at those stages.
+REFUSALS = [
+    # "shuffle=True (random-access sources and units with sizes)"
+    Refusal("shuffle=True without random access", frozenset({"construct"}), ValueError,
+            r"shuffle=True", lambda s: s.shuffle and not s.random_access),
+    # "with sizes ... enables even and shuffle=True in unit mode"
+    Refusal("even in unit mode without sizes", frozenset({"construct"}), ValueError,
+            r"even=.*sizes=", lambda s: s.units and not s.sized and s.even is not None),
+    # "every slot's state can be merged ... except unit mode without sizes"
+    Refusal("elastic resume in unit mode without sizes",
+            frozenset({"merge", "load-merged", "iterate-merged"}), ValueError, r"sizes",
+            lambda s: s.units and not s.sized),
+    # units.py: shuffle=True reads single elements, so expand must return a sequence
+    Refusal("shuffle=True in unit mode with an iterator expand",
+            frozenset({"iterate", "iterate-own", "iterate-merged"}), TypeError,
+            r"not a sequence", lambda s: s.units and s.shuffle and not s.expand_list),
+]
+CONSTRUCT = [r for r in REFUSALS if "construct" in r.stages]
+
+
+class Refused(Exception):
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"{stage}: {type(error).__name__}: {error}")
+        self.stage, self.error = stage, error
+
+
+@contextlib.contextmanager
+def stage(name: str):
+    """Label a clear error (ValueError / TypeError / RuntimeError) with where it came from.
+
+    Stages: construct, merge, load-own / load-merged, iterate / iterate-own /
+    iterate-merged (the first element a pipe was asked for), late (a later
+    element: never a documented refusal), checkpoint."""
+    try:
+        yield
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise Refused(name, exc) from exc
+
+
+def assert_documented(spec: Spec, refused: Refused, log: list[str] = ()) -> None:
+    allowed = [r for r in REFUSALS if refused.stage in r.stages and r.applies(spec)
+               and isinstance(refused.error, r.error) and re.search(r.message, str(refused.error))]
+    assert allowed, f"undocumented refusal for {spec}: {refused}\n" + "\n".join(log)
+
+
+# -- the oracle ----------------------------------------------------------------------------
+
+
+@dataclass
+class Split:
+    num_slots: int
+    even: str | None
+    left: int  # distinct elements not consumed when it started
+    after_complete: bool  # the split before it reached the end of every share
+    totals: Counter = field(default_factory=Counter)  # per unit (slot, or rank with workers)
+    at_end: dict = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.at_end) and all(self.at_end.values())
+
+
+@dataclass
+class Epoch:
+    consumed: Counter = field(default_factory=Counter)
+    splits: list[Split] = field(default_factory=list)
+
+    def start_split(self, universe: Counter, num_slots: int, even: str | None) -> None:
+        after = bool(self.splits) and self.splits[-1].complete
+        left = len(set(universe) - set(self.consumed))
+        self.splits.append(Split(num_slots, even, left, after))
+
+    def add(self, unit: int, elements: list, at_end: bool) -> None:
+        self.consumed.update(elements)
+        self.splits[-1].totals[unit] += len(elements)
+        self.splits[-1].at_end[unit] = at_end
+
+
+def check_epoch(universe: Counter, epoch: Epoch, where: str) -> None:
+    consumed, last, even = epoch.consumed, epoch.splits[-1], epoch.splits[-1].even
+    assert last.complete, where
+    foreign = set(consumed) - set(universe)
+    missing = sorted(universe - consumed)
+    repeats = sum(count - 1 for count in consumed.values() if count > 1)
+    repeated = sorted(k for k, count in consumed.items() if count > 1)
+    shown = f"{where}: missing {missing[:8]} ({len(missing)}), repeated {repeated[:8]} ({repeats})"
+    assert not foreign, f"{where}: foreign elements {sorted(foreign)[:8]}"
+    padded = [s.num_slots - 1 for s in epoch.splits if s.even == "pad" and any(s.at_end.values())]
+    assert repeats <= sum(padded), f"{shown}; expected at most {sum(padded)} repeats"
+    allowed = {last.left % last.num_slots if even == "drop" else 0}
+    if last.after_complete:
+        allowed.add(last.left)  # the epoch was over before F
+    assert len(missing) in allowed, f"{shown}; expected {sorted(allowed)} missing"
+    counts = set(last.totals.values())
+    per_unit = last.num_slots // len(last.totals)  # slots per unit
+    if even == "drop" and len(missing) != last.left:
+        expected = {last.left // last.num_slots * per_unit}
+        assert counts == expected, f"{where}: the last split yielded {dict(last.totals)}, expected {expected}"
+    if even == "pad":
+        earlier = sum(padded) - (last.num_slots - 1 if any(last.at_end.values()) else 0)
+        low, high = (-(-r // last.num_slots) * per_unit for r in (last.left, last.left + earlier))
+        assert len(counts) == 1 and low <= counts.pop() <= high, \
+            f"{where}: the last split yielded {dict(last.totals)}, expected {low}..{high} per unit"
+    for index, split in enumerate(epoch.splits):
+        if split.even is not None and split.complete:
+            assert len(set(split.totals.values())) == 1, \
+                f"{where}: split {index} (even={split.even!r}) yielded unequal counts {dict(split.totals)}"
+
+
+# -- running one unit (a slot, or a rank of a loader) ----------------------------------------
+
+ALL = -1  # take until the iterator is exhausted
+
+
+def jsonable(state):
+    return json.loads(json.dumps(state))  # a checkpoint goes through a file
+
+
+def consume(it, take: int, first_stage: str) -> tuple[list, bool]:
+    """Take ``take`` elements (ALL: until exhausted); return them and whether the
+    iterator was exhausted."""
+    out: list = []
+    while take == ALL or len(out) < take:
+        try:
+            with stage(first_stage if not out else "late"):
+                element = next(it)
+        except StopIteration:
+            return out, True
+        out.append(element)
+    return out, False
+
+
+def shutdown(it) -> None:
+    """A killed run: stop its worker processes now, not at garbage collection."""
+    stop = getattr(it, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
+@dataclass(frozen=True)
+class Run:
+    kind: str  # "plain" (slots in-process), "sdl0" (StatefulDataLoader, no workers), "sdl2" (2 real workers)
+    world: int
+    workers: int  # per rank; the units of a run are slots, except "sdl2": ranks
+    resume: str | None  # None, "own" (each unit its own state) or "merged"
+    epoch_first: bool  # set_epoch before loading the state (else after)
+
+    @property
+    def num_slots(self) -> int:
+        return self.world * max(1, self.workers)
+
+    @property
+    def units(self) -> list[tuple[int, int]]:
+        """(rank, worker_id) of every unit; worker_id -1 for a whole rank."""
+        if self.kind == "plain":
+            return [(r, w) for r in range(self.world) for w in range(max(1, self.workers))]
+        return [(r, -1) for r in range(self.world)]
+
+
+def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[], tuple]:
+    """A factory of fresh (iterable, state_dict) for one unit of ``run``, its state
+    loaded and its epoch set; called twice, for a dry run and the real one."""
+    load_stage = f"load-{run.resume}"
+
+    def fresh():
+        pipeline = distshard.StatefulPipeline(build(spec, rank, run.world))
+        loader = None
+        if run.kind != "plain":
+            kwargs = {"multiprocessing_context": "fork", "timeout": 30} if run.workers else {}
+            loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=run.workers, **kwargs)
+        if run.epoch_first:
+            pipeline.set_epoch(epoch)
+        if state is not None:
+            with stage(load_stage):
+                if run.resume == "own" and loader is not None:
+                    loader.load_state_dict(state)
+                else:
+                    pipeline.load_state_dict(state)
+        if not run.epoch_first:
+            pipeline.set_epoch(epoch)
+        target = loader if loader is not None else pipeline
+        return target, target.state_dict
+
+    return fresh
+
+
+def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tuple[list, bool, dict]:
+    """Dry-run the unit to learn its share ``L``, then take ``choose(L)`` elements
+    from a fresh copy; return (elements, at the end of its share, state)."""
+    try:
+        target, _ = fresh()
+        it = iter(target)
+        share = sum(1 for _ in it)
+    except (ValueError, TypeError, RuntimeError):
+        share = None  # the real run will meet the same refusal
+    take = choose(share)
+    target, state_dict = fresh()
+    it = iter(target)
+    try:
+        elements, exhausted = consume(it, take, first_stage)
+        with stage("checkpoint"):
+            state = jsonable(state_dict())
+    finally:
+        shutdown(it)
+    return elements, exhausted or len(elements) == share, state
+
+
+# -- the model -------------------------------------------------------------------------------
+
+LAYOUTS = {
+    "plain": st.tuples(st.integers(1, 4), st.integers(0, 2)),
+    "sdl0": st.tuples(st.integers(1, 4), st.just(0)),
+    "sdl2": st.tuples(st.integers(1, 2), st.just(2)),
+}
+
+
+@st.composite
+def specs(draw) -> Spec:
+    source = draw(st.sampled_from(SOURCES))
+    common = dict(source=source, shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2**20)),
+                  even=draw(st.sampled_from([None, "drop", "pad"])))
+    if source != "units":
+        return Spec(n=draw(st.integers(0, 60)), **common)
+    return Spec(unit_sizes=tuple(draw(st.lists(st.integers(0, 9), max_size=10))),
+                sized=draw(st.booleans()), expand_list=draw(st.booleans()), **common)
+
+
+def check_construction(spec: Spec) -> bool:
+    """Construction refuses exactly the documented cases; True if it built."""
+    must = [r for r in CONSTRUCT if r.applies(spec)]
+    try:
+        with stage("construct"):
+            build(spec, 0, 1)
+    except Refused as refused:
+        assert must, f"{spec}: refused at construction: {refused}"
+        assert any(isinstance(refused.error, r.error) and re.search(r.message, str(refused.error))
+                   for r in must), f"{spec}: unclear refusal {refused}"
+        return False
+    assert not must, f"{spec}: built, but should be refused: {[r.why for r in must]}"
+    return True
+
+
+def choice(data, final: bool) -> Callable[[int | None], int]:
+    def choose(share: int | None) -> int:
+        if share is None:
+            return ALL
+        how = data.draw(st.sampled_from(["all", "end"] if final else ["zero", "all", "end", "some"]))
+        if how == "some":
+            return data.draw(st.integers(0, share))
+        return {"zero": 0, "all": ALL, "end": share}[how]
+
+    return choose
+
+
+def run_history(spec: Spec, data, kinds: list[str]) -> None:
+    """Draw and run a history; check every epoch, or that a refusal is documented."""
+    universe = Counter(spec.universe())
+    log: list[str] = []
+    states: list | None = None  # every unit's state at the last checkpoint
+    previous: tuple | None = None  # (kind, world, workers, even) of the last run
+    evens = [None] if spec.units and not spec.sized else [None, "drop", "pad"]
+    for epoch in range(data.draw(st.integers(1, 2), label="epochs")):
+        record = Epoch()
+        runs = data.draw(st.integers(1, 3), label="runs")
+        for index in range(runs):
+            kind = data.draw(st.sampled_from(kinds))
+            world, workers = data.draw(LAYOUTS[kind])
+            resume = None
+            if states is not None:
+                same = previous == (kind, world, workers, spec.even)
+                resume = "own" if same and data.draw(st.booleans()) else "merged"
+            if resume == "merged" and data.draw(st.booleans(), label="new even"):
+                spec = replace(spec, even=data.draw(st.sampled_from(evens)))
+            run = Run(kind, world, workers, resume, data.draw(st.booleans()))
+            log.append(f"epoch {epoch}: {run}, even={spec.even!r}")
+            if index == 0 or resume == "merged":
+                record.start_split(universe, run.num_slots, spec.even)
+            loaded = states or [None] * len(run.units)
+            try:
+                if resume == "merged":
+                    with stage("merge"):
+                        merged = jsonable(distshard.merge_states(states))
+                    loaded = [merged] * len(run.units)
+                first_stage = f"iterate-{resume}" if resume else "iterate"
+                states = []
+                for unit, (rank, worker) in enumerate(run.units):
+                    fresh = make_unit(spec, run, rank, epoch, loaded[unit])
+                    with as_worker(worker, run.workers) if worker >= 0 else contextlib.nullcontext():
+                        elements, at_end, state = run_unit(fresh, choice(data, index == runs - 1),
+                                                           first_stage)
+                    log.append(f"  unit {unit}: {len(elements)} elements, at end: {at_end}")
+                    record.add(unit, elements, at_end)
+                    states.append(state)
+            except Refused as refused:
+                assert_documented(spec, refused, log)
+                return
+            previous = (kind, world, workers, spec.even)
+        check_epoch(universe, record, f"{spec}, epoch {epoch}\n" + "\n".join(log))
+
+
+def check_model(spec: Spec, data, kinds: list[str]) -> None:
+    if check_construction(spec):
+        run_history(spec, data, kinds)
+
+
+# ~10 ms an example when it passes; shrinking a failure takes longer
+MODEL_SETTINGS = settings(max_examples=500, deadline=None, derandomize=False,
+                          suppress_health_check=list(HealthCheck))
+
+
+@MODEL_SETTINGS
+@given(spec=specs(), data=st.data())
+def test_every_history_is_exact_or_refused(spec, data):
+    """Slots in-process (as_worker) and StatefulDataLoader without workers."""
+    check_model(spec, data, ["plain", "plain", "sdl0"])
+
+
+@st.composite
+def shuffled_units(draw) -> Spec:
+    """The rarest corner of specs(), drawn on purpose: units with sizes read in a
+    permuted order, whose states lay positions out in a stride, not blocks."""
+    return Spec(source="units", unit_sizes=tuple(draw(st.lists(st.integers(0, 9), min_size=1, max_size=8))),
+                sized=True, expand_list=True, shuffle=True, seed=draw(st.integers(0, 2**20)),
+                even=draw(st.sampled_from([None, "drop", "pad"])))
+
+
+@settings(MODEL_SETTINGS, max_examples=150)
+@given(spec=shuffled_units(), data=st.data())
+def test_every_history_of_shuffled_units_is_exact(spec, data):
+    check_model(spec, data, ["plain", "plain", "sdl0"])
+
+
+# forks 4 to 8 worker processes a run: a small sample, and failures are reported
+# unshrunk (each shrink step would fork again)
+@settings(MODEL_SETTINGS, max_examples=12, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(spec=specs(), data=st.data())
+def test_every_history_is_exact_or_refused_with_real_workers(spec, data):
+    """A small sample with StatefulDataLoader(num_workers=2, fork) on some runs."""
+    check_model(spec, data, ["sdl2", "plain"])
+
+
+# -- a state loaded into another pipeline ----------------------------------------------------
+
+
+def _other(spec: Spec, change: str, data) -> Spec | None:
+    """``spec`` with one option that changes which position means which element."""
+    if change == "shuffle":
+        return replace(spec, shuffle=not spec.shuffle) if spec.random_access and spec.expand_list else None
+    if change == "even":
+        if spec.units and not spec.sized:
+            return None
+        return replace(spec, even=data.draw(st.sampled_from([e for e in (None, "drop", "pad") if e != spec.even])))
+    if change == "length":
+        if spec.units and spec.sized and spec.unit_sizes:
+            sizes = list(spec.unit_sizes)
+            sizes[data.draw(st.integers(0, len(sizes) - 1))] += data.draw(st.sampled_from([-1, 1, 3]))
+            return replace(spec, unit_sizes=tuple(sizes)) if min(sizes) >= 0 else None
+        if spec.source in ("list", "list+map"):
+            return replace(spec, n=max(0, spec.n + data.draw(st.sampled_from([-3, -1, 1, 5]))))
+        return None
+    # mode: element <-> units with sizes <-> units without sizes
+    n = len(spec.universe())
+    targets = {"element": Spec("list", n=n, seed=spec.seed),
+               "sized": Spec("units", unit_sizes=(n,), sized=True, seed=spec.seed),
+               "units": Spec("units", unit_sizes=(n,), sized=False, seed=spec.seed)}
+    mine = "element" if not spec.units else ("sized" if spec.sized else "units")
+    return targets[data.draw(st.sampled_from(sorted(set(targets) - {mine})))]
+
+
+@settings(MODEL_SETTINGS, max_examples=60)
+@given(spec=specs(), data=st.data())
+def test_a_state_of_another_pipeline_is_refused(spec, data):
+    """A slot state (same slot) or a merged state loaded into a pipeline with
+    another shuffle, even (slot states only), mode or data length raises
+    ValueError at load or before the first element."""
+    if not check_construction(spec) or not spec.universe():
+        return
+    change = data.draw(st.sampled_from(["shuffle", "even", "mode", "length"]))
+    merged = change != "even" and not (spec.units and not spec.sized) and data.draw(st.booleans())
+    other = _other(spec, change, data)
+    if other is None or not check_construction(other):
+        return
+    world, workers = data.draw(LAYOUTS["plain"])
+    run = Run("plain", world, workers, None, True)
+    states, progress = [], []
+    try:
+        for rank, worker in run.units:
+            with as_worker(worker, workers):
+                def some(share):
+                    return data.draw(st.integers(min(1, share), max(1, share))) if share else 0
+                elements, at_end, state = run_unit(make_unit(spec, run, rank, 0, None), some, "iterate")
+            states.append(state)
+            progress.append((len(elements), at_end))
+    except Refused as refused:
+        assert_documented(spec, refused)
+        return
+    if merged:
+        if all(at_end for _, at_end in progress) or not any(n for n, _ in progress):
+            return
+        state = jsonable(distshard.merge_states(states))
+        rank, worker = 0, 0
+        world, workers = data.draw(LAYOUTS["plain"])
+    else:
+        unit = data.draw(st.integers(0, len(states) - 1))
+        if not progress[unit][0] or progress[unit][1]:
+            return  # nothing consumed yet, or nothing left: the state says little
+        state, (rank, worker) = states[unit], run.units[unit]
+    with as_worker(worker, workers):
+        pipeline = distshard.StatefulPipeline(build(other, rank, world)).set_epoch(0)
+        with pytest.raises(ValueError):
+            pipeline.load_state_dict(state)
+            list(islice(pipeline, 1))
+
+
+# -- real gloo groups: checkpoint on every rank, resume on another world size ---------------
+
+GLOO_CASES = [
+    # spec, (world, workers, elements per rank) of the first group, (world, workers) of the second
+    (Spec("shuffled", n=41, even="drop", seed=5), (2, 2, 7), (3, 1)),
+    (Spec("units", unit_sizes=(5, 0, 7, 3, 9, 4), sized=True, shuffle=True, even="pad", seed=1),
+     (2, 2, 6), (1, 2)),
+]
+
+
+@pytest.mark.parametrize("spec, first, second", GLOO_CASES,
+                         ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2"])
+def test_elastic_resume_on_real_groups_is_exact(spec, first, second):
+    world, workers, take = first
+    outcomes = run_on_group(gloo_run, world_size=world, args=(spec, workers, take), timeout=60)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    merged = outcomes[0].value[1]
+    assert all(o.value[1] == merged for o in outcomes)  # every rank got the same merge
+    universe = Counter(spec.universe())
+    epoch = Epoch()
+    epoch.start_split(universe, world * max(1, workers), spec.even)
+    for rank, outcome in enumerate(outcomes):
+        epoch.add(rank, outcome.value[0], len(outcome.value[0]) < take)
+    world2, workers2 = second
+    outcomes = run_on_group(gloo_run, world_size=world2, args=(spec, workers2, None, merged), timeout=60)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    epoch.start_split(universe, world2 * max(1, workers2), spec.even)
+    for rank, outcome in enumerate(outcomes):
+        epoch.add(rank, outcome.value[0], True)
+    check_epoch(universe, epoch, f"{spec}: {first} -> {second}")
