@@ -96,6 +96,27 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     return source.dist_shard(**options)
 
 
+def build_node(spec: Spec, rank: int | None = None, world_size: int | None = None):
+    """The same pipeline through the torchdata.nodes front-end (``DistShardNode``)."""
+    from torchdata.nodes import IterableWrapper as NodeWrapper, Mapper
+
+    from distshard import DistShardNode
+
+    options: dict[str, Any] = dict(rank=rank, world_size=world_size, even=spec.even,
+                                   seed=spec.seed, shuffle=spec.shuffle)
+    if spec.units:
+        sizes = list(spec.unit_sizes) if spec.sized else None
+        return DistShardNode(list(range(len(spec.unit_sizes))), expand=Expand(spec.unit_sizes, spec.expand_list),
+                             sizes=sizes, **options)
+    data = [f"e{i}" for i in range(spec.n)]
+    if spec.source == "list":
+        return DistShardNode(data, **options)
+    if spec.source == "list+map":
+        return Mapper(DistShardNode(data, **options), upper)
+    # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
+    return DistShardNode(NodeWrapper(Stream(data)), **options)
+
+
 def gloo_run(rank: int, world_size: int, spec: Spec, workers: int, take: int | None,
              state: dict | None = None):
     """One rank of a training-like run on a real gloo group: the rank comes from

@@ -52,7 +52,7 @@ import distshard
 from distshard.verify import run_on_group
 
 from .helpers import as_worker
-from .model_factories import SOURCES, Spec, build, gloo_run
+from .model_factories import SOURCES, Spec, build, build_node, gloo_run
 
 # -- what the library may refuse, and must refuse --------------------------------------
 
@@ -221,7 +221,7 @@ class Run:
     @property
     def units(self) -> list[tuple[int, int]]:
         """(rank, worker_id) of every unit; worker_id -1 for a whole rank."""
-        if self.kind == "plain":
+        if self.kind in ("plain", "node"):
             return [(r, w) for r in range(self.world) for w in range(max(1, self.workers))]
         return [(r, -1) for r in range(self.world)]
 
@@ -232,6 +232,17 @@ def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[]
     load_stage = f"load-{run.resume}"
 
     def fresh():
+        if run.kind == "node":
+            root = build_node(spec, rank, run.world)
+            shard = root if isinstance(root, distshard.DistShardNode) else root.source
+            if run.epoch_first:
+                shard.set_epoch(epoch)
+            if state is not None:
+                with stage(load_stage):
+                    shard.load_state_dict(state)
+            if not run.epoch_first:
+                shard.set_epoch(epoch)
+            return root, root.state_dict
         pipeline = distshard.StatefulPipeline(build(spec, rank, run.world))
         loader = None
         if run.kind != "plain":
@@ -280,6 +291,7 @@ LAYOUTS = {
     "plain": st.tuples(st.integers(1, 4), st.integers(0, 2)),
     "sdl0": st.tuples(st.integers(1, 4), st.just(0)),
     "sdl2": st.tuples(st.integers(1, 2), st.just(2)),
+    "node": st.tuples(st.integers(1, 4), st.integers(0, 2)),
 }
 
 
@@ -294,7 +306,7 @@ def specs(draw) -> Spec:
                 sized=draw(st.booleans()), expand_list=draw(st.booleans()), **common)
 
 
-def check_construction(spec: Spec) -> bool:
+def check_construction(spec: Spec, build=build) -> bool:
     """Construction refuses exactly the documented cases; True if it built."""
     must = [r for r in CONSTRUCT if r.applies(spec)]
     try:
@@ -367,8 +379,8 @@ def run_history(spec: Spec, data, kinds: list[str]) -> None:
         check_epoch(universe, record, f"{spec}, epoch {epoch}\n" + "\n".join(log))
 
 
-def check_model(spec: Spec, data, kinds: list[str]) -> None:
-    if check_construction(spec):
+def check_model(spec: Spec, data, kinds: list[str], build_spec=build) -> None:
+    if check_construction(spec, build_spec):
         run_history(spec, data, kinds)
 
 
@@ -397,6 +409,13 @@ def shuffled_units(draw) -> Spec:
 @given(spec=shuffled_units(), data=st.data())
 def test_every_history_of_shuffled_units_is_exact(spec, data):
     check_model(spec, data, ["plain", "plain", "sdl0"])
+
+
+@settings(MODEL_SETTINGS, max_examples=200)
+@given(spec=specs(), data=st.data())
+def test_every_history_through_the_nodes_front_end_is_exact_or_refused(spec, data):
+    """The same model through DistShardNode (torchdata.nodes), slots in-process."""
+    check_model(spec, data, ["node"], build_spec=build_node)
 
 
 # forks 4 to 8 worker processes a run: a small sample, and failures are reported
