@@ -29,6 +29,7 @@ class Spec:
     sized: bool = False  # unit mode: pass sizes=
     expand_list: bool = True  # unit mode: expand returns a list (else an iterator)
     shuffle: bool = False
+    multiple: int = 1  # multiple_of, used when even == "drop"
     even: str | None = None
     seed: int = 0
 
@@ -76,7 +77,8 @@ def upper(x: str) -> str:
 def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The ``dist_shard`` pipe of ``spec``; rank and world_size explicit unless None."""
     options: dict[str, Any] = dict(rank=rank, world_size=world_size, even=spec.even,
-                                   seed=spec.seed, shuffle=spec.shuffle)
+                                   seed=spec.seed, shuffle=spec.shuffle,
+                                   multiple_of=spec.multiple if spec.even == "drop" else 1)
     if spec.units:
         units = IterableWrapper(list(range(len(spec.unit_sizes))))
         sizes = list(spec.unit_sizes) if spec.sized else None
@@ -103,7 +105,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
     from distshard import DistShardNode
 
     options: dict[str, Any] = dict(rank=rank, world_size=world_size, even=spec.even,
-                                   seed=spec.seed, shuffle=spec.shuffle)
+                                   seed=spec.seed, shuffle=spec.shuffle,
+                                   multiple_of=spec.multiple if spec.even == "drop" else 1)
     if spec.units:
         sizes = list(spec.unit_sizes) if spec.sized else None
         return DistShardNode(list(range(len(spec.unit_sizes))), expand=Expand(spec.unit_sizes, spec.expand_list),

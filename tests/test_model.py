@@ -121,6 +121,7 @@ class Split:
     even: str | None
     left: int  # distinct elements not consumed when it started
     after_complete: bool  # the split before it reached the end of every share
+    multiple: int = 1  # even="drop"'s multiple_of
     totals: Counter = field(default_factory=Counter)  # per unit (slot, or rank with workers)
     at_end: dict = field(default_factory=dict)
 
@@ -134,10 +135,10 @@ class Epoch:
     consumed: Counter = field(default_factory=Counter)
     splits: list[Split] = field(default_factory=list)
 
-    def start_split(self, universe: Counter, num_slots: int, even: str | None) -> None:
+    def start_split(self, universe: Counter, num_slots: int, even: str | None, multiple: int = 1) -> None:
         after = bool(self.splits) and self.splits[-1].complete
         left = len(set(universe) - set(self.consumed))
-        self.splits.append(Split(num_slots, even, left, after))
+        self.splits.append(Split(num_slots, even, left, after, multiple if even == "drop" else 1))
 
     def add(self, unit: int, elements: list, at_end: bool) -> None:
         self.consumed.update(elements)
@@ -156,16 +157,17 @@ def check_epoch(universe: Counter, epoch: Epoch, where: str) -> None:
     assert not foreign, f"{where}: foreign elements {sorted(foreign)[:8]}"
     padded = [s.num_slots - 1 for s in epoch.splits if s.even == "pad" and any(s.at_end.values())]
     assert repeats <= sum(padded), f"{shown}; expected at most {sum(padded)} repeats"
-    allowed = {last.left % last.num_slots if even == "drop" else 0}
+    kept = last.left // last.num_slots // last.multiple * last.multiple  # per slot under drop
+    allowed = {last.left - kept * last.num_slots if even == "drop" else 0}
     if last.after_complete:
         allowed.add(last.left)  # the epoch was over before F
     assert len(missing) in allowed, f"{shown}; expected {sorted(allowed)} missing"
     counts = set(last.totals.values())
     per_unit = last.num_slots // len(last.totals)  # slots per unit
     if even == "drop" and len(missing) != last.left:
-        expected = {last.left // last.num_slots * per_unit}
+        expected = {kept * per_unit}
         assert counts == expected, f"{where}: the last split yielded {dict(last.totals)}, expected {expected}"
-    if even == "pad":
+    if even == "pad" and not (last.after_complete and len(missing) == last.left):
         earlier = sum(padded) - (last.num_slots - 1 if any(last.at_end.values()) else 0)
         low, high = (-(-r // last.num_slots) * per_unit for r in (last.left, last.left + earlier))
         assert len(counts) == 1 and low <= counts.pop() <= high, \
@@ -299,6 +301,7 @@ LAYOUTS = {
 def specs(draw) -> Spec:
     source = draw(st.sampled_from(SOURCES))
     common = dict(source=source, shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2**20)),
+                  multiple=draw(st.sampled_from([1, 1, 2, 3])),
                   even=draw(st.sampled_from([None, "drop", "pad"])))
     if source != "units":
         return Spec(n=draw(st.integers(0, 60)), **common)
@@ -355,7 +358,7 @@ def run_history(spec: Spec, data, kinds: list[str]) -> None:
             run = Run(kind, world, workers, resume, data.draw(st.booleans()))
             log.append(f"epoch {epoch}: {run}, even={spec.even!r}")
             if index == 0 or resume == "merged":
-                record.start_split(universe, run.num_slots, spec.even)
+                record.start_split(universe, run.num_slots, spec.even, spec.multiple)
             loaded = states or [None] * len(run.units)
             try:
                 if resume == "merged":

@@ -150,3 +150,66 @@ def test_pad_and_drop_counts_per_slot_hold_in_workers_after_elastic_resume():
         p.load_state_dict(merged)
         counts.append(len(list(p)))
     assert len(set(counts)) == 1
+
+
+@pytest.mark.parametrize("source", ["list", "stream", "units"])
+@pytest.mark.parametrize("world, workers", [(2, 2), (3, 1), (1, 3)])
+def test_multiple_of_makes_every_batch_full_and_len_exact(source, world, workers):
+    """Issue 9: len(loader) said 25 batches while 2 workers delivered 26 (partial batches)."""
+    n = 203
+
+    def build(rank):
+        if source == "units":
+            sizes = [7, 0, 31, 50, 15, 100]
+            return IterableWrapper(list(range(6))).dist_shard(
+                rank=rank, world_size=world, even="drop", multiple_of=4,
+                expand=lambda u: [(u, i) for i in range(sizes[u])], sizes=sizes)
+        data = list(range(n)) if source == "list" else _OnlyIter(list(range(n)))
+        return IterableWrapper(data, deepcopy=False).dist_shard(rank=rank, world_size=world, even="drop",
+                                                                multiple_of=4)
+    seen, batches = [], []
+    for rank in range(world):
+        for worker in range(workers):
+            with as_worker(worker, workers if workers > 1 else 0):
+                got = list(build(rank).batch(4))
+            batches.append(len(got))
+            assert all(len(b) == 4 for b in got)
+            seen += [x for b in got for x in b]
+    assert len(set(batches)) == 1 and len(seen) == len(set(seen))
+    assert n - len(seen) < world * workers * 4
+    loader = DataLoader(build(0).batch(4), batch_size=None, num_workers=workers if workers > 1 else 0)
+    if source != "stream":  # a stream has no length
+        assert len(loader) == batches[0] * workers
+    assert len(list(loader)) == batches[0] * workers
+
+
+def test_multiple_of_needs_drop_and_an_int():
+    with pytest.raises(ValueError, match="multiple_of=4 needs even='drop'"):
+        IterableWrapper(range(3)).dist_shard(multiple_of=4)
+    with pytest.raises(TypeError, match="multiple_of=2.0 must be an int"):
+        IterableWrapper(range(3)).dist_shard(even="drop", multiple_of=2.0)
+    with pytest.raises(ValueError, match="multiple_of=0 must be at least 1"):
+        IterableWrapper(range(3)).dist_shard(even="drop", multiple_of=0)
+
+
+def test_multiple_of_stream_resume_is_exact():
+    def build():
+        return IterableWrapper(_OnlyIter(list(range(50))), deepcopy=False).dist_shard(
+            rank=1, world_size=2, even="drop", multiple_of=4)
+    full = list(build())
+    assert len(full) == 24
+    for k in range(len(full) + 1):
+        pipe = build()
+        it = iter(pipe)
+        head = [next(it) for _ in range(k)]
+        fresh = build()
+        fresh.load_state_dict(pipe.state_dict())
+        assert head + list(fresh) == full
+
+
+class _OnlyIter:
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        return iter(self.data)

@@ -24,7 +24,7 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from . import context as _context
 from .engine import SlotRun, remaining_share
 from .graph import Pushdown, check_no_sharding, plan_pushdown, random_pipes, upstream_pipes
-from .plan import Even, check_even, mix_seed, slot_count
+from .plan import Even, check_even, check_multiple, mix_seed
 from .readers import (
     Reader,
     SequenceReader,
@@ -113,6 +113,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             element space), and enables ``even`` and ``shuffle=True`` in unit mode.
         pushdown: run 1:1 maps right above the source on the slot's own elements
             only (default); ``False`` runs them as written, on every element.
+        multiple_of: with ``even="drop"``, round every slot's count down to a
+            multiple of this (the batch size of a ``.batch()`` after the shard), so
+            every batch is full, every rank runs the same number of steps, and
+            ``len()`` of the batched pipeline (what Lightning stops at) is exact.
 
     Example:
         >>> import distshard
@@ -134,6 +138,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         expand: Callable[[Any], Any] | None = None,
         sizes: Sequence[int] | Mapping[Any, int] | Callable[[Any], int] | None = None,
         pushdown: bool = True,
+        multiple_of: int = 1,
     ) -> None:
         super().__init__()
         if not isinstance(source_datapipe, IterDataPipe):
@@ -151,6 +156,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             raise TypeError(f"pushdown={pushdown!r} must be True or False")
         if expand is not None and not callable(expand):
             raise TypeError(f"expand={expand!r} must be a callable unit -> elements")
+        self.multiple_of = check_multiple(multiple_of, self.even)
         self.global_shuffle = shuffle  # not "shuffle": that name is the .shuffle() functional
         self.pushdown = pushdown
         self.expand = expand
@@ -384,7 +390,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._check_against(resume, reader)
         # raises before anything is consumed if the state is for another slot
         run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.global_shuffle,
-                      epoch=self._epoch, seed=seed, resume=resume)
+                      epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of)
         self._progress = run
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
@@ -447,6 +453,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             raise refuse("shuffle", found["shuffle"], self.global_shuffle)
         if found["slot"] is not None and found["even"] != self.even:
             raise refuse("even", found["even"], self.even)
+        if found["slot"] is not None and found["multiple_of"] != self.multiple_of:
+            raise refuse("multiple_of", found["multiple_of"], self.multiple_of)
         if self.seed is not None and found["seed"] is not None and found["seed"] != self.seed:
             raise refuse("seed", found["seed"], self.seed)
         if reader is None:
@@ -501,7 +509,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
         if resume is not None and resume["slot"] is not None and resume["slot"] != slot:
             resume = None  # another slot's state: that copy will refuse it when iterated
-        return remaining_share(total, resume, slot, num_slots, self.even)
+        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of)
 
     # -- seeing it -------------------------------------------------------------------
     def explain(self, pipeline: IterDataPipe | None = None) -> "Explanation":
@@ -534,6 +542,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             options.append(f"sizes={'given' if self.sizes is not None else None}")
         if not self.pushdown:
             options.append("pushdown=False")
+        if self.multiple_of != 1:
+            options.append(f"multiple_of={self.multiple_of}")
         return f"{type(self).__name__}({type(self.source_datapipe).__name__}, {', '.join(options)})"
 
     __str__ = __repr__

@@ -59,20 +59,20 @@ def layout_of(reader: Reader, shuffle: bool) -> str:
 
 
 def remaining_share(reader_length: int | None, resume: dict | None, slot: int, num_slots: int,
-                    even: Even) -> int:
+                    even: Even, multiple: int = 1) -> int:
     """How many elements ``slot`` yields in a run that starts from ``resume``
     (``None``: a fresh epoch); needs a known length."""
     if reader_length is None:
         raise TypeError("the share of a stream is not known before reading it")
     if resume is None:
-        return slot_count(slot, num_slots, reader_length, even)
+        return slot_count(slot, num_slots, reader_length, even, multiple)
     count = Remaining((a, b) for a, b in resume["remaining"]).clip(reader_length).length()
     assert count is not None
     if resume["slot"] is None:
-        return slot_count(slot, num_slots, count, even)
+        return slot_count(slot, num_slots, count, even, multiple)
     if resume["finished"]:
         return 0
-    return max(0, slot_count(slot, num_slots, count, even) - resume["taken"])
+    return max(0, slot_count(slot, num_slots, count, even, multiple) - resume["taken"])
 
 
 class SlotRun:
@@ -81,8 +81,9 @@ class SlotRun:
     state or a merged one) or ``None``."""
 
     def __init__(self, reader: Reader, *, ctx: ShardContext, even: Even, shuffle: bool,
-                 epoch: int, seed: int, resume: dict[str, Any] | None = None) -> None:
+                 epoch: int, seed: int, resume: dict[str, Any] | None = None, multiple: int = 1) -> None:
         self.reader, self.ctx, self.even, self.shuffle = reader, ctx, even, shuffle
+        self.multiple = multiple
         self.epoch, self.seed = epoch, seed
         self.layout = layout_of(reader, shuffle)
         self.length = reader.length()
@@ -102,12 +103,15 @@ class SlotRun:
                         "workers, merge the states of all slots with distshard.merge_states() and load that"
                     )
                 self.taken, self.finished = resume["taken"], resume["finished"]
+        if self.length is not None:
+            self.count = self.remaining.clip(self.length).length()
 
     def state(self) -> dict[str, Any]:
         state = fresh_state(self.epoch, self.reader.mode, self.even)
         state.update(
             seed=self.seed, layout=self.layout, shuffle=self.shuffle, length=self.length,
             source=self.identity, remaining=self.remaining.to_list(), total=self.count,
+            multiple_of=self.multiple,
             num_slots=self.ctx.num_slots, slot=self.ctx.slot, taken=self.taken,
             finished=self.finished,
         )
@@ -131,7 +135,7 @@ class SlotRun:
             return self._read_positions(reader)
         assert isinstance(reader, StreamReader)
         return select_stream(self.remaining.stream(reader.stream()), ctx.slot, ctx.num_slots,
-                             self.even, self.taken)
+                             self.even, self.taken, self.multiple)
 
     def _read_positions(self, reader: RandomAccessReader) -> Iterator[Any]:
         ctx, length = self.ctx, reader.length()
@@ -145,7 +149,7 @@ class SlotRun:
         count = remaining.length()
         assert count is not None
         self.count = count
-        share = slot_count(ctx.slot, ctx.num_slots, count, self.even)
+        share = slot_count(ctx.slot, ctx.num_slots, count, self.even, self.multiple)
         if self.taken > share:
             raise ValueError(
                 f"the loaded state says slot {ctx.slot} of {ctx.num_slots} yielded {self.taken} "
@@ -153,7 +157,8 @@ class SlotRun:
                 "data or was altered"
             )
         layout = block_positions if self.layout == "blocks" else slot_positions
-        positions: Iterator[int] = layout(ctx.slot, ctx.num_slots, count, self.even, self.taken)
+        positions: Iterator[int] = layout(ctx.slot, ctx.num_slots, count, self.even, self.taken,
+                                          self.multiple)
         if remaining != Remaining([(0, length)]):
             positions = map(remaining.indexer(), positions)
         if self.shuffle:

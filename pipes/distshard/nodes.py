@@ -19,7 +19,7 @@ from torchdata.nodes.base_node import BaseNode
 from . import context as _context
 from .engine import SlotRun
 from .graph import is_positional
-from .plan import Even, check_even
+from .plan import Even, check_even, check_multiple
 from .readers import (
     Reader,
     SequenceReader,
@@ -69,6 +69,8 @@ class DistShardNode(BaseNode[T]):
             with ``sizes`` only).
         expand: unit mode: ``expand(unit)`` gives a unit's elements.
         sizes: unit mode: element counts per unit (sequence, mapping or callable).
+        multiple_of: with ``even="drop"``, every slot yields a multiple of this
+            (the batch size), as for ``.dist_shard()``.
 
     State:
         ``state_dict()`` (through ``get_state``) is ``{"distshard_node": 2, "shard":
@@ -102,6 +104,7 @@ class DistShardNode(BaseNode[T]):
         shuffle: bool = False,
         expand: Optional[Callable[[Any], Any]] = None,
         sizes: Optional[Sequence[int] | Mapping[Any, int] | Callable[[Any], int]] = None,
+        multiple_of: int = 1,
     ) -> None:
         super().__init__()
         self._sequence: Any = None
@@ -116,6 +119,7 @@ class DistShardNode(BaseNode[T]):
         self.source = source
         self._explicit = _context.check_explicit(rank, world_size)
         self.even = check_even(even)
+        self.multiple_of = check_multiple(multiple_of, self.even)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise TypeError(f"seed={seed!r} must be a non-negative int or None")
         self.seed = seed
@@ -211,7 +215,7 @@ class DistShardNode(BaseNode[T]):
         if resume is not None and listing:
             self._check(resume, reader)
         self._run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.shuffle,
-                            epoch=self._epoch, seed=seed, resume=resume)
+                            epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of)
         self._it = iter(self._run)
 
     def next(self) -> T:
@@ -290,6 +294,8 @@ class DistShardNode(BaseNode[T]):
             raise refuse("shuffle", found["shuffle"], self.shuffle)
         if found["slot"] is not None and found["even"] != self.even:
             raise refuse("even", found["even"], self.even)
+        if found["slot"] is not None and found["multiple_of"] != self.multiple_of:
+            raise refuse("multiple_of", found["multiple_of"], self.multiple_of)
         if reader is not None:
             length = reader.length()
             if found["length"] is not None and length is not None and found["length"] != length:

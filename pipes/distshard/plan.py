@@ -44,23 +44,38 @@ def check_even(even: object) -> Even:
     )
 
 
+def check_multiple(multiple_of: object, even: Even) -> int:
+    """Validate ``multiple_of`` (an int >= 1; above 1 only with ``even="drop"``)."""
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int):
+        raise TypeError(f"multiple_of={multiple_of!r} must be an int (the batch size after the shard)")
+    if multiple_of < 1:
+        raise ValueError(f"multiple_of={multiple_of} must be at least 1")
+    if multiple_of > 1 and even != "drop":
+        raise ValueError(
+            f"multiple_of={multiple_of} needs even='drop' (got even={even!r}): it rounds every slot's "
+            "count down to a multiple of the batch size, dropping the rest; use even='drop'"
+        )
+    return multiple_of
+
+
 def slot_of(position: int, num_slots: int) -> int:
     """The slot that owns ``position``."""
     return position % num_slots
 
 
-def slot_count(slot: int, num_slots: int, total: int, even: Even) -> int:
-    """How many elements ``slot`` yields from a stream of ``total`` elements."""
+def slot_count(slot: int, num_slots: int, total: int, even: Even, multiple: int = 1) -> int:
+    """How many elements ``slot`` yields from a stream of ``total`` elements;
+    ``even="drop"`` with ``multiple`` rounds that down to a multiple of it."""
     if even == "drop":
-        return total // num_slots
+        return total // num_slots // multiple * multiple
     if even == "pad":
         return -(-total // num_slots)
     return total // num_slots + (1 if slot < total % num_slots else 0)
 
 
-def dropped_count(num_slots: int, total: int, even: Even) -> int:
+def dropped_count(num_slots: int, total: int, even: Even, multiple: int = 1) -> int:
     """How many elements of the stream no slot yields (only ``even="drop"`` drops)."""
-    return total % num_slots if even == "drop" else 0
+    return total - num_slots * slot_count(0, num_slots, total, even, multiple) if even == "drop" else 0
 
 
 def pad_position(slot: int, num_slots: int, total: int) -> int | None:
@@ -85,10 +100,11 @@ def padded_count(num_slots: int, total: int, even: Even) -> int:
     return num_slots - total % num_slots
 
 
-def slot_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0) -> Iterator[int]:
+def slot_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0,
+                   multiple: int = 1) -> Iterator[int]:
     """The positions ``slot`` yields, in order, when the stream length is known;
     ``skip`` drops the first ``skip`` of them in O(1)."""
-    own = total // num_slots if even == "drop" else slot_count(slot, num_slots, total, None)
+    own = slot_count(slot, num_slots, total, even if even == "drop" else None, multiple)
     yield from range(slot, slot + own * num_slots, num_slots)[skip:]
     if even == "pad" and skip <= own:
         pad = pad_position(slot, num_slots, total)
@@ -122,13 +138,13 @@ class StreamTooShort(ValueError):
 def _too_short(slot: int, num_slots: int, taken: int, seen: int) -> StreamTooShort:
     return StreamTooShort(
         f"the state says slot {slot} of {num_slots} already yielded {taken} elements, but the "
-        f"stream it resumes holds only {seen} elements where that slot's share lies: the state "
+        f"stream it resumes holds {f'only {seen}' if seen >= 0 else 'fewer'} elements where that slot's share lies: the state "
         "comes from other data or was altered; resume from a state this pipeline saved"
     )
 
 
 def select_stream(
-    items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0
+    items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0, multiple: int = 1
 ) -> Iterator[T]:
     """Yield ``slot``'s share of ``items`` without knowing how many there are.
 
@@ -148,6 +164,9 @@ def select_stream(
     before anything is yielded.
     """
     it = iter(items)
+    if even == "drop" and multiple > 1:
+        yield from _select_groups(it, slot, num_slots, multiple, skip_rounds)
+        return
     pad: Any = _END
     if skip_rounds == 0:
         if even is None:
@@ -205,6 +224,31 @@ def select_stream(
     yield from _rounds(it, mine, pad, slot, num_slots, even)
 
 
+def _select_groups(it: Iterator[T], slot: int, num_slots: int, multiple: int, skip: int) -> Iterator[T]:
+    """``even="drop"`` with ``multiple``: the slot's elements in groups of
+    ``multiple`` rounds, each yielded only once its last round is complete (so
+    every slot yields the same multiple of ``multiple``); holds one group.
+    ``skip`` resumes after the slot's first ``skip`` elements."""
+    group, into = divmod(skip, multiple)
+    if group:
+        want = group * multiple * num_slots
+        seen, _ = _advance(it, want)
+        if seen < want:
+            raise _too_short(slot, num_slots, skip, seen)
+    after = num_slots - 1 - slot
+    while True:
+        mine = []
+        for _ in range(multiple):
+            element = _nth(it, slot)
+            if element is _END or (after and _nth(it, after - 1) is _END):
+                if into:  # the state claims elements of a group that is not complete
+                    raise _too_short(slot, num_slots, skip, -1)
+                return
+            mine.append(element)
+        yield from mine[into:]
+        into = 0
+
+
 def _rounds(it: Iterator[T], mine: Any, pad: Any, slot: int, num_slots: int, even: Even) -> Iterator[T]:
     """The round loop of ``select_stream``, from the slot's element ``mine``."""
     after = num_slots - 1 - slot  # elements of a round that come after ours
@@ -246,7 +290,7 @@ def mix_seed(*parts: int) -> int:
 # -- contiguous blocks (unit mode with known sizes) ---------------------------------
 
 
-def block_range(slot: int, num_slots: int, total: int, even: Even) -> tuple[int, int]:
+def block_range(slot: int, num_slots: int, total: int, even: Even, multiple: int = 1) -> tuple[int, int]:
     """The contiguous positions ``[start, stop)`` ``slot`` owns in block layout.
 
     Used when the total is known up front (unit mode with ``sizes``), so that a
@@ -257,15 +301,17 @@ def block_range(slot: int, num_slots: int, total: int, even: Even) -> tuple[int,
     """
     base, rest = divmod(total, num_slots)
     if even == "drop":
+        base = base // multiple * multiple
         return slot * base, (slot + 1) * base
     start = slot * base + min(slot, rest)
     return start, start + base + (1 if slot < rest else 0)
 
 
-def block_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0) -> Iterator[int]:
+def block_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0,
+                    multiple: int = 1) -> Iterator[int]:
     """The positions ``slot`` yields in block layout, padding included; ``skip``
     drops the first ``skip`` of them in O(1)."""
-    start, stop = block_range(slot, num_slots, total, even)
+    start, stop = block_range(slot, num_slots, total, even, multiple)
     yield from range(start + skip, stop)
     if even == "pad" and total and total % num_slots and slot >= total % num_slots and skip <= stop - start:
         yield start if stop > start else slot % total
@@ -480,15 +526,16 @@ def left_after_round_robin(taken: Sequence[int], num_slots: int) -> Remaining:
     return Remaining(band + [(high * num_slots, None)])
 
 
-def left_after_blocks(taken: Sequence[int], num_slots: int, total: int, even: Even) -> Remaining:
+def left_after_blocks(taken: Sequence[int], num_slots: int, total: int, even: Even,
+                      multiple: int = 1) -> Remaining:
     """What is left when slot ``s`` of a block split of ``total`` positions consumed
     the first ``taken[s]`` positions of its block (``drop``'s tail stays left)."""
     if len(taken) != num_slots:
         raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
     pieces = []
     for slot, count in enumerate(taken):
-        start, stop = block_range(slot, num_slots, total, even)
+        start, stop = block_range(slot, num_slots, total, even, multiple)
         pieces.append((start + count, stop))
     if even == "drop":
-        pieces.append((num_slots * (total // num_slots), total))
+        pieces.append((num_slots * slot_count(0, num_slots, total, even, multiple), total))
     return Remaining(pieces)

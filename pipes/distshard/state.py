@@ -34,7 +34,7 @@ def fresh_state(epoch: int, mode: str, even: Any) -> dict[str, Any]:
     """The state of an epoch nobody has consumed anything of yet."""
     return {
         KEY: VERSION, "epoch": epoch, "seed": None, "mode": mode, "even": even,
-        "layout": None, "shuffle": None, "length": None, "source": None,
+        "layout": None, "shuffle": None, "length": None, "source": None, "multiple_of": 1,
         "remaining": [[0, None]], "total": None, "num_slots": None, "slot": None,
         "taken": 0, "finished": False,
     }
@@ -77,6 +77,7 @@ def validate_state(state: object) -> dict[str, Any]:
     _int(state, "total", optional=True)
     _int(state, "taken")
     _int(state, "length", optional=True)
+    _int(state, "multiple_of", minimum=1)
     if state["layout"] is not None and state["layout"] not in LAYOUTS:
         raise _fail(f"layout={state['layout']!r} is not one of {LAYOUTS}")
     if state["shuffle"] is not None and not isinstance(state["shuffle"], bool):
@@ -173,6 +174,7 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         return first
     # only slots that ran know how they split and what even they used
     even, layout = _agree(sized, "even", False), _agree(sized, "layout", False)
+    multiple = _agree(sized, "multiple_of", False)
     num_slots = sized[0]["num_slots"]
     if any(s["num_slots"] != num_slots for s in sized):
         raise ValueError(f"states come from runs with different slot counts: "
@@ -190,7 +192,7 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         )
     if len(absent) < blank:
         raise ValueError(f"{len(found)} states for {num_slots} slots: some appear twice")
-    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0)
+    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=multiple)
     if all(s["finished"] for s in by_slot.values()) and not absent:
         merged.update(remaining=[], total=0, finished=True)
         return merged
@@ -203,7 +205,7 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     count = common["total"]
     if count is not None:
         for slot, took in enumerate(taken):
-            share = slot_count(slot, num_slots, count, even)
+            share = slot_count(slot, num_slots, count, even, multiple)
             if took > share:
                 raise ValueError(
                     f"slot {slot}'s state says it yielded {took} elements, but its share of the {count} "
@@ -213,7 +215,7 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     if layout == "blocks":
         if count is None:
             raise _fail("a state in block layout must record total")
-        inner = left_after_blocks(taken, num_slots, count, even)
+        inner = left_after_blocks(taken, num_slots, count, even, multiple)
     else:
         inner = left_after_round_robin(taken, num_slots)
     left = outer.compose(inner)
