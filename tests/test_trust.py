@@ -213,3 +213,18 @@ class _OnlyIter:
 
     def __iter__(self):
         return iter(self.data)
+
+
+def test_len_of_a_batch_after_the_shard_refuses_to_be_wrong_with_workers():
+    """Issue 9: len(loader) said 25 batches where 2 workers deliver 26; a loop that
+    stops after len(loader) batches (Lightning) skipped 2 elements per rank."""
+    pipe = IterableWrapper(range(203)).dist_shard(rank=0, world_size=2, even="drop").batch(4)
+    loader = DataLoader(pipe, batch_size=None, num_workers=2)
+    with pytest.raises(TypeError) as raised:
+        len(loader)  # torch's wrapper re-raises our TypeError as its own, with ours as the cause
+    assert "yields 26 batches, not 25; pass dist_shard(even='drop', multiple_of=4)" in str(raised.value.__cause__)
+    assert len(list(loader)) == 26
+    aligned = IterableWrapper(range(203)).dist_shard(rank=0, world_size=2, even="drop", multiple_of=4).batch(4)
+    loader = DataLoader(aligned, batch_size=None, num_workers=2)
+    assert len(loader) == 24 == len(list(loader))
+    assert len(DataLoader(pipe, batch_size=None)) == 26  # one copy per rank: exact as it is

@@ -22,6 +22,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
+from . import frameworks
 from .engine import SlotRun, remaining_share
 from .graph import Pushdown, check_no_sharding, plan_pushdown, random_pipes, upstream_pipes
 from .plan import Even, check_even, check_multiple, mix_seed
@@ -190,6 +191,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._loader_workers: int | None = None  # workers of the last DataLoader iterating us
         self._sharding: dict[SHARDING_PRIORITIES, tuple[int, int]] = {}  # apply_sharding overrides
         self._chain: str | None = None  # identity of the upstream graph, computed once
+        self._refusal: str | None = None  # why the loader iterating us would lose data
         self._random_pipes: list | None = None  # per process, never pickled
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
@@ -282,6 +284,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         workers = _iterating_loader_workers()
         if workers is not None:
             self._loader_workers = workers
+        self._refusal = frameworks.refusal_for_loader()
         return self
 
     def set_shuffle(self, shuffle: bool = True) -> "DistShardIterDataPipe[T]":
@@ -381,6 +384,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         return resume if resume is not None and resume["epoch"] == self._epoch else None
 
     def __iter__(self) -> Iterator[T]:
+        refusal = self._refusal or frameworks.refusal_for_iteration()
+        if refusal is not None:
+            raise RuntimeError(refusal)
         ctx = self.context()
         resume = self._pending()
         seed = resume["seed"] if resume is not None and resume["seed"] is not None else self.base_seed(ctx)
@@ -504,7 +510,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         workers = _context.loader_num_workers() or self._loader_workers or 1
         num_slots = ctx.world_size * workers
         first = ctx.rank * workers
-        return sum(self._share(total, resume, s, num_slots) for s in range(first, first + workers))
+        counts = [self._share(total, resume, s, num_slots) for s in range(first, first + workers)]
+        if workers > 1:
+            _check_batched_length(counts)
+        return sum(counts)
 
     def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
         if resume is not None and resume["slot"] is not None and resume["slot"] != slot:
@@ -576,6 +585,36 @@ def _torch_split(captured: tuple[int, int] | None) -> tuple[int, int]:
     if info is None:
         return world, rank
     return info.num_workers * world, info.id * world + rank
+
+
+def _check_batched_length(counts: list[int]) -> None:
+    """``len()`` of a ``.batch(n)`` right after the shard (maps in between are fine)
+    divides the rank's total by ``n``; with several DataLoader workers each worker
+    batches its own share, so that is wrong whenever a share is not a multiple of
+    ``n``, and a loop that stops after ``len(loader)`` batches (Lightning) would skip
+    data. Raise ``TypeError`` (what ``len`` raises when there is no length: such
+    loops then run to the end) naming the fix."""
+    from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
+    from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
+
+    frame = sys._getframe(2)
+    for _ in range(8):
+        owner = frame.f_locals.get("self") if frame is not None else None
+        if isinstance(owner, BatcherIterDataPipe):
+            size, drop_last = owner.batch_size, owner.drop_last
+            per_worker = sum(c // size if drop_last else -(-c // size) for c in counts)
+            naive = sum(counts) // size if drop_last else -(-sum(counts) // size)
+            if per_worker != naive:
+                raise TypeError(
+                    f"len() of .batch({size}) after dist_shard is not exact here: each of the "
+                    f"{len(counts)} DataLoader workers batches its own share ({counts} elements), so the "
+                    f"loader yields {per_worker} batches, not {naive}; pass dist_shard(even='drop', "
+                    f"multiple_of={size}) so every share is whole batches"
+                )
+            return
+        if frame is None or not isinstance(owner, (MapperIterDataPipe, DistShardIterDataPipe)):
+            return
+        frame = frame.f_back
 
 
 def _iterating_loader_workers() -> int | None:
