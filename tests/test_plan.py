@@ -187,3 +187,19 @@ def test_skip_rounds_resumes_the_streaming_selector(num_slots, total, even):
         full = list(slot_positions(slot, num_slots, total, even))
         for taken in range(len(full) + 1):
             assert list(select_stream(range(total), slot, num_slots, even, taken)) == full[taken:]
+
+
+@given(st.lists(st.integers(0, 12), max_size=12), st.integers(0, 2**32))
+def test_unit_order_is_a_bijection_that_keeps_units_together(sizes, seed):
+    from distshard.plan import UnitOrder
+
+    order = UnitOrder(sizes, seed)
+    total = sum(sizes)
+    image = [order(v) for v in range(total)]
+    assert sorted(image) == list(range(total))
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    unit_of = [next(u for u in range(len(sizes)) if offsets[u] <= p < offsets[u + 1]) for p in image]
+    runs = sum(1 for a, b in zip(unit_of, unit_of[1:]) if a != b) + (1 if unit_of else 0)
+    assert runs == sum(1 for size in sizes if size)  # every unit visited in one run

@@ -280,3 +280,26 @@ def test_unit_mode_len_with_sizes():
     assert len(pipe) == 3 == len(list(pipe))
     with pytest.raises(TypeError, match="unit mode without sizes= has no length"):
         len(IterableWrapper(["a"]).dist_shard(expand=list))
+
+
+def test_shuffle_true_over_units_expands_each_unit_about_once():
+    """Issue 10: a global permutation over whole-unit expands re-read a unit for
+    nearly every element (45x the CPU); the unit-keeping order reads each about once."""
+    sizes = [37, 5, 60, 0, 41, 23, 50, 12, 33, 29]
+    calls = []
+
+    def expand(unit):
+        calls.append(unit)
+        return [(unit, i) for i in range(sizes[unit])]
+
+    seen = []
+    num_slots = 6
+    for rank in range(num_slots):
+        pipe = IterableWrapper(list(range(len(sizes)))).dist_shard(
+            rank=rank, world_size=num_slots, expand=expand, sizes=sizes, shuffle=True, seed=3)
+        seen += list(pipe)
+    assert sorted(seen) == sorted((u, i) for u in range(len(sizes)) for i in range(sizes[u]))
+    assert len(calls) <= len(sizes) + num_slots  # each unit once, plus one per block boundary
+    orders = [list(IterableWrapper(list(range(len(sizes)))).dist_shard(
+        rank=0, world_size=1, expand=expand, sizes=sizes, shuffle=True, seed=3).set_epoch(e)) for e in (0, 1)]
+    assert orders[0] != orders[1]

@@ -20,12 +20,11 @@ indices, so states merge the same way shuffled or not.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .context import ShardContext
 from .plan import (
     Even,
-    Permutation,
     Remaining,
     block_positions,
     mix_seed,
@@ -45,15 +44,18 @@ def salt_of(reader: Reader) -> int:
     return zlib.crc32(reader.identity().encode())
 
 
-def shuffle_order(length: int, seed: int, epoch: int, salt: int) -> Permutation:
-    """The permutation ``shuffle=True`` visits positions in."""
-    return Permutation(length, mix_seed(seed, epoch, 0x5EED, salt))
+def shuffle_order(reader: RandomAccessReader, seed: int, epoch: int) -> Callable[[int], int]:
+    """The permutation ``shuffle=True`` visits ``reader``'s positions in."""
+    return reader.order(mix_seed(seed, epoch, 0x5EED, salt_of(reader)))
 
 
 def layout_of(reader: Reader, shuffle: bool) -> str:
+    """How a run lays its positions out over slots: ``units`` (whole units),
+    ``blocks`` (readers whose neighbours share a unit or a file: contiguous blocks,
+    shuffled or not, so a merged state stays one interval per slot), ``stride``."""
     if isinstance(reader, WholeUnitsReader):
         return "units"
-    if isinstance(reader, RandomAccessReader) and reader.prefers_blocks and not shuffle:
+    if isinstance(reader, RandomAccessReader) and reader.prefers_blocks:
         return "blocks"
     return "stride"
 
@@ -162,7 +164,7 @@ class SlotRun:
         if remaining != Remaining([(0, length)]):
             positions = map(remaining.indexer(), positions)
         if self.shuffle:
-            positions = map(shuffle_order(length, self.seed, self.epoch, salt_of(reader)), positions)
+            positions = map(shuffle_order(reader, self.seed, self.epoch), positions)
         check = getattr(reader, "check_empty_units", None)
         if check is not None and ctx.slot == 0 and self.taken == 0 and remaining.is_full:
             check()

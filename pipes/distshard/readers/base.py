@@ -20,7 +20,7 @@ strings or default ``repr``s, which differ between processes.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 __all__ = ["Reader", "RandomAccessReader", "stable_digest"]
 
@@ -93,3 +93,12 @@ class RandomAccessReader(Reader):
         """The elements at ``positions``, in that order. ``shuffled`` says the
         positions come in a permuted order (for readers that cache by locality)."""
         raise NotImplementedError
+
+    def order(self, seed: int) -> Callable[[int], int]:
+        """The permutation ``shuffle=True`` visits positions in: a global one by default."""
+        from ..plan import Permutation
+
+        return Permutation(self.length(), seed)
+
+    #: what ``order`` is, for ``explain()``
+    shuffle_kind = "a global permutation of every position (each element read once)"

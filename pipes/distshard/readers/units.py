@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ..plan import leftover_share
+from ..plan import UnitOrder, leftover_share
 from .base import RandomAccessReader, Reader, stable_digest
 
 Expand = Callable[[Any], Any]
@@ -275,6 +275,12 @@ class SizedUnitsReader(RandomAccessReader):
     def describe(self) -> str:
         return (f"{len(self.units)} units with sizes ({self._total} elements): each slot reads a "
                 "contiguous block of the element space, touching only the units it covers")
+
+    shuffle_kind = ("units in a permuted order, each unit's elements in a permuted order: every slot "
+                    "expands each of its units about once")
+
+    def order(self, seed: int) -> UnitOrder:
+        return UnitOrder(self.sizes, seed)
 
     def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
         return iterate_sized_units(self.units, self.sizes, self.expand, positions, shuffled)
