@@ -1,10 +1,14 @@
 """The command line, run as a user runs it."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
+
+from .verify_factories import HANG_ON_IMPORT
 
 
 def test_demo_reports_exactly_once_and_exits_zero():
@@ -25,9 +29,9 @@ def test_unknown_command_is_a_usage_error():
     assert "invalid choice" in done.stderr
 
 
-def _check(*args, timeout=180):
+def _check(*args, timeout=180, env=None):
     return subprocess.run([sys.executable, "-m", "distshard", "check", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_check_passes_a_good_pipeline():
@@ -46,7 +50,7 @@ def test_check_finds_the_duplicates_of_an_unsynced_sharding_filter():
 
 def test_check_with_even_requires_equal_slots():
     done = _check("tests.builds:strings_none", "--world-size", "3", "--num-workers", "1", "--even", "drop",
-                  "--timeout", "10")
+                  "--timeout", "60")
     assert done.returncode == 1, done.stdout + done.stderr  # 1000 over 3 slots cannot be equal
 
 
@@ -61,6 +65,37 @@ def test_check_with_even_requires_equal_slots():
     ],
 )
 def test_check_could_not_run_is_its_own_exit_status(factory, words):
-    done = _check(factory, "--world-size", "2", timeout=60)
+    done = _check(factory, "--world-size", "2", "--timeout", "60", timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert words in done.stderr
+
+
+@pytest.mark.parametrize(
+    "factory, env, timeout, words",
+    [
+        ("hangs", {}, 10, "the reference run sent no result: it was still running at the 10s timeout"),
+        ("strings", {HANG_ON_IMPORT: "1"}, 10, "was still running at the 10s timeout"),  # hangs on import
+        ("hangs_in_ranks", {}, 10, "rank 0 sent no result: it was still running at the 10s timeout"),
+        ("exits_zero", {}, 60, "called sys.exit(0) instead of returning"),
+        ("os_exit_three", {}, 60, "exited with status 3 before sending a result"),
+        ("exits_in_ranks", {}, 60, "rank 0 sent no result: it exited with status 0"),
+        ("raises", {}, 60, "RuntimeError: this factory is broken on purpose"),
+    ],
+    ids=["hangs", "hangs-on-import", "hangs-in-ranks", "sys.exit(0)", "os._exit(3)", "ranks-os._exit(0)", "raises"],
+)
+def test_check_bounds_the_whole_run_and_never_passes_a_factory_that_cannot_run(factory, env, timeout, words):
+    started = time.monotonic()
+    done = _check(f"tests.verify_factories:{factory}", "--world-size", "2", "--timeout", str(timeout),
+                  env=env, timeout=timeout + 60)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "verdict: COULD NOT RUN" in done.stdout and words in done.stderr, done.stdout + done.stderr
+    assert elapsed < timeout + 20  # a sanity bound, not a benchmark
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "-1", "inf", "-inf", "soon"])
+def test_check_refuses_a_timeout_that_bounds_nothing(value):
+    done = _check("tests.builds:strings_none", "--world-size", "2", f"--timeout={value}", timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "argument --timeout" in done.stderr and repr(value) in done.stderr
+    assert "checking" not in done.stderr  # refused before anything started

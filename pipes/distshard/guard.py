@@ -4,21 +4,34 @@
 yields a data-dependent number of elements) *after* it unbalances the ranks
 again, and a DDP loop then hangs in the collective of the rank that has one more
 batch. Wrapping the loop's iterable in :func:`stop_together` adds one tiny
-``all_reduce`` per step (a flag on a CPU gloo group with a bounded timeout), so all
+``all_reduce`` per step (a flag on a CPU gloo group with a bounded timeout, created
+for the epoch and destroyed after it), so all
 ranks stop at the step where the first one has nothing left. This is what
 torchdata's removed ``fullsync`` did.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from datetime import timedelta
 from typing import Any, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["StopTogether", "stop_together"]
+__all__ = ["StopTogether", "check_timeout", "stop_together"]
 
 _END = object()
+
+
+def check_timeout(value: Any, name: str = "timeout") -> float:
+    """Return ``value`` as a float if it is a finite, positive number of seconds,
+    else raise ``TypeError`` (not a number) or ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be positive and finite (seconds)")
+    return float(value)
 
 
 class StopTogether(Generic[T]):
@@ -30,18 +43,15 @@ class StopTogether(Generic[T]):
     """
 
     def __init__(self, iterable: Iterable[T], group: Any, timeout: float, count_unused: bool) -> None:
-        if timeout <= 0:
-            raise ValueError(f"timeout={timeout} must be positive (seconds)")
         self.iterable = iterable
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         self.count_unused = count_unused
         self._group_arg = group
-        self._group: Any = None
         self.steps = 0
         self.unused: int | None = None
         self.unused_per_rank: list[int] | None = None
 
-    def _flag_group(self) -> Any:
+    def _new_flag_group(self) -> Any:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -49,17 +59,25 @@ class StopTogether(Generic[T]):
                 "stop_together needs an initialized torch.distributed process group; call "
                 "torch.distributed.init_process_group first (or do not wrap single-process loops)"
             )
-        if self._group is None:
-            # a CPU group of its own, so the flag never waits on GPU work and has its own timeout
-            ranks = None if self._group_arg is None else dist.get_process_group_ranks(self._group_arg)
-            self._group = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout))
-        return self._group
+        # a CPU group of its own, so the flag never waits on GPU work and has its own timeout;
+        # every rank creates it at the start of every epoch, so all call new_group in the same order
+        ranks = None if self._group_arg is None else dist.get_process_group_ranks(self._group_arg)
+        return dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout))
 
     def __iter__(self) -> Iterator[T]:
+        import torch.distributed as dist
+
+        group = self._new_flag_group()
+        try:
+            yield from self._epoch(group)
+        finally:  # release its sockets: one group per epoch, never one more per epoch
+            if dist.is_initialized():  # else destroying the default group released it already
+                dist.destroy_process_group(group)
+
+    def _epoch(self, group: Any) -> Iterator[T]:
         import torch
         import torch.distributed as dist
 
-        group = self._flag_group()
         self.steps, self.unused, self.unused_per_rank = 0, None, None
         it = iter(self.iterable)
         flag = torch.zeros(1, dtype=torch.int32)
@@ -89,8 +107,8 @@ def stop_together(
     Args:
         iterable: what the training loop iterates (a DataLoader, a pipeline).
         group: the process group of the ranks that train together (default: all).
-        timeout: seconds the per-step flag may wait for the other ranks before
-            raising instead of hanging.
+        timeout: seconds (finite, positive) the per-step flag may wait for the
+            other ranks before raising instead of hanging.
         count_unused: after stopping, count (by draining) what this rank did not
             consume, and gather every rank's count into ``unused_per_rank``.
 

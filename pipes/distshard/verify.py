@@ -1,61 +1,56 @@
 """``distshard.verify``: run a pipeline on a real gloo group and check exactly-once.
 
 Each rank is its own process (started with ``rank_start_method``); it joins a gloo
-group on 127.0.0.1 at a free port, builds the pipeline with the user's
-``build()``, iterates it through torch's DataLoader (or torchdata's
+group through a file store in a temporary directory, with gloo bound to the
+loopback interface (nothing listens beyond 127.0.0.1), builds the pipeline with
+the user's ``build()``, iterates it through torch's DataLoader (or torchdata's
 StatefulDataLoader) with ``num_workers`` workers, performs one ``all_reduce`` per
-element as a DDP training step would, and sends back what each slot yielded.
-The parent compares the multiset against the unsharded stream (``build()``
-iterated in the parent as a single slot). Every wait is bounded by ``timeout``;
-processes still alive after it are killed, so a hang becomes a report with an
-``error``, never a stuck caller.
+element as a DDP training step would, and sends back the key of what each slot
+yielded. One more process iterates ``build()`` unsharded (a single slot) for the
+reference. The parent only waits: ``timeout`` bounds the whole run, the user's
+code included, and processes still alive after it (and their DataLoader workers)
+are killed, so a hang or an exit becomes a report with an ``error``, never a
+stuck caller nor a false verdict.
+
+Elements are compared by :func:`distshard.keys.key`, a SHA-256 digest of a canonical encoding of
+their value (:func:`canonical`), never by ``repr``.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import queue as queue_module
+import shutil
+import signal
 import socket
+import sys
+import tempfile
 import time
 import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Hashable, Literal
+from typing import Any, Callable, Literal
 
+import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import context as _context
 from .datapipe import shards_in
-from .plan import dropped_count, padded_count
+from .keys import canonical, display, key
+from .guard import check_timeout
+from .plan import check_even, dropped_count, padded_count
 
-__all__ = ["RankOutcome", "VerifyReport", "canonical", "free_port", "run_on_group", "verify"]
+__all__ = [
+    "FactoryPath", "RankOutcome", "VerifyReport", "canonical", "free_port", "key", "run_on_group", "verify",
+]
 
 _AUTO = "auto"
-
-
-def canonical(value: Any) -> Hashable:
-    """A hashable, value-based key for an element (tensors, dicts, lists included),
-    so that multisets of arbitrary records can be compared across processes."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), tuple(value.flatten().tolist()))
-    if isinstance(value, dict):
-        items = sorted(((canonical(k), canonical(v)) for k, v in value.items()), key=repr)
-        return ("dict", tuple(items))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(canonical(v) for v in value))
-    if isinstance(value, (set, frozenset)):
-        return ("set", tuple(sorted((canonical(v) for v in value), key=repr)))
-    try:
-        hash(value)
-    except TypeError:
-        return ("repr", repr(value))
-    return (type(value).__name__, value)
+_GRACE = 2.0  # seconds past the deadline for processes to report, then they are killed
 
 
 def free_port() -> int:
@@ -65,23 +60,160 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _set_epoch(pipe: IterDataPipe, epoch: int) -> None:
-    """``set_epoch`` on the pipeline's dist_shard pipes; a baseline being checked may have none."""
-    for shard in shards_in(pipe):
-        shard.set_epoch(epoch)
+def _loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` elsewhere)."""
+    try:
+        for name in sorted(os.listdir("/sys/class/net")):
+            with open(f"/sys/class/net/{name}/type") as handle:
+                if handle.read().strip() == "772":  # ARPHRD_LOOPBACK
+                    return name
+    except OSError:
+        pass
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    return "lo" if "lo" in names or "lo0" not in names else "lo0"
 
 
-class _TagWithWorker:
-    """Appended to the pipeline: ``element -> (worker_id, repr(canonical(element)))``.
+def _failure() -> str:
+    """The traceback of the exception being handled, ending with a line that says
+    what happened when the code called ``sys.exit``."""
+    text = traceback.format_exc()
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit):
+        text += f"called sys.exit({exc.code!r}) instead of returning\n"
+    return text
 
-    The worker id comes from torch, not from distshard, so the harness does not
-    trust the code it checks.
-    """
 
-    def __call__(self, element: Any) -> tuple[int, Hashable]:
-        info = get_worker_info()
-        # a string survives the DataLoader's default_convert (which turns tuples into lists)
-        return (0 if info is None else info.id), repr(canonical(element))
+def _child_setup() -> None:
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()  # a process group of its own, so a kill reaches its DataLoader workers too
+    for name in ("RANK", "WORLD_SIZE"):  # as mp.spawn code: the group comes from the arguments
+        os.environ.pop(name, None)
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+
+def _send(results: Any, who: Any, call: Callable[[], Any]) -> None:
+    try:
+        value = call()
+    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
+        results.put((who, None, _failure()))
+    else:
+        results.put((who, value, None))
+
+
+def _group_main(rank: int, world_size: int, init_method: str, deadline: float,
+                fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    import torch.distributed as dist
+
+    _child_setup()
+    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # gloo listens on 127.0.0.1 only
+
+    def call() -> Any:
+        dist.init_process_group(
+            "gloo", init_method=init_method, rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=max(0.1, deadline - time.monotonic())),
+        )
+        return fn(rank, world_size, *args)
+
+    try:
+        _send(results, rank, call)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _reference_main(build: Callable[[], IterDataPipe], epochs: int, num_slots: int, results: Any) -> None:
+    _child_setup()
+    _send(results, "reference", lambda: _reference(build, epochs, num_slots))
+
+
+def _run(start_method: str, world_size: int, fn: Callable[..., Any], args: tuple, deadline: float,
+         timeout: float, progress: Callable[[str], None] | None,
+         reference: tuple | None = None) -> dict[Any, tuple[Any, str | None]]:
+    """Start the ranks (and the reference run), collect ``{who: (value, error)}``
+    until ``deadline``, and leave no process behind."""
+    ctx = mp.get_context(start_method)
+    results = ctx.Queue()
+    store = tempfile.mkdtemp(prefix="distshard-group-")
+    init_method = "file://" + os.path.join(store, "store")
+    procs: dict[Any, Any] = {
+        rank: ctx.Process(target=_group_main, args=(rank, world_size, init_method, deadline, fn, args, results))
+        for rank in range(world_size)
+    }
+    if reference is not None:
+        procs["reference"] = ctx.Process(target=_reference_main, args=(*reference, results))
+    try:
+        for proc in procs.values():
+            proc.start()
+        got = _collect(procs, results, deadline, timeout, progress)
+        # finished processes get up to 10 s to exit, never past the grace after the deadline
+        killed = _stop(procs, min(time.monotonic() + 10.0, deadline + _GRACE))
+    finally:
+        _stop(procs, time.monotonic())  # after an error (Ctrl-C too): kill at once
+        shutil.rmtree(store, ignore_errors=True)
+    for who, proc in procs.items():
+        if who not in got:
+            got[who] = (None, _no_result(who, proc.exitcode, who in killed, timeout))
+    return got
+
+
+def _collect(procs: dict[Any, Any], results: Any, deadline: float, timeout: float,
+             progress: Callable[[str], None] | None) -> dict[Any, tuple[Any, str | None]]:
+    got: dict[Any, tuple[Any, str | None]] = {}
+    reported = time.monotonic()
+    while len(got) < len(procs):
+        now = time.monotonic()
+        if now >= deadline + _GRACE:
+            break
+        if progress is not None and now - reported >= 2.0:
+            reported = now
+            progress(f"{len(got)}/{len(procs)} processes done, {timeout - (deadline - now):.0f}s of {timeout:g}s")
+        try:
+            who, value, error = results.get(timeout=min(0.5, deadline + _GRACE - now))
+        except queue_module.Empty:
+            if not any(proc.is_alive() for proc in procs.values()) and results.empty():
+                break
+            continue
+        got[who] = (value, error)
+    return got
+
+
+def _stop(procs: dict[Any, Any], end: float) -> set:
+    """Wait until ``end`` for the processes to exit, then kill each one still running
+    with its process group (its DataLoader workers); return who was killed."""
+    for proc in procs.values():
+        if proc.pid is not None:
+            proc.join(timeout=max(0.0, end - time.monotonic()))
+    killed = set()
+    for who, proc in procs.items():
+        if proc.pid is not None and proc.is_alive():
+            killed.add(who)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # unreaped, so the group is still its own
+            except (AttributeError, OSError):
+                proc.kill()
+    for proc in procs.values():
+        if proc.pid is not None:
+            proc.join(timeout=5.0)
+    return killed
+
+
+def _who(who: Any) -> str:
+    return "the reference run" if who == "reference" else f"rank {who}"
+
+
+def _no_result(who: Any, code: int | None, killed: bool, timeout: float) -> str:
+    if killed:
+        why = f"was still running at the {timeout:g}s timeout (a hang, or too slow) and was killed"
+    elif code == 0:
+        why = "exited with status 0 before sending a result (os._exit(0), or an unpicklable result)"
+    elif code is not None and code > 0:
+        why = f"exited with status {code} before sending a result (os._exit({code}) or a crash)"
+    else:
+        why = f"was killed by signal {-(code or 0)} before sending a result (a crash, or the OOM killer)"
+    return f"{_who(who)} sent no result: it {why}"
 
 
 @dataclass
@@ -91,24 +223,6 @@ class RankOutcome:
     rank: int
     value: Any = None
     error: str | None = None  # a traceback, or why no result came
-
-
-def _group_main(rank: int, world_size: int, port: int, timeout: float,
-                fn: Callable[..., Any], args: tuple, results: Any) -> None:
-    import torch.distributed as dist
-
-    warnings.filterwarnings("ignore", message="This DataLoader will create")
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-            world_size=world_size, timeout=timedelta(seconds=timeout),
-        )
-        results.put((rank, fn(rank, world_size, *args), None))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
-        results.put((rank, None, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def run_on_group(
@@ -122,74 +236,113 @@ def run_on_group(
 ) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on every rank of a fresh gloo group.
 
-    Each rank is a new process (``start_method``) that joins a gloo group on
-    127.0.0.1 at a free port with ``init_process_group(rank=..., world_size=...)``
-    and no ``RANK`` / ``WORLD_SIZE`` in its environment, as ``mp.spawn`` code does.
-    ``fn`` and ``args`` must be picklable; ``fn``'s return value comes back.
-    Never waits longer than about ``timeout`` (plus start-up slack): ranks still
-    running then are killed and reported with an ``error``. ``progress``, if
-    given, is called about every 2 seconds with a short status line.
+    Each rank is a new process (``start_method``) that joins a gloo group with
+    ``init_process_group(rank=..., world_size=...)`` through a file store in a
+    temporary directory, with gloo on the loopback interface (no socket listens
+    beyond 127.0.0.1) and no ``RANK`` / ``WORLD_SIZE`` in its environment, as
+    ``mp.spawn`` code does. ``fn`` and ``args`` must be picklable; ``fn``'s return
+    value comes back. ``timeout`` (seconds, finite and positive) bounds the whole
+    run: the group's collectives time out by then, and ranks still running about 2
+    seconds later are killed with their DataLoader workers and reported with an
+    ``error``. ``progress``, if given, is called about every 2 seconds with a
+    short status line.
+
+    Example:
+        >>> outcomes = run_on_group(train_step, world_size=2, timeout=30)  # doctest: +SKIP
+        >>> [o.value for o in outcomes if o.error is None]  # doctest: +SKIP
     """
+    timeout = check_timeout(timeout)
     _context.check_rank_world(0, world_size)
-    ctx = mp.get_context(start_method)
-    results = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_group_main, args=(rank, world_size, port, timeout, fn, args, results))
-        for rank in range(world_size)
-    ]
-    env_backup = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
-    try:
-        for proc in procs:
-            proc.start()
-    finally:
-        os.environ.update(env_backup)
-    outcomes: dict[int, RankOutcome] = {}
-    started = time.monotonic()
-    deadline = started + timeout + 30.0  # interpreter start-up gets slack
-    reported = started
-    while len(outcomes) < world_size:
-        now = time.monotonic()
-        remaining = deadline - now
-        if remaining <= 0:
-            break
-        if progress is not None and now - reported >= 2.0:
-            reported = now
-            progress(f"{len(outcomes)}/{world_size} ranks done, {now - started:.0f}s elapsed")
+    got = _run(start_method, world_size, fn, args, time.monotonic() + timeout, timeout, progress)
+    return [RankOutcome(rank, *got[rank]) for rank in range(world_size)]
+
+
+# -- verify ---------------------------------------------------------------------------
+
+
+def _set_epoch(pipe: IterDataPipe, epoch: int) -> None:
+    """``set_epoch`` on the pipeline's dist_shard pipes; a baseline being checked may have none."""
+    for shard in shards_in(pipe):
+        shard.set_epoch(epoch)
+
+
+class _TagWithWorker:
+    """Appended to the pipeline: ``element -> (worker_id, key(element))``.
+
+    The worker id comes from torch, not from distshard, so the harness does not
+    trust the code it checks.
+    """
+
+    def __call__(self, element: Any) -> tuple[int, str]:
+        info = get_worker_info()
+        # a string survives the DataLoader's default_convert (which turns tuples into lists)
+        return (0 if info is None else info.id), key(element)
+
+
+class FactoryPath:
+    """``pkg.module:function`` as a picklable pipeline factory: the module is imported
+    and the function called only where the factory is called (in the processes of
+    :func:`verify`), so a module that hangs or exits on import is bounded too.
+
+    Example:
+        >>> build = FactoryPath("tests.builds:dicts_drop")  # doctest: +SKIP
+        >>> distshard.verify(build, world_size=2)  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str) -> None:
+        module, sep, attribute = path.partition(":")
+        if not sep or not module or not attribute:
+            raise ValueError(f"{path!r} is not of the form pkg.module:function (note the colon)")
+        self.path, self.cwd = path, os.getcwd()
+
+    def __repr__(self) -> str:
+        return f"FactoryPath({self.path!r})"
+
+    def load(self) -> Callable[[], IterDataPipe]:
+        """Import the module and return the callable, with a clear error for every way it fails."""
+        module_name, _, attribute = self.path.partition(":")
+        if self.cwd not in sys.path:
+            sys.path.insert(0, self.cwd)
         try:
-            rank, value, error = results.get(timeout=min(remaining, 1.0))
-        except queue_module.Empty:
-            if all(not p.is_alive() for p in procs) and results.empty():
-                break
-            continue
-        outcomes[rank] = RankOutcome(rank, value, error)
-    for proc in procs:
-        proc.join(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10.0)
-    timed_out = time.monotonic() >= deadline
-    for rank in range(world_size):
-        if rank not in outcomes:
-            code = procs[rank].exitcode
-            why = (f"was still running after {timeout:.0f}s (a hang) and was killed" if timed_out and code in (None, -9)
-                   else f"died with exit code {code} before sending a result (a crash or a kill)")
-            outcomes[rank] = RankOutcome(rank, error=f"rank {rank} sent no result: it {why}")
-    return [outcomes[rank] for rank in range(world_size)]
+            factory: Any = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ImportError(f"could not import {module_name!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
+            raise RuntimeError(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
+        for name in attribute.split("."):
+            try:
+                factory = getattr(factory, name)
+            except AttributeError:
+                raise AttributeError(f"{module_name!r} has no attribute {attribute!r}") from None
+        if not callable(factory):
+            raise TypeError(f"{self.path} is a {type(factory).__name__}, not a callable that builds the pipeline")
+        return factory
+
+    def __call__(self) -> IterDataPipe:
+        return self.load()()
+
+
+_UNCLOSED: list = []  # a rank's iterators that failed, closed when the process exits
 
 
 def _verify_rank(rank: int, world_size: int, build: Callable[[], IterDataPipe],
-                 num_workers: int, start_method: str, timeout: float, epochs: int,
-                 loader: str, step_collective: bool) -> tuple[str | None, list]:
+                 num_workers: int, start_method: str, deadline: float, epochs: int,
+                 loader: str, step_collective: bool | None) -> tuple[str | None, list]:
     """One rank of :func:`verify`: returns ``(error, [(epoch, slot, key), ...])``,
-    keeping what was seen before an error."""
-    import torch
+    keeping what was seen before an error. Every wait ends by ``deadline``."""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
+    def wait(work: Any) -> None:
+        work.wait(timeout=timedelta(seconds=max(0.01, deadline - time.monotonic())))
+
     seen: list[tuple[int, int, str]] = []
+    iterator = None
     try:
         pipe = build()
+        if step_collective is None:  # by default, step when an even guarantee is checked
+            shards = shards_in(pipe)
+            step_collective = bool(shards) and shards[0].even is not None
         tagged = pipe.map(_TagWithWorker())
         if loader == "none":
             batches: Callable[[], Any] = lambda: iter(tagged)  # noqa: E731
@@ -200,28 +353,78 @@ def _verify_rank(rank: int, world_size: int, build: Callable[[], IterDataPipe],
                 loader_cls = DataLoader
             kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers}
             if num_workers:
-                kwargs.update(multiprocessing_context=start_method, timeout=timeout)
+                kwargs.update(multiprocessing_context=start_method,
+                              timeout=max(1.0, deadline - time.monotonic()))
             data_loader = loader_cls(tagged, **kwargs)
             batches = lambda: iter(data_loader)  # noqa: E731
         grad = torch.zeros(4)
         slots_per_rank = max(1, num_workers)
         for epoch in range(epochs):
             _set_epoch(pipe, epoch)
-            for worker_id, key in batches():
-                seen.append((epoch, rank * slots_per_rank + worker_id, key))
+            iterator = batches()
+            for worker_id, element_key in iterator:
+                seen.append((epoch, rank * slots_per_rank + worker_id, element_key))
                 if step_collective:
-                    dist.all_reduce(grad)  # what a DDP backward does every step
+                    wait(dist.all_reduce(grad, async_op=True))  # what a DDP backward does every step
             # DDP code then checkpoints / evaluates in lock step: a rank with more
             # batches meets a different collective here and fails or times out.
-            dist.barrier()
+            wait(dist.barrier(async_op=True))
     except BaseException:  # noqa: BLE001 - reported with what was seen
-        return traceback.format_exc(), seen
+        # closing a loader whose workers hang takes seconds: report first, close at exit
+        _UNCLOSED.append(iterator)
+        return _failure(), seen
     return None, seen
+
+
+def _estimated_reads(shards: list, num_slots: int) -> str:
+    if not shards:
+        return f"no dist_shard in the pipeline: every slot may read everything ({num_slots}x)"
+    shard = shards[0]
+    if shard.mode == "sized_units" or shard.read_plan().sequence is not None:
+        return "1 read per element (random access)"
+    if shard.mode == "units":
+        return "whole units per slot; leftover units read by a few slots"
+    return f"{num_slots} reads per element of the stream (every slot walks it)"
+
+
+def _reference(
+    build: Callable[[], IterDataPipe], epochs: int, num_slots: int
+) -> tuple[list[Counter], str | None, dict[str, str], str]:
+    """The unsharded stream of every epoch (keys counted), the ``even`` of its
+    dist_shard, a readable name for every key, and how the pipeline reads."""
+    with _context.forced_distributed(0, 1):
+        pipe = build()
+        shards = shards_in(pipe)
+        even = shards[0].even if shards else None
+        reads = _estimated_reads(shards, num_slots)
+        counters = []
+        names: dict[str, str] = {}
+        for epoch in range(epochs):
+            _set_epoch(pipe, epoch)
+            counter: Counter = Counter()
+            for element in pipe:
+                element_key = key(element)
+                counter[element_key] += 1
+                if element_key not in names:
+                    names[element_key] = display(element)
+            counters.append(counter)
+    return counters, even, names, reads
+
+
+def _labels(names: dict[str, str]) -> dict[str, str]:
+    """Display names, with a piece of the key where two distinct elements read alike."""
+    uses = Counter(names.values())
+    return {k: name if uses[name] == 1 else f"{name} #{k[:8]}" for k, name in names.items()}
 
 
 @dataclass
 class VerifyReport:
-    """What ``verify`` saw. ``ok`` is the verdict; ``summary()`` reads well."""
+    """What ``verify`` saw. ``ok`` is the verdict; ``summary()`` reads well.
+
+    ``violated`` says the data shows an exactly-once violation; ``error`` (with one
+    line per failed process in ``reasons``) says the run could not complete, so the
+    verdict is not ``ok`` without being a violation.
+    """
 
     world_size: int
     num_workers: int
@@ -231,14 +434,16 @@ class VerifyReport:
     received: int = 0  # elements all slots yielded, all epochs
     per_rank: list[int] = field(default_factory=list)
     per_slot: list[int] = field(default_factory=list)
-    duplicates: dict[str, int] = field(default_factory=dict)  # element's repr -> extra copies
-    missing: dict[str, int] = field(default_factory=dict)  # element's repr -> copies missing
+    duplicates: dict[str, int] = field(default_factory=dict)  # element's name -> extra copies
+    missing: dict[str, int] = field(default_factory=dict)  # element's name -> copies missing
     duplicate_count: int = 0
     missing_count: int = 0
     allowed_duplicates: int = 0  # even="pad" repeats these many per epoch
     allowed_missing: int = 0  # even="drop" drops these many per epoch
     seconds: float = 0.0
-    error: str | None = None
+    error: str | None = None  # tracebacks and reasons, one block per failed process
+    reasons: list[str] = field(default_factory=list)  # one line per failed process
+    reads: str = ""  # how the pipeline reads its source, from its dist_shard
     seen: list[tuple[int, int, str]] = field(default_factory=list, repr=False)
 
     @property
@@ -267,13 +472,7 @@ class VerifyReport:
     def ok(self) -> bool:
         """Exactly-once held: nothing duplicated or missing beyond what ``even``
         documents, and with ``even`` set, every slot yielded the same count."""
-        if self.error is not None:
-            return False
-        if self.duplicate_count != self.allowed_duplicates * self.epochs:
-            return False
-        if self.missing_count != self.allowed_missing * self.epochs:
-            return False
-        return self.even is None or self.slots_equal
+        return self.error is None and not self.violated
 
     def summary(self) -> str:
         lines = [
@@ -287,9 +486,10 @@ class VerifyReport:
             f"  missing: {self.missing_count} (allowed by even: {self.allowed_missing * self.epochs})"
             + (f" e.g. {_examples(self.missing)}" if self.missing else ""),
         ]
-        if self.error:
-            lines.append("  error: " + self.error.strip().splitlines()[-1])
-        lines.append("  verdict: " + ("EXACTLY-ONCE" if self.ok else "VIOLATED"))
+        lines += [f"  error: {reason}" for reason in self.reasons[:4]]
+        if len(self.reasons) > 4:
+            lines.append(f"  error: ... and {len(self.reasons) - 4} more")
+        lines.append("  verdict: " + ("EXACTLY-ONCE" if self.ok else "VIOLATED" if self.violated else "COULD NOT RUN"))
         return "\n".join(lines)
 
 
@@ -297,28 +497,9 @@ def _examples(counts: dict[str, int], limit: int = 3) -> str:
     return ", ".join(f"{k} x{v}" for k, v in list(counts.items())[:limit])
 
 
-def _reference(
-    build: Callable[[], IterDataPipe], epochs: int
-) -> tuple[list[Counter], str | None, dict[str, str]]:
-    """The unsharded stream of every epoch, the ``even`` of its dist_shard, and a
-    readable name (``repr``, shortened) for every key."""
-    with _context.forced_distributed(0, 1):
-        pipe = build()
-        shards = shards_in(pipe)
-        even = shards[0].even if shards else None
-        counters = []
-        names: dict[str, str] = {}
-        for epoch in range(epochs):
-            _set_epoch(pipe, epoch)
-            counter: Counter = Counter()
-            for element in pipe:
-                key = repr(canonical(element))
-                counter[key] += 1
-                if key not in names:
-                    text = repr(element)
-                    names[key] = text if len(text) <= 60 else text[:57] + "..."
-            counters.append(counter)
-    return counters, even, names
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no message)"
 
 
 def verify(
@@ -337,17 +518,23 @@ def verify(
 ) -> VerifyReport:
     """Run ``build()`` on every rank of a real gloo group and check exactly-once.
 
+    Elements are compared by :func:`key` (a digest of their value), against the
+    unsharded stream that one more process reads with ``build()`` as a single slot.
+
     Args:
-        build: a picklable zero-argument callable (a module-level function) that
-            returns the pipeline, ``dist_shard`` included, as each rank builds it.
+        build: a picklable zero-argument callable (a module-level function, or a
+            :class:`FactoryPath`) that returns the pipeline, ``dist_shard``
+            included, as each rank builds it. It is only called in child processes.
         world_size: ranks to start, each a process joined to a gloo group on 127.0.0.1.
         num_workers: DataLoader workers per rank (0: the rank iterates itself).
         even: which ``even`` guarantee to check; by default the one of the
             pipeline's ``dist_shard``.
         start_method: how DataLoader workers start: ``fork``, ``spawn`` or ``forkserver``.
-        rank_start_method: how the rank processes start.
-        timeout: seconds any wait may take (the gloo timeout too); past it the
-            report has an ``error`` and leftover processes are killed.
+        rank_start_method: how the rank processes (and the reference run) start.
+        timeout: seconds (finite, positive) the whole run may take, the calls of
+            ``build`` and the reference run included; the collectives and the
+            DataLoader time out by then, processes still alive about 2 seconds later
+            are killed, and the report has an ``error``.
         epochs: epochs to run; ``set_epoch(e)`` is called on the pipeline's
             ``dist_shard`` before each.
         loader: ``"torch"`` for ``torch.utils.data.DataLoader``, ``"stateful"``
@@ -359,63 +546,76 @@ def verify(
         progress: called about every 2 seconds with a status line while waiting.
 
     Returns:
-        A :class:`VerifyReport`; ``report.ok`` is the verdict.
+        A :class:`VerifyReport`: ``report.ok`` is the verdict, ``report.violated``
+        says the data shows a violation, ``report.error`` that the run could not
+        complete (the factory raised, exited or hung, a rank crashed, the timeout).
 
     Example:
         >>> report = distshard.verify(build, world_size=2, num_workers=2)  # doctest: +SKIP
         >>> print(report.summary())  # doctest: +SKIP
     """
     started = time.monotonic()
+    timeout = check_timeout(timeout)
+    deadline = started + timeout
     _context.check_rank_world(0, world_size)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers={num_workers!r} must be a non-negative int")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs={epochs!r} must be a positive int")
     if loader not in ("torch", "stateful", "none"):
         raise ValueError(f"loader={loader!r} must be 'torch', 'stateful' or 'none'")
-    references, detected_even, names = _reference(build, epochs)
-    if even == _AUTO:
-        even = detected_even
-    if step_collective is None:
-        step_collective = even is not None
-    report = VerifyReport(world_size, num_workers, even, epochs)  # type: ignore[arg-type]
-    per_epoch = sum(references[0].values())
-    report.expected = per_epoch
-    report.allowed_missing = dropped_count(report.num_slots, per_epoch, even)  # type: ignore[arg-type]
-    report.allowed_duplicates = padded_count(report.num_slots, per_epoch, even)  # type: ignore[arg-type]
+    if even != _AUTO:
+        check_even(even)
+        if step_collective is None:
+            step_collective = even is not None
+    report = VerifyReport(world_size, num_workers, None if even == _AUTO else even, epochs)  # type: ignore[arg-type]
 
-    ranks = run_on_group(
-        _verify_rank, world_size=world_size, timeout=timeout, start_method=rank_start_method,
-        progress=progress,
-        args=(build, num_workers, start_method, timeout, epochs, loader, step_collective),
+    got = _run(
+        rank_start_method, world_size, _verify_rank,
+        (build, num_workers, start_method, deadline, epochs, loader, step_collective),
+        deadline, timeout, progress, reference=(build, epochs, report.num_slots),
     )
-    outcomes: dict[int, tuple[str | None, list]] = {}
-    errors = []
-    for outcome in ranks:
-        error, seen = outcome.value if outcome.value is not None else (None, [])
-        error = outcome.error or error
+    blocks = []
+    for who in ["reference", *range(world_size)]:
+        value, error = got[who]
+        if who != "reference" and value is not None:
+            error = error or value[0]
         if error:
-            errors.append(f"rank {outcome.rank}: {error}")
-        outcomes[outcome.rank] = (error, seen)
-    report.error = "\n".join(errors) or None
+            label = "" if error.startswith(_who(who)) else f"{_who(who)}: "  # tracebacks get a label
+            blocks.append(label + error)
+            report.reasons.append(label + _last_line(error))
+    report.error = "\n".join(blocks) or None
 
     report.per_rank = [0] * world_size
     report.per_slot = [0] * report.num_slots
     received: list[Counter] = [Counter() for _ in range(epochs)]
-    for rank, (_, seen) in outcomes.items():
+    for rank in range(world_size):
+        value, _ = got[rank]
+        seen = value[1] if value is not None else []
         report.per_rank[rank] = len(seen)
-        for epoch, slot, key in seen:
+        for epoch, slot, element_key in seen:
             if 0 <= slot < report.num_slots:
                 report.per_slot[slot] += 1
-            received[epoch][key] += 1
+            received[epoch][element_key] += 1
         report.seen.extend(seen)
     report.received = sum(report.per_rank)
-    for got, want in zip(received, references):
-        for key, n in (got - want).items():
-            name = names.get(key, key)
-            report.duplicates[name] = report.duplicates.get(name, 0) + n
-            report.duplicate_count += n
-        for key, n in (want - got).items():
-            name = names.get(key, key)
-            report.missing[name] = report.missing.get(name, 0) + n
-            report.missing_count += n
+
+    reference, _ = got["reference"]
+    if reference is not None:  # without the unsharded stream there is nothing to compare with
+        references, detected_even, names, report.reads = reference
+        if even == _AUTO:
+            report.even = detected_even
+        labels = _labels(names)
+        per_epoch = sum(references[0].values())
+        report.expected = per_epoch
+        report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even)
+        report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
+        for got_epoch, want in zip(received, references):
+            for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
+                for element_key, n in delta.items():
+                    name = labels.get(element_key, f"<not in the reference run #{element_key[:8]}>")
+                    counts[name] = counts.get(name, 0) + n
+        report.duplicate_count = sum(report.duplicates.values())
+        report.missing_count = sum(report.missing.values())
     report.seconds = time.monotonic() - started
     return report

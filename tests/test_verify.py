@@ -1,0 +1,170 @@
+"""verify can be trusted: elements are compared by a faithful key (never a repr),
+every wait is bounded by the timeout, and the rank group listens on 127.0.0.1 only."""
+
+import copy
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import distshard
+from distshard.verify import canonical, key, run_on_group
+
+from . import verify_factories as vf
+
+TIMEOUT = 60
+
+
+# -- the key -------------------------------------------------------------------------
+
+
+def test_distinct_values_get_distinct_keys():
+    a, b = vf.long_arrays(2)
+    assert repr(a) == repr(b)  # what the old key compared
+    assert key(a) != key(b)
+    assert key(0.1 + 0.2) != key(0.3)
+    assert key(vf.Plain(1)) != key(vf.Plain(2))
+    big_a, big_b = torch.zeros(5000), torch.zeros(5000)
+    big_b[2500] = 1
+    assert key(big_a) != key(big_b)
+    assert key(torch.tensor([1, 2, 3, 4])) != key(torch.tensor([[1, 2], [3, 4]]))  # shape
+    assert key(torch.tensor([1, 2])) != key(torch.tensor([1, 2], dtype=torch.int32))  # dtype
+    assert key(np.arange(3)) != key(np.arange(3).astype(np.int32))
+    assert key(np.array(["a", None], dtype=object)) != key(np.array(["b", None], dtype=object))
+    distinct = [None, False, 0, 0.0, "0", b"0", (0,), [0], {0}, {0: 0}, np.int64(0), torch.tensor(0)]
+    assert len({key(v) for v in distinct}) == len(distinct)  # types are told apart
+    assert key(vf.Slotted(1, 2)) != key(vf.Slotted(1, 3))
+    assert key(vf.Point(1.0, 2.0)) != key(vf.Point(1.0, 2.5))
+
+
+def test_equal_values_get_equal_keys():
+    assert key({"a": 1, "b": {"x": [1, 2], "y": 2}}) == key({"b": {"y": 2, "x": [1, 2]}, "a": 1})
+    assert key({3, 1, 2}) == key({2, 3, 1})
+    assert key(vf.Plain(7)) == key(vf.Plain(7))  # default reprs differ, values do not
+    assert key(vf.Slotted(1, [2])) == key(vf.Slotted(1, [2]))
+    assert key(torch.arange(10)[2:6]) == key(torch.arange(2, 6))  # a view: its own bytes only
+    assert key(torch.arange(6.0).reshape(2, 3).t()) == key(torch.arange(6.0).reshape(2, 3).t().contiguous())
+    assert key(np.arange(12).reshape(3, 4).T) == key(np.ascontiguousarray(np.arange(12).reshape(3, 4).T))
+    assert key(float("nan")) == key(math.nan)
+    cycle: list = [1]
+    cycle.append(cycle)
+    again: list = [1]
+    again.append(again)
+    assert key(cycle) == key(again)
+    assert canonical("x") == canonical("x") and isinstance(key("x"), str) and len(key("x")) == 64
+
+
+_plain_data = st.recursive(
+    st.none() | st.integers() | st.text(max_size=5) | st.binary(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=4) | st.frozensets(st.integers(), max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_plain_data, _plain_data)
+def test_keys_are_equal_exactly_when_values_are(a, b):
+    assert (key(a) == key(b)) == (a == b)
+    assert key(copy.deepcopy(a)) == key(a)
+    if isinstance(a, dict):
+        assert key(dict(reversed(list(a.items())))) == key(a)
+
+
+def test_keys_are_the_same_in_another_process():
+    """A fresh interpreter with another hash seed (set iteration order differs)."""
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    done = subprocess.run([sys.executable, "-c", "from tests.verify_factories import print_sample_keys as p; p()"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [key(value) for value in vf.samples()]
+
+
+def test_a_value_without_a_faithful_key_is_refused():
+    with pytest.raises(TypeError, match="cannot compare .*lock"):
+        key(threading.Lock())
+
+
+def test_dataclass_fields_count():
+    @dataclasses.dataclass
+    class Local:
+        x: int
+
+    assert key(Local(1)) != key(Local(2)) and key(Local(1)) == key(Local(1))
+
+
+# -- verify on a real group with records that defeat repr -----------------------------
+
+
+@pytest.mark.parametrize(
+    "build, workers, holds",
+    [
+        (vf.arrays_half, 0, False),  # long numpy arrays: half read twice, repr saw no difference
+        (vf.objects_half, 2, False),  # default reprs, half read twice
+        (vf.objects_ok, 2, True),  # default reprs differ across processes; the pipeline is right
+    ],
+    ids=["long-arrays-half-fails", "objects-half-fails", "objects-ok-passes"],
+)
+def test_verify_compares_values_not_reprs(build, workers, holds):
+    report = distshard.verify(build, world_size=2, num_workers=workers, timeout=TIMEOUT)
+    assert report.error is None, report.summary()
+    assert report.ok is holds, report.summary()
+    if not holds:
+        assert report.violated
+        assert report.duplicate_count == report.missing_count == report.expected // 2 > 0
+
+
+# -- bounds and errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, 0, -1])
+def test_timeouts_must_be_finite_and_positive(timeout):
+    with pytest.raises(ValueError, match="timeout="):
+        distshard.verify(vf.strings, world_size=2, timeout=timeout)
+    with pytest.raises(ValueError, match="timeout="):
+        run_on_group(vf.fds_over_wrappers, world_size=2, args=(1,), timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", ["5", True, None])
+def test_timeouts_must_be_numbers(timeout):
+    with pytest.raises(TypeError, match="timeout="):
+        distshard.verify(vf.strings, world_size=2, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "build, words",
+    [
+        (vf.raises, "RuntimeError: this factory is broken on purpose"),
+        (vf.exits_zero, "called sys.exit(0)"),
+        (vf.os_exit_three, "exited with status 3 before sending a result"),
+        (vf.hangs, "was still running at the 10s timeout"),
+        (vf.exits_in_ranks, "exited with status 0 before sending a result"),
+    ],
+    ids=["raises", "sys.exit(0)", "os._exit(3)", "hangs", "ranks-os._exit(0)"],
+)
+def test_a_factory_that_cannot_run_is_an_error_not_a_verdict(build, words):
+    report = distshard.verify(build, world_size=2, timeout=10 if build is vf.hangs else TIMEOUT)
+    assert report.error is not None and not report.ok and not report.violated, report.summary()
+    assert any(words in reason for reason in report.reasons), report.reasons
+    assert "COULD NOT RUN" in report.summary()
+
+
+# -- the group listens on 127.0.0.1 only -----------------------------------------------
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_group_listens_on_loopback_only(workers):
+    outcomes = run_on_group(vf.sockets_while_loading, world_size=2, args=(workers,), timeout=TIMEOUT)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    for o in outcomes:
+        assert o.value, "found no listening socket: the check would prove nothing"
+        assert all(vf.is_loopback(address) for address in o.value), (o.rank, o.value)
