@@ -328,3 +328,14 @@ def gather_after(rank, world_size, steps):
     for _ in range(steps):
         consumed.extend(_ids(next(it)))
     return consumed, distshard.gather_states(loader.state_dict())
+
+
+def guarded_subgroup(rank, world_size):
+    """stop_together over a subgroup: ranks outside it never iterate the loop."""
+    import torch.distributed as dist
+
+    sub = dist.new_group(ranks=[0, 1])  # collective over all ranks
+    if rank > 1:
+        return None
+    guarded = distshard.stop_together(range(3 + rank), group=sub, timeout=30)
+    return sum(1 for _ in guarded)

@@ -54,3 +54,9 @@ def test_wrappers_release_their_flag_groups():
     for o in outcomes:
         first, last = o.value
         assert last - first <= 5, (o.rank, first, last)
+
+
+def test_a_subgroup_guard_needs_only_its_members():
+    outcomes = run_on_group(builds.guarded_subgroup, world_size=3, timeout=60)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    assert [o.value for o in outcomes] == [3, 3, None]

@@ -62,7 +62,9 @@ class StopTogether(Generic[T]):
         # a CPU group of its own, so the flag never waits on GPU work and has its own timeout;
         # every rank creates it at the start of every epoch, so all call new_group in the same order
         ranks = None if self._group_arg is None else dist.get_process_group_ranks(self._group_arg)
-        return dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout))
+        # with a group, only its members call new_group (the others never iterate this loop)
+        return dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout),
+                              use_local_synchronization=ranks is not None)
 
     def __iter__(self) -> Iterator[T]:
         import torch.distributed as dist
