@@ -339,3 +339,19 @@ def guarded_subgroup(rank, world_size):
         return None
     guarded = distshard.stop_together(range(3 + rank), group=sub, timeout=30)
     return sum(1 for _ in guarded)
+
+
+def _counted_size(unit: int) -> int:
+    _record("size", unit)
+    return UNIT_SIZES[unit]
+
+
+def sizes_once_per_job(rank, world_size, workers):
+    """Unit mode with a sizes callable through a DataLoader with workers: returns
+    what this rank yielded."""
+    from torch.utils.data import DataLoader
+
+    pipe = IterableWrapper(list(range(len(UNIT_SIZES)))).dist_shard(
+        expand=expand_sequence, sizes=_counted_size, even="drop")
+    loader = DataLoader(pipe, batch_size=None, num_workers=workers, multiprocessing_context="fork")
+    return [list(x) if isinstance(x, tuple) else x for x in loader]

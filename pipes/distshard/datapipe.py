@@ -183,6 +183,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             # Surface a malformed RANK / WORLD_SIZE now rather than in a worker.
             _context.check_environment()
         check_no_sharding(source_datapipe)
+        self._sizes_cache: dict[Any, int] = {}  # a sizes callable's answers: asked once per rank
+        if callable(self.sizes) and not isinstance(self.sizes, Mapping):
+            self._unit_sizes(list(source_datapipe))  # before any worker copies the pipe
         self._epoch = 0
         self._epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
         self._captured: tuple[int, int] | None = None
@@ -281,9 +284,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         """
         self._loader_seed = int(seed)
         self._loader_seed_shared = _context.dist_rank_world() is not None or self._captured is not None
-        workers = _iterating_loader_workers()
-        if workers is not None:
-            self._loader_workers = workers
+        loader_iter = _iterating_loader()
+        if loader_iter is not None:
+            self._loader_workers = max(1, int(loader_iter._num_workers))
         self._refusal = frameworks.refusal_for_loader()
         return self
 
@@ -369,13 +372,27 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 return WholeUnitsReader(lambda: self.source_datapipe, self.expand,
                                         f"units:{self.chain_identity()}")
             units = list(self.source_datapipe)
-            return SizedUnitsReader(units, unit_sizes(units, self.sizes), self.expand)
+            return SizedUnitsReader(units, self._unit_sizes(units), self.expand)
         plan = self.read_plan()
         if plan.sequence is not None:
             return SequenceReader(plan.sequence, plan.copy_elements)
         base = plan.base
         return StreamReader(lambda: _unwrapped(base), type(base).__name__,
                             f"stream:{self.chain_identity()}")
+
+    def _unit_sizes(self, units: list) -> list[int]:
+        """Every unit's count. A ``sizes`` callable is asked once per unit in the
+        process that builds the pipe (see the constructor), and its answers travel
+        to the DataLoader workers with the pipe, so no slot asks again."""
+        sizes = self.sizes
+        if not callable(sizes) or isinstance(sizes, Mapping):
+            return unit_sizes(units, sizes)  # type: ignore[arg-type]
+        try:
+            missing = [unit for unit in units if unit not in self._sizes_cache]
+        except TypeError:  # unhashable units: nothing to remember them by
+            return unit_sizes(units, sizes)
+        self._sizes_cache.update(zip(missing, unit_sizes(missing, sizes)))
+        return [self._sizes_cache[unit] for unit in units]
 
     # -- iteration ---------------------------------------------------------------
     def _pending(self) -> dict[str, Any] | None:
@@ -488,8 +505,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if self.expand is not None:
             if self.sizes is None:
                 raise TypeError(f"{type(self).__name__} in unit mode without sizes= has no length")
-            units = list(self.source_datapipe)
-            return sum(unit_sizes(units, self.sizes))
+            return sum(self._unit_sizes(list(self.source_datapipe)))
         try:
             return len(self.source_datapipe)
         except TypeError:
@@ -617,16 +633,16 @@ def _check_batched_length(counts: list[int]) -> None:
         frame = frame.f_back
 
 
-def _iterating_loader_workers() -> int | None:
-    """The ``num_workers`` of the DataLoader iterator being created right now, if
-    this call comes from one (torch seeds the pipe from ``_BaseDataLoaderIter``)."""
+def _iterating_loader() -> Any:
+    """The DataLoader iterator being created right now, if this call comes from one
+    (torch seeds the pipe from ``_BaseDataLoaderIter.__init__``)."""
     frame = sys._getframe(2)
     for _ in range(8):
         if frame is None:
             return None
         owner = frame.f_locals.get("self")
         if owner is not None and type(owner).__name__.endswith("DataLoaderIter") and hasattr(owner, "_num_workers"):
-            return max(1, int(owner._num_workers))
+            return owner
         frame = frame.f_back
     return None
 
