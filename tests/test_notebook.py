@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import struct
 import sys
 from pathlib import Path
 
@@ -26,6 +27,10 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "distshard_tou
 KERNEL = "distshard-test"
 CELL_TIMEOUT = 120
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# the pictures the notebook draws (figures.show(fig, name)): the slot map, the recipe
+# comparison and the elastic resume timeline
+FIGURES = {"slot_map", "recipes", "resume"}
+MIN_WIDTH, MIN_HEIGHT = 800, 300  # pixels: readable, not thumbnails
 
 # Inserted before the first cell of the in-memory copy (never saved): proves which
 # interpreter and which distshard the kernel runs.
@@ -68,6 +73,12 @@ def _pngs(nb) -> list[bytes]:
             if out.output_type in ("execute_result", "display_data") and "image/png" in out.data]
 
 
+def _size(png: bytes) -> tuple[int, int]:
+    """(width, height) from the PNG's IHDR chunk (always the first one)."""
+    assert png.startswith(PNG_MAGIC) and png[12:16] == b"IHDR", png[:16]
+    return struct.unpack(">II", png[16:24])
+
+
 def _errors(nb) -> list[str]:
     return [f"{out.ename}: {out.evalue}" for cell in nb.cells for out in _outputs(cell)
             if out.output_type == "error"]
@@ -80,6 +91,8 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    saved = tmp_path / "figures"  # figures.show() also writes every picture here
+    monkeypatch.setenv("DISTSHARD_FIGURES", str(saved))
     workdir = tmp_path / "cwd"
     workdir.mkdir()
 
@@ -112,18 +125,33 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
             if out.output_type == "execute_result" and "text/html" in out.data]
     assert any("distshard-explain" in h and "no distributed context found" in h for h in html)
     assert "rank 1 of 4, from the rank= / world_size= arguments" in everything
-    # 2. the picture
+    assert "len(pipeline) = 62 batches of 4 on every rank; iterated: 62" in everything  # multiple_of=4
+    # 2. the pictures: one PNG per figure, shown inline and saved, each readable
     pngs = _pngs(nb)
-    assert pngs and all(png.startswith(PNG_MAGIC) and len(png) > 10_000 for png in pngs)
-    # 3. the comparison table
-    assert "classic recipe, string ids" in everything and "crashes: TypeError" in everything
-    row = re.search(r"^shuffle \+ dist_shard\(even='drop'\) +(\d+) +(\d+) ", everything, re.M)
-    assert row and row.groups() == ("0", "2"), everything  # no duplicates; 'drop' drops 1002 % 8
+    assert len(pngs) == len(FIGURES), f"{len(pngs)} image/png outputs, expected {len(FIGURES)}"
+    files = {path.stem: path.read_bytes() for path in saved.glob("*.png")}
+    assert set(files) == FIGURES, sorted(files)
+    assert sorted(files.values()) == sorted(pngs)  # the saved files are the pictures shown
+    for name, png in files.items():
+        width, height = _size(png)
+        assert width >= MIN_WIDTH and height >= MIN_HEIGHT, (name, width, height)
+        assert len(png) > 10_000, (name, len(png))  # not blank
+    # 3. the comparison, measured: duplicates, missing, decodes per recipe
+    assert "classic gist string ids" in everything and "crashes: TypeError" in everything
+    rows = {m["name"]: tuple(int(g) for g in m.group("dup", "miss", "dec")) for m in re.finditer(
+        r"^(?P<name>[^\n]+?) +(?P<dup>\d+) +(?P<miss>\d+) +(?P<dec>\d+)  \[", everything, re.M)}
+    assert rows["decode, then dist_shard(even='drop')"] == (0, 2, 1000), rows  # 'drop' drops 1002 % 8
+    assert rows["classic gist ids 0, 2, 4, …"][:2] == (0, 0), rows
+    assert "[251, 0, 250, 0, 250, 0, 251, 0]" in everything  # ... but every worker 1 gets nothing
+    for recipe in ("sharding_filter, then decode", "decode, then sharding_filter"):
+        assert rows[recipe][0] > 100 and rows[recipe][1] > 100, rows  # unsynced shuffles
+    assert rows["decode, then sharding_filter"][2] == 8 * 1002, rows  # every slot decodes everything
     # 4. verify on a real gloo group
     assert "verdict: EXACTLY-ONCE" in everything
     assert "per slot: [250, 250, 250, 250]" in everything
     # 5. resume
     assert "identical to the uninterrupted epoch: True" in everything
+    assert "union covers every position exactly once: True" in everything  # elastic: 2x2 -> 3x1
     # nothing written where the notebook runs
     assert not any(workdir.iterdir())
 
@@ -136,4 +164,6 @@ def test_the_saved_notebook_shows_its_outputs():
     assert code and all(cell.execution_count for cell in code), \
         "save the notebook with its outputs (run it top to bottom, then save)"
     assert not _errors(nb)
-    assert _pngs(nb)
+    pngs = _pngs(nb)
+    assert len(pngs) == len(FIGURES)
+    assert all(_size(png)[0] >= MIN_WIDTH for png in pngs)

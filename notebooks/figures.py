@@ -1,0 +1,326 @@
+"""Plot helpers for ``distshard_tour.ipynb``: run every slot of a pipeline in this
+process, and draw what came out. Matplotlib only.
+
+Every picture is computed from real runs of ``distshard`` (and of the recipes it is
+compared with); nothing here knows where a position should go.
+
+``show(fig, name)`` displays a figure as a PNG in the notebook and, when the
+environment variable ``DISTSHARD_FIGURES`` names a directory, also saves it
+there as ``<name>.png`` (the test suite checks those files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import matplotlib
+
+matplotlib.use("Agg")  # render to PNG bytes ourselves: the same in Jupyter and headless
+import matplotlib.pyplot as plt  # noqa: E402
+import torch.utils.data._utils.worker as worker_module  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
+from torch.utils.data._utils.worker import WorkerInfo  # noqa: E402
+
+DPI = 120
+plt.rcParams.update({
+    "font.size": 10,
+    "axes.titlesize": 12,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 10.5,
+    "legend.fontsize": 9.5,
+    "figure.facecolor": "white",
+})
+
+DROPPED = "#d4d4d4"
+BEFORE, AFTER = "#3b75af", "#ef8636"  # the run before the checkpoint, the run after it
+
+
+# -- running every slot in this process ---------------------------------------------
+@contextlib.contextmanager
+def as_worker(worker_id: int, num_workers: int) -> Iterator[None]:
+    """Run the block as if inside DataLoader worker ``worker_id`` of ``num_workers``
+    (fakes the worker record torch's DataLoader installs in a worker process)."""
+    previous = worker_module._worker_info
+    if num_workers:
+        worker_module._worker_info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=0, dataset=None)
+    try:
+        yield
+    finally:
+        worker_module._worker_info = previous
+
+
+def run_slots(build: Callable[[int], Any], world_size: int, num_workers: int) -> dict[int, list]:
+    """``{slot: elements}`` for every slot of ``world_size`` ranks x ``num_workers``
+    workers; ``build(rank)`` makes that rank's pipeline (inside the worker)."""
+    out = {}
+    for rank in range(world_size):
+        for worker in range(num_workers):
+            with as_worker(worker, num_workers):
+                out[rank * num_workers + worker] = list(build(rank))
+    return out
+
+
+@dataclass
+class Layout:
+    """Who got which position, from what every slot yielded (elements = positions)."""
+
+    n: int
+    owner: dict[int, int] = field(default_factory=dict)  # position -> slot that yielded it
+    repeats: list[tuple[int, int]] = field(default_factory=list)  # (slot, position) yielded again
+    dropped: list[int] = field(default_factory=list)  # positions nobody yielded
+
+
+def layout(per_slot: dict[int, list], n: int) -> Layout:
+    """Read a :class:`Layout` off ``run_slots`` output over ``range(n)``: the first
+    time a position comes out (earliest in its slot's order) is its owner, any
+    later time is a repeat (``even='pad'``)."""
+    seen = sorted((index, slot, p) for slot, elements in per_slot.items() for index, p in enumerate(elements))
+    out = Layout(n)
+    for _, slot, p in seen:
+        if p in out.owner:
+            out.repeats.append((slot, p))
+        else:
+            out.owner[p] = slot
+    out.dropped = [p for p in range(n) if p not in out.owner]
+    return out
+
+
+# -- showing ---------------------------------------------------------------------
+def show(fig, name: str):
+    """Display ``fig`` as a PNG (and save it under ``$DISTSHARD_FIGURES``), then close it."""
+    from IPython.display import Image, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.15)
+    plt.close(fig)
+    data = buffer.getvalue()
+    folder = os.environ.get("DISTSHARD_FIGURES")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder, f"{name}.png").write_bytes(data)
+    display(Image(data=data))
+
+
+def slot_colours(world_size: int, num_workers: int) -> list:
+    """One colour per slot: a hue per rank, darker for worker 0, lighter for worker 1."""
+    cmap = plt.get_cmap("tab20" if num_workers == 2 else "tab10")
+    if num_workers == 2:
+        return [cmap.colors[(2 * rank + worker) % 20] for rank in range(world_size) for worker in range(2)]
+    return [cmap.colors[slot % 10] for slot in range(world_size * num_workers)]
+
+
+def _cell(ax, x, y, colour, text="", hatch=None, text_colour=None, height=0.8, fontsize=8):
+    ax.add_patch(Rectangle((x, y - height / 2), 1, height, facecolor=colour, edgecolor="white",
+                           linewidth=1.2, hatch=hatch))
+    if hatch:  # the hatch takes the edge colour: draw the white border again on top
+        ax.add_patch(Rectangle((x, y - height / 2), 1, height, facecolor="none", edgecolor="white", linewidth=1.2))
+    if text:
+        if text_colour is None:  # white on dark cells, black on light ones
+            r, g, b = to_rgb(colour)
+            text_colour = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.55 else "black"
+        ax.text(x + 0.5, y, text, ha="center", va="center", fontsize=fontsize, color=text_colour)
+
+
+def _strip(ax, rows: list[tuple[str, Layout]], colours: list, pad_start: int) -> None:
+    """One row per layout: cells coloured by slot with the slot number, dropped
+    positions grey, repeats hatched after the end of the stream."""
+    for y, (_, lay) in enumerate(rows):
+        for p in range(lay.n):
+            if p in lay.owner:
+                _cell(ax, p, y, colours[lay.owner[p]], str(lay.owner[p]))
+            else:
+                _cell(ax, p, y, DROPPED, "×", text_colour="#777777", fontsize=9)
+        for k, (slot, p) in enumerate(sorted(lay.repeats)):
+            _cell(ax, pad_start + k, y, colours[slot], str(slot), hatch="///")
+            ax.add_patch(Rectangle((p + 0.06, y - 0.36), 0.88, 0.72, facecolor="none", edgecolor="black", linewidth=1.8))
+    n = max(lay.n for _, lay in rows)
+    width = max([n] + [pad_start + len(lay.repeats) for _, lay in rows])
+    if any(lay.repeats for _, lay in rows):
+        ax.axvline(n, color="black", linestyle=":", linewidth=1.2)
+        ax.text(n + 0.1, -0.5, "padding", fontsize=8.5, va="bottom", style="italic")
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(-0.3, width + 0.3)
+    ticks = list(range(0, n + 1, 5))
+    ax.set_xticks([t + 0.5 for t in ticks if t < n], [str(t) for t in ticks if t < n])
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+
+
+def slot_map_figure(element_rows, unit_rows, unit_sizes, unit_names, world_size, num_workers):
+    """The slot map: element-mode rows on top, unit-mode rows below with the
+    unit boundaries drawn."""
+    colours = slot_colours(world_size, num_workers)
+    n = max(lay.n for _, lay in element_rows + unit_rows)
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(11, 1.25 + 0.5 * (len(element_rows) + len(unit_rows)) + 1.3),
+        gridspec_kw={"height_ratios": [len(element_rows), len(unit_rows) + 0.6], "hspace": 0.6},
+    )
+    _strip(top, element_rows, colours, n)
+    top.set_title(f"Element mode: {n} positions over {world_size} ranks × {num_workers} workers = "
+                  f"{world_size * num_workers} slots", loc="left")
+    top.set_xlabel("position in the stream (cell: the slot that yields it)")
+
+    _strip(bottom, unit_rows, colours, n)
+    edge = 0
+    for name, size in zip(unit_names, unit_sizes):
+        bottom.axvline(edge, color="black", linewidth=1.6)
+        bottom.text(edge + size / 2, -0.75, name, ha="center", va="bottom", fontsize=8.5)
+        edge += size
+    bottom.axvline(edge, color="black", linewidth=1.6)
+    bottom.set_ylim(len(unit_rows) - 0.5, -1.05)
+    bottom.set_title(f"Unit mode: {len(unit_sizes)} units ({unit_names[0]} to {unit_names[-1]}) of uneven size; black lines: unit boundaries",
+                     loc="left", pad=4)
+    bottom.set_xlabel("element of the concatenated units")
+
+    handles = [Patch(facecolor=c, label=f"slot {s}: rank {s // num_workers}, worker {s % num_workers}")
+               for s, c in enumerate(colours)]
+    handles += [Patch(facecolor=DROPPED, label="× dropped (even='drop')"),
+                Patch(facecolor="white", edgecolor="grey", hatch="///",
+                      label="padding (even='pad'): repeats\nthe slot's framed position")]
+    fig.legend(handles=handles, loc="upper center", ncol=5, frameon=False, bbox_to_anchor=(0.5, 0.02))
+    return fig
+
+
+# -- recipes ----------------------------------------------------------------------
+@dataclass
+class RecipeResult:
+    name: str
+    duplicates: int = 0
+    missing: int = 0
+    imbalance: int = 0  # largest slot count minus smallest
+    decodes: int = 0
+    per_slot: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+def measure(name: str, run: Callable[[], dict[int, list]], expected: list, decodes: Counter) -> RecipeResult:
+    """Run a recipe over every slot (``run()`` -> ``{slot: elements}``) and count
+    duplicates, missing elements, slot imbalance and decodes (``decodes["n"]``,
+    incremented by the recipe's counting map)."""
+    decodes.clear()
+    try:
+        per_slot = run()
+    except TypeError as exc:
+        return RecipeResult(name, error=f"TypeError: {str(exc).splitlines()[0]}")
+    seen = Counter(x for elements in per_slot.values() for x in elements)
+    counts = [len(v) for v in per_slot.values()]
+    return RecipeResult(
+        name,
+        duplicates=sum(c - 1 for c in seen.values()),
+        missing=sum(1 for x in set(expected) if x not in seen),
+        imbalance=max(counts) - min(counts),
+        decodes=decodes["n"],
+        per_slot=counts,
+    )
+
+
+def recipes_figure(results: list[RecipeResult], n: int, title: str, notes: dict[str, str] | None = None):
+    """Per recipe (one column each): grouped bars of duplicates / missing / slot
+    imbalance on top, decodes per element below; ``notes`` (recipe name -> text)
+    are written above a recipe's bars."""
+    notes = notes or {}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.6), sharex=True,
+                                      gridspec_kw={"height_ratios": [1.6, 1], "hspace": 0.12})
+    metrics = [("duplicates", "#d62728", "duplicates"), ("missing", "#7f7f7f", "missing"),
+               ("imbalance", "#9467bd", "slot imbalance (largest − smallest count)")]
+    width = 0.25
+    highest = max([getattr(r, m) for r in results for m, _, _ in metrics] + [1])
+    xs = list(range(len(results)))
+    for k, (metric, colour, _) in enumerate(metrics):
+        for x, r in zip(xs, results):
+            if r.error:
+                continue
+            value = getattr(r, metric)
+            top.bar(x + (k - 1) * width, value, width, color=colour)
+            top.text(x + (k - 1) * width, value + highest * 0.015, str(value), ha="center", va="bottom", fontsize=9)
+    for x, r in zip(xs, results):
+        if r.name in notes:
+            top.text(x, highest * 1.15, notes[r.name], ha="center", va="center", fontsize=8.5, style="italic",
+                     color="#333333")
+    top.legend(handles=[Patch(facecolor=c, label=label) for _, c, label in metrics],
+               loc="upper center", ncol=3, frameon=False)
+    top.set_ylim(0, highest * 1.42)
+    top.set_xlim(-0.6, len(results) - 0.4)
+    top.set_ylabel(f"elements (of {n})")
+    top.set_title(title, loc="left")
+
+    per_element = [r.decodes / n for r in results]
+    for x, r, v in zip(xs, results, per_element):
+        if r.error:
+            continue
+        bottom.bar(x, v, 0.5, color="#2a9d8f" if v <= 1.01 else "#e9a23b")
+        bottom.text(x, v + 0.15, f"{v:.2f}×", ha="center", va="bottom", fontsize=9.5)
+    bottom.axhline(1, color="black", linestyle=":", linewidth=1)
+    bottom.set_ylim(0, max(per_element + [1]) * 1.25 + 0.3)
+    bottom.set_ylabel("decodes per element\n(all slots together)")
+    bottom.set_xticks(xs, [r.name for r in results])
+    for x, r in zip(xs, results):
+        if r.error:
+            for ax, y in ((top, highest * 0.5), (bottom, bottom.get_ylim()[1] * 0.5)):
+                ax.text(x, y, "crashes:\n" + r.error.split(":")[0], ha="center", va="center", fontsize=10,
+                        color="#b00000", bbox=dict(boxstyle="round", facecolor="#fff0f0", edgecolor="#b00000"))
+    for ax in (top, bottom):
+        ax.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+# -- elastic resume ---------------------------------------------------------------
+def resume_figure(before: dict[str, list], would: dict[str, list], after: dict[str, list], n: int, title: str):
+    """Positions on x; one row per old slot (what it yielded before the checkpoint,
+    and, faint, what it would have yielded without the stop), one per new slot,
+    and the union. Cells carry the step at which the slot yielded the position."""
+    rows = len(before) + len(after) + 1
+    fig, ax = plt.subplots(figsize=(11, 0.48 * rows + 1.5))
+    for row in range(rows):  # faint bands guide the eye along a row
+        ax.axhspan(row - 0.45, row + 0.45, color="#f3f3f3", zorder=0, linewidth=0)
+    y = 0
+    for label, taken in before.items():
+        for p in would[label]:
+            if p not in taken:
+                ax.add_patch(Rectangle((p, y - 0.4), 1, 0.8, facecolor="none", edgecolor=BEFORE,
+                                       linewidth=1, linestyle=(0, (2, 2)), alpha=0.7))
+        for step, p in enumerate(taken, 1):
+            _cell(ax, p, y, BEFORE, str(step), text_colour="white")
+        y += 1
+    split = y - 0.5
+    for label, taken in after.items():
+        for step, p in enumerate(taken, 1):
+            _cell(ax, p, y, AFTER, str(step))
+        y += 1
+    count = Counter(p for part in (before, after) for taken in part.values() for p in taken)
+    old = {p for taken in before.values() for p in taken}
+    for p in range(n):
+        ok = count[p] == 1
+        colour = (BEFORE if p in old else AFTER) if ok else "#d62728"
+        _cell(ax, p, y, colour, str(count[p]), text_colour="white" if p in old or not ok else "black")
+    ax.axhline(split, color="black", linewidth=1.2)
+    ax.axhline(y - 0.5, color="black", linewidth=0.8, linestyle=":")
+    labels = [f"before · {label}" for label in before] + [f"after · {label}" for label in after]
+    exact = all(count[p] == 1 for p in range(n)) and set(count) <= set(range(n))
+    labels.append("union: times yielded")
+    ax.set_yticks(range(rows), labels)
+    ax.set_ylim(rows - 0.5, -0.5)
+    ax.set_xlim(-0.3, n + 0.3)
+    ax.set_xticks([t + 0.5 for t in range(0, n, 5)], [str(t) for t in range(0, n, 5)])
+    ax.set_xlabel("position in the epoch (number in a cell: the slot's step that yielded it)")
+    ax.tick_params(axis="y", length=0)
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    ax.set_title(title, loc="left")
+    verdict = "every position exactly once" if exact else "NOT exactly once"
+    handles = [Patch(facecolor=BEFORE, label="yielded before the checkpoint"),
+               Patch(facecolor="none", edgecolor=BEFORE, linestyle="--",
+                     label="that slot's share, had the job not stopped"),
+               Patch(facecolor=AFTER, label="yielded after the elastic resume"),
+               Patch(facecolor="#d62728", label="missing or repeated")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -1.1 / rows), ncol=2, frameon=False)
+    ax.set_title(f"union: {verdict}", loc="right", fontsize=10.5, color="#1a7f37" if exact else "#d62728")
+    return fig
