@@ -13,6 +13,7 @@ from .datapipe import DistShardIterDataPipe, set_epoch
 from .explaining import Explanation, explain
 from .graph import positional
 from .guard import stop_together
+from .sources import jsonl, parquet, webdataset
 from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
 from .verify import VerifyReport, verify
@@ -26,6 +27,9 @@ __all__ = [
     "VerifyReport",
     "current_context",
     "explain",
+    "jsonl",
+    "parquet",
+    "webdataset",
     "gather_states",
     "merge_states",
     "positional",

@@ -25,6 +25,8 @@ class SequenceReader(RandomAccessReader):
     def __init__(self, sequence: Any, copy_elements: bool = False) -> None:
         self.sequence = sequence
         self.copy_elements = copy_elements
+        # sources whose neighbours share a file (distshard's file sources) ask for blocks
+        self.prefers_blocks = bool(getattr(sequence, "distshard_blocks", False))
 
     def length(self) -> int:
         return len(self.sequence)
@@ -41,8 +43,9 @@ class SequenceReader(RandomAccessReader):
         return f"sequence:{type(sequence).__qualname__}:{n}:{stable_digest(*sample)}"
 
     def describe(self) -> str:
-        return (f"random access into {type(self.sequence).__name__} of {len(self.sequence)}: "
-                "each slot indexes its own positions (read once, O(1) to resume)")
+        described = getattr(self.sequence, "describe", None)
+        what = described() if callable(described) else f"{type(self.sequence).__name__} of {len(self.sequence)}"
+        return f"random access into {what}: each slot indexes its own positions (read once, O(1) to resume)"
 
     def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
         sequence = self.sequence

@@ -1,0 +1,177 @@
+"""File sources: WebDataset tar shards, JSON lines and Parquet as ``IterDataPipe``\\ s.
+
+Iterated alone, a source yields every sample of every file in order;
+``.dist_shard()`` reads it at random by position (see :mod:`.base` for the
+protocol), so each slot reads only its own samples' bytes::
+
+    import distshard
+
+    dp = distshard.webdataset("shards/train-{000000..000063}.tar").dist_shard(even="drop", shuffle=True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Mapping
+from typing import Any, Sequence, Union
+from urllib.parse import urljoin
+
+from .base import FileSourceIterDataPipe, SourceSequence
+from .files import key_of
+from .jsonl import JsonlFormat
+from .parquet import ParquetFormat
+from .tar import TarFormat
+from .urls import UrlsArg, braceexpand, expand_urls, is_remote
+
+__all__ = [
+    "FileSourceIterDataPipe",
+    "JsonLinesIterDataPipe",
+    "ParquetIterDataPipe",
+    "SourceSequence",
+    "WebDatasetIterDataPipe",
+    "braceexpand",
+    "expand_urls",
+    "jsonl",
+    "parquet",
+    "read_shard_index",
+    "webdataset",
+]
+
+ShardIndex = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+class WebDatasetIterDataPipe(FileSourceIterDataPipe):
+    """WebDataset tar shards; see :func:`distshard.webdataset`."""
+
+
+class JsonLinesIterDataPipe(FileSourceIterDataPipe):
+    """JSON-lines files; see :func:`distshard.jsonl`."""
+
+
+class ParquetIterDataPipe(FileSourceIterDataPipe):
+    """Parquet files; see :func:`distshard.parquet`."""
+
+
+def read_shard_index(index: ShardIndex) -> tuple[list[str], dict[str, int]]:
+    """The shards and sample counts of a wids-style shard index
+    (``{"shardlist": [{"url": ..., "nsamples": ...}, ...]}``): ``(urls, {url: count})``.
+
+    ``index`` is the JSON's path or URL (relative shard URLs are resolved against
+    it, as wids does) or the already loaded dict.
+    """
+    base: str | None = None
+    if isinstance(index, Mapping):
+        data: Any = index
+    elif isinstance(index, (str, os.PathLike)):
+        base = os.fspath(index)
+        try:
+            if is_remote(base):
+                from .remote import filesystem
+
+                fs, path = filesystem(base)
+                text = fs.cat_file(path).decode("utf-8")
+            else:
+                with open(os.path.expanduser(base), encoding="utf-8") as f:
+                    text = f.read()
+            data = json.loads(text)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"shard index {base}: no such file") from None
+        except ValueError as exc:
+            raise ValueError(f"shard index {base}: not valid JSON: {exc}") from None
+    else:
+        raise TypeError(f"index must be a path, a URL or a dict, got {type(index).__name__}")
+    where = f"shard index {base}" if base else "shard index"
+    shards = data.get("shardlist") if isinstance(data, Mapping) else None
+    if not isinstance(shards, list):
+        raise ValueError(f'{where}: expected {{"shardlist": [{{"url": ..., "nsamples": ...}}, ...]}}')
+    urls: list[str] = []
+    counts: dict[str, int] = {}
+    for position, shard in enumerate(shards):
+        url = shard.get("url") if isinstance(shard, Mapping) else None
+        count = shard.get("nsamples") if isinstance(shard, Mapping) else None
+        if not isinstance(url, str) or not url or isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{where}: shardlist[{position}] needs a 'url' string and a non-negative "
+                             f"integer 'nsamples', got {shard!r}")
+        if base is not None and not is_remote(url) and not os.path.isabs(url):
+            url = urljoin(base, url) if is_remote(base) else os.path.join(os.path.dirname(base), url)
+        urls.append(url)
+        counts[url] = count
+    return urls, counts
+
+
+def _files(urls: UrlsArg | None, index: ShardIndex | None) -> tuple[list[str], dict[str, int]]:
+    if index is None:
+        if urls is None:
+            raise TypeError("urls is required (a list of files, a glob or a brace pattern)")
+        return expand_urls(urls), {}
+    listed, declared = read_shard_index(index)
+    if urls is None:
+        return listed, declared
+    files = expand_urls(urls)
+    by_key = {key_of(url): n for url, n in declared.items()}
+    by_name = {posixpath.basename(url): n for url, n in declared.items()}
+    counts = {}
+    for url in files:
+        n = by_key.get(key_of(url))
+        if n is None and len(by_name) == len(declared):
+            n = by_name.get(posixpath.basename(url))
+        if n is not None:
+            counts[url] = n
+    return files, counts
+
+
+def webdataset(urls: UrlsArg | None, *, index: ShardIndex | None = None) -> WebDatasetIterDataPipe:
+    """WebDataset tar shards as an ``IterDataPipe`` of samples.
+
+    Each sample is a dict ``{"__key__": key, "__url__": shard, "<ext>": bytes, ...}``
+    grouping consecutive members that share a key (the member path up to the
+    first dot of its basename), exactly as ``webdataset`` groups them.
+    ``.dist_shard()`` reads each slot's samples at random from a per-shard index
+    of member offsets (built once, cached under ``$DISTSHARD_CACHE``); gzip /
+    bz2 / xz shards are streamed whole instead.
+
+    Args:
+        urls: a list of paths or URLs, a glob, or a brace pattern
+            (``"shard-{000000..000063}.tar"``); ``None`` takes the shards of ``index``.
+        index: a wids-style shard index (``{"shardlist": [{"url", "nsamples"}]}``,
+            its path or the dict): counts come from it without opening the shards.
+
+    Example:
+        >>> dp = distshard.webdataset("data/shard-{000000..000063}.tar").dist_shard(even="drop")
+        >>> dp = dp.map(lambda s: (decode_jpeg(s["jpg"]), int(s["cls"])))
+    """
+    files, counts = _files(urls, index)
+    return WebDatasetIterDataPipe(TarFormat(), files, counts)
+
+
+def jsonl(urls: UrlsArg) -> JsonLinesIterDataPipe:
+    """JSON-lines files as an ``IterDataPipe``: one parsed JSON value per non-blank line.
+
+    Lines are UTF-8 (``\\n`` or ``\\r\\n``); a bad line raises ``ValueError``
+    naming the file, the line number and the byte offset. ``.dist_shard()`` reads
+    each line at random from an index of line offsets (one scan per file, cached);
+    compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) are streamed whole.
+
+    Example:
+        >>> dp = distshard.jsonl("corpus/part-*.jsonl").dist_shard(even="drop").map(tokenize)
+    """
+    return JsonLinesIterDataPipe(JsonlFormat(), expand_urls(urls))
+
+
+def parquet(urls: UrlsArg, columns: Sequence[str] | None = None) -> ParquetIterDataPipe:
+    """Parquet files as an ``IterDataPipe``: one dict per row.
+
+    Needs ``pyarrow`` (``pip install distshard[parquet]``). ``columns`` selects
+    the columns. ``.dist_shard()`` reads rows at random: the index is the files'
+    footers (row counts per row group), and a decoded row group is kept while its
+    rows are read.
+
+    Example:
+        >>> dp = distshard.parquet("table/*.parquet", columns=["text", "label"]).dist_shard(even="drop")
+    """
+    from .parquet import require_pyarrow
+
+    require_pyarrow()
+    return ParquetIterDataPipe(ParquetFormat(columns), expand_urls(urls))

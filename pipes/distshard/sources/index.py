@@ -1,0 +1,311 @@
+"""Per-file indexes (sample count, per-sample byte ranges) and their cache.
+
+An index is built once per job and cached under ``$DISTSHARD_CACHE`` (default
+``~/.cache/distshard``) in ``index/<name>.<hash>.idx``, where the hash covers
+the format, the file's absolute path or URL, its size and its ``mtime_ns`` (or
+ETag remotely): a changed file gets a new cache entry and is never read with a
+stale one. The same identity is stored inside and checked on load, and a
+checksum covers the whole entry: a corrupt or foreign entry is ignored and
+rebuilt. Writes are atomic (a temporary file, then ``os.replace``).
+
+Concurrent builders (DataLoader workers, the ranks of a node) take a per-file
+lock (``fcntl.flock`` on ``<entry>.lock``) and look at the cache again once they
+hold it, so each file is indexed once and the others read the result. When
+``torch.distributed`` is initialized, :func:`summarize_files` splits the files
+across ranks, each rank indexes its share and the results (counts and the
+entries themselves, for nodes that share no file system) are exchanged with
+``all_gather_object``.
+
+Entry layout: ``MAGIC``, the header's length and CRC-32 (4 bytes each, little
+endian), the header (JSON: identity, count, array specs), then the body
+(zlib-compressed arrays and string lists) whose BLAKE2b digest is in the
+header. Reading only the count reads the header alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import struct
+import sys
+import tempfile
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .files import FileRef, file_identity, key_of
+
+__all__ = ["FileIndex", "cache_dir", "cache_path", "load_cached", "obtain", "summarize_files"]
+
+VERSION = 1
+MAGIC = b"DSIDX\x00\x01\n"
+_PREFIX = struct.Struct("<II")
+_SHARE_LIMIT = 256 << 20  # entries larger than this in total are not exchanged between ranks
+
+
+@dataclass
+class FileIndex:
+    """What is known about one file: ``count`` samples and, unless ``complete``
+    is false (a header-only load), the format's ``arrays`` and ``strings``."""
+
+    format: str
+    key: str
+    size: int
+    stamp: str
+    count: int
+    arrays: dict[str, array] = field(default_factory=dict)
+    strings: dict[str, list[str]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    complete: bool = True
+
+    def weight(self) -> int:
+        """A memory estimate, in array items, for the per-process LRU."""
+        return 1 + sum(len(a) for a in self.arrays.values()) + 4 * sum(len(s) for s in self.strings.values())
+
+
+def cache_dir() -> Path:
+    """``$DISTSHARD_CACHE/index`` (default ``~/.cache/distshard/index``)."""
+    root = os.environ.get("DISTSHARD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "distshard")
+    return Path(root) / "index"
+
+
+def cache_path(fmt: str, ref: FileRef) -> Path:
+    """The cache entry of ``ref`` (whose identity must be known) in format ``fmt``."""
+    key = key_of(ref.url)
+    digest = hashlib.blake2b(
+        f"{VERSION}\0{fmt}\0{key}\0{ref.size}\0{ref.stamp}".encode("utf-8", "surrogatepass"), digest_size=16
+    ).hexdigest()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", key.rstrip("/").rsplit("/", 1)[-1])[-60:]
+    return cache_dir() / f"{name}.{fmt}.{digest}.idx"
+
+
+def dumps(index: FileIndex) -> bytes:
+    """The cache entry for ``index`` (complete)."""
+    names = sorted(index.arrays)
+    body = b"".join(index.arrays[n].tobytes() for n in names)
+    body += json.dumps({k: index.strings[k] for k in sorted(index.strings)}, ensure_ascii=False).encode(
+        "utf-8", "surrogatepass")
+    packed = zlib.compress(body, 6)
+    header = json.dumps({
+        "version": VERSION, "format": index.format, "key": index.key, "size": index.size,
+        "stamp": index.stamp, "count": index.count, "meta": index.meta, "byteorder": sys.byteorder,
+        "arrays": [[n, index.arrays[n].typecode, len(index.arrays[n])] for n in names],
+        "body_len": len(packed), "body_digest": hashlib.blake2b(packed, digest_size=16).hexdigest(),
+    }, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return MAGIC + _PREFIX.pack(len(header), zlib.crc32(header)) + header + packed
+
+
+def _header(data: bytes, fmt: str, ref: FileRef) -> tuple[dict[str, Any], int] | None:
+    """The header and where the body starts, or ``None`` if it is not ``ref``'s entry."""
+    start = len(MAGIC) + _PREFIX.size
+    if len(data) < start or not data.startswith(MAGIC):
+        return None
+    length, crc = _PREFIX.unpack_from(data, len(MAGIC))
+    raw = data[start:start + length]
+    if len(raw) != length or zlib.crc32(raw) != crc:
+        return None
+    try:
+        header = json.loads(raw.decode("utf-8", "surrogatepass"))
+    except ValueError:
+        return None
+    expected = {"version": VERSION, "format": fmt, "key": key_of(ref.url), "size": ref.size, "stamp": ref.stamp,
+                "byteorder": sys.byteorder}
+    if not isinstance(header, dict) or any(header.get(k) != v for k, v in expected.items()):
+        return None
+    if not isinstance(header.get("count"), int) or header["count"] < 0:
+        return None
+    return header, start + length
+
+
+def loads(data: bytes, fmt: str, ref: FileRef, header_only: bool = False) -> FileIndex | None:
+    """The index in a cache entry, or ``None`` if it is corrupt or another file's."""
+    found = _header(data, fmt, ref)
+    if found is None:
+        return None
+    header, offset = found
+    index = FileIndex(fmt, header["key"], header["size"], header["stamp"], header["count"],
+                      meta=dict(header.get("meta") or {}), complete=not header_only)
+    if header_only:
+        return index
+    packed = data[offset:]
+    if len(packed) != header.get("body_len") or hashlib.blake2b(
+            packed, digest_size=16).hexdigest() != header.get("body_digest"):
+        return None
+    try:
+        body = zlib.decompress(packed)
+        pos = 0
+        for name, typecode, length in header["arrays"]:
+            values = array(typecode)
+            end = pos + length * values.itemsize
+            values.frombytes(body[pos:end])
+            if len(values) != length:
+                return None
+            index.arrays[name] = values
+            pos = end
+        index.strings = json.loads(body[pos:].decode("utf-8", "surrogatepass"))
+    except (ValueError, TypeError, zlib.error, KeyError):
+        return None
+    return index
+
+
+def _read_entry(path: Path, header_only: bool) -> bytes | None:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            if not header_only:
+                return f.readall()
+            head = f.read(len(MAGIC) + _PREFIX.size)
+            if len(head) < len(MAGIC) + _PREFIX.size or not head.startswith(MAGIC):
+                return None
+            length, _ = _PREFIX.unpack_from(head, len(MAGIC))
+            return head + f.read(length)
+    except OSError:
+        return None
+
+
+def load_cached(fmt: str, ref: FileRef, header_only: bool = False) -> FileIndex | None:
+    """The cached index of ``ref``, or ``None`` (missing, corrupt, another identity)."""
+    data = _read_entry(cache_path(fmt, ref), header_only)
+    return None if data is None else loads(data, fmt, ref, header_only)
+
+
+def write_entry(path: Path, data: bytes) -> bool:
+    """Write atomically (temporary file + ``os.replace``); ``False`` if the cache
+    directory cannot be written (the index is then used without caching)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".idx")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<path>.lock``; no lock where that is impossible."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: concurrent builders may build twice, each writes atomically
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+Builder = Callable[[FileRef], FileIndex]
+
+
+def obtain(fmt: str, ref: FileRef, build: Builder, header_only: bool = False) -> tuple[FileIndex, bytes | None]:
+    """``ref``'s index from the cache, or built (once: under the file's lock) and
+    cached. Returns the index and, when it was built here, its cache entry."""
+    cached = load_cached(fmt, ref, header_only)
+    if cached is not None:
+        return cached, None
+    path = cache_path(fmt, ref)
+    with _locked(path):
+        cached = load_cached(fmt, ref, header_only)  # another process may have built it meanwhile
+        if cached is not None:
+            return cached, None
+        index = build(ref)
+        data = dumps(index)
+        write_entry(path, data)
+    return index, data
+
+
+def _install(fmt: str, ref: FileRef, data: bytes) -> None:
+    """Write an entry built by another rank, unless a valid one is already here."""
+    if load_cached(fmt, ref, header_only=True) is None and loads(data, fmt, ref) is not None:
+        write_entry(cache_path(fmt, ref), data)
+
+
+def _collective() -> tuple[int, int] | None:
+    """``(rank, world_size)`` when this process is a rank of an initialized group
+    of several (not a DataLoader worker), else ``None``."""
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None:
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _summarize_one(fmt: str, url: str, build: Builder) -> tuple[FileRef, int, bytes | None]:
+    ref = FileRef(url, *file_identity(url))
+    index, built = obtain(fmt, ref, build, header_only=True)
+    return ref, index.count, built
+
+
+_ERRORS = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "ImportError": ImportError,
+           "PermissionError": PermissionError, "TypeError": TypeError}
+
+
+def summarize_files(fmt: str, urls: list[str], build: Builder,
+                    collective: bool = False) -> list[tuple[FileRef, int]]:
+    """``(ref with identity, sample count)`` for every url, in order.
+
+    With ``collective`` (and this process a rank of an initialized
+    ``torch.distributed`` group of several), this is a collective call that every
+    rank must make: rank ``r`` indexes files ``r, r + world, ...`` and the counts
+    and new cache entries are exchanged with ``all_gather_object``; an error on
+    any rank is raised on every rank. Otherwise every file is indexed here (or
+    read from the cache), under its lock.
+    """
+    group = _collective() if collective else None
+    if group is None:
+        return [(ref, count) for ref, count, _ in (_summarize_one(fmt, url, build) for url in urls)]
+    import torch.distributed as dist
+
+    rank, world = group
+    mine: list[tuple[int, str, int | None, str | None, int, bytes | None]] = []
+    error: tuple[str, str] | None = None
+    try:
+        for position in range(rank, len(urls), world):
+            ref, count, built = _summarize_one(fmt, urls[position], build)
+            if built is None:
+                built = _read_entry(cache_path(fmt, ref), header_only=False)
+            mine.append((position, ref.url, ref.size, ref.stamp, count, built))
+    except Exception as exc:  # noqa: BLE001 - raised on every rank below
+        error = (type(exc).__name__, str(exc))
+    if sum(len(item[5] or b"") for item in mine) > _SHARE_LIMIT // world:
+        mine = [item[:5] + (None,) for item in mine]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (mine, error))
+    for _, other_error in gathered:
+        if other_error is not None:
+            kind, message = other_error
+            raise _ERRORS.get(kind, RuntimeError)(message)
+    out: list[tuple[FileRef, int] | None] = [None] * len(urls)
+    for source, (items, _) in enumerate(gathered):
+        for position, url, size, stamp, count, data in items:
+            ref = FileRef(url, size, stamp)
+            out[position] = (ref, count)
+            if source != rank and data is not None:
+                _install(fmt, ref, data)
+    assert all(item is not None for item in out)
+    return out  # type: ignore[return-value]

@@ -1,0 +1,118 @@
+"""JSON lines: one parsed JSON value per non-blank line (UTF-8, ``\\n`` or
+``\\r\\n`` line ends, an optional byte-order mark, blank lines skipped).
+
+The index must scan the file for newlines (once, then cached); reading a line
+at random reads exactly its bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from array import array
+from typing import Any, Iterator
+
+from .files import FileRef, compression_of, key_of, open_stream, open_walk
+from .index import FileIndex
+
+__all__ = ["JsonlFormat", "parse_line"]
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def parse_line(raw: bytes, url: str, line: int | None, offset: int, where: str = "") -> Any:
+    """``json.loads`` of one line; ``ValueError`` naming the file, the line
+    number and the byte offset of the line's start on failure."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 ({exc.reason} at byte {offset + exc.start}{where})"
+    except json.JSONDecodeError as exc:
+        problem = f"invalid JSON: {exc.msg} (column {exc.colno})"
+    at = f"line {line}, " if line is not None else ""
+    raise ValueError(f"{url}: {at}byte {offset}{where}: {problem}: {raw[:80]!r}")
+
+
+def _lines(f: Any) -> Iterator[tuple[int, int, bytes]]:
+    """``(line number, byte offset of the content, content)`` for every non-blank
+    line (the content without its ``\\n``; a leading byte-order mark removed)."""
+    offset = 0
+    for number, raw in enumerate(f, start=1):
+        start, size = offset, len(raw)
+        offset += size
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        if start == 0 and raw.startswith(_BOM):
+            raw, start = raw[3:], 3
+        if raw.strip():
+            yield number, start, raw
+
+
+class JsonlFormat:
+    """The ``jsonl`` format (see the module docstring)."""
+
+    name = "jsonl"
+    file_kind = "JSON-lines file"
+    access = "random access by line (byte ranges from the index)"
+
+    def compression(self, url: str) -> str | None:
+        return compression_of(url)
+
+    def stream(self, url: str) -> Iterator[Any]:
+        """Every value of the file, in order."""
+        compression = self.compression(url)
+        where = " of the decompressed stream" if compression else ""
+        with open_stream(url, compression) as f:
+            try:
+                for number, start, raw in _lines(f):
+                    yield parse_line(raw, url, number, start, where)
+            except (OSError, EOFError) as exc:  # a corrupt compressed stream
+                raise ValueError(f"{url}: cannot read the file: {exc}") from None
+
+    def build_index(self, ref: FileRef) -> FileIndex:
+        """Scan for newlines: the byte range of every non-blank line. A
+        compressed file is streamed once to count its lines."""
+        assert ref.size is not None and ref.stamp is not None
+        if self.compression(ref.url):
+            count = 0
+            with open_stream(ref.url, self.compression(ref.url)) as f:
+                try:
+                    count = sum(1 for _ in _lines(f))
+                except (OSError, EOFError) as exc:
+                    raise ValueError(f"{ref.url}: cannot read the file: {exc}") from None
+            return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, count, meta={"streaming": True})
+        starts, lengths = array("q"), array("q")
+        raw = open_walk(ref)
+        try:
+            for _, start, line in _lines(io.BufferedReader(raw, 1 << 20)):  # type: ignore[arg-type]
+                starts.append(start)
+                lengths.append(len(line))
+        finally:
+            raw.close()
+        return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, len(starts),
+                         arrays={"start": starts, "length": lengths})
+
+    def open(self, ref: FileRef) -> Any:
+        from .files import open_random
+
+        return open_random(ref)
+
+    def read(self, handle: Any, index: FileIndex, i: int, ref: FileRef) -> Any:
+        """Line ``i``: one read of exactly its bytes."""
+        start, length = index.arrays["start"][i], index.arrays["length"][i]
+        raw = handle.read_at(start, length)
+        try:
+            return parse_line(raw, ref.url, None, start)
+        except ValueError:
+            pass
+        line = _line_number(handle, start)  # the error path: count the newlines before it
+        return parse_line(raw, ref.url, line, start)
+
+
+def _line_number(handle: Any, offset: int) -> int:
+    count, position = 1, 0
+    while position < offset:
+        size = min(1 << 20, offset - position)
+        count += handle.read_at(position, size).count(b"\n")
+        position += size
+    return count

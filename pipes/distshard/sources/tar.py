@@ -1,0 +1,242 @@
+"""WebDataset tar shards: samples are groups of consecutive members sharing a key.
+
+The rules are WebDataset's (``tariterators.tar_file_iterator`` and
+``group_by_keys``): only regular members count; top-level ``__*__`` names and
+names matching ``__[^/]*__($|/)`` are metadata and skipped; a member's key is
+its path up to the first dot of its basename and its extension the rest,
+lower-cased (``"dir/a.b.JPG"`` -> key ``"dir/a"``, extension ``"b.jpg"``); a
+name without such a split is skipped; a new key starts a new sample; the same
+extension twice in one sample is an error. A sample is the dict
+``{"__key__": key, "__url__": url, ext: bytes, ...}`` in member order.
+
+Headers are parsed by :class:`tarfile.TarInfo` (ustar, GNU long names, pax),
+so names come out exactly as :mod:`tarfile` (and so WebDataset) reads them. The
+index walks the 512-byte headers and seeks over the contents; reading a sample
+reads its members' bytes only.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from array import array
+from typing import Any, BinaryIO, Iterator
+
+from .files import FileRef, compression_of, key_of, open_stream, open_walk, sniff_compression
+from .index import FileIndex
+
+__all__ = ["TarFormat", "split_name"]
+
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_SKIP_META = re.compile(r"__[^/]*__($|/)")
+_BLOCK = tarfile.BLOCKSIZE
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """``(key, extension)`` as WebDataset splits a member name, or ``None``."""
+    match = _KEY.match(name)
+    if match is None:
+        return None
+    return match.group(1), match.group(2).lower()
+
+
+def kept(info: tarfile.TarInfo) -> bool:
+    """Whether WebDataset yields this member (a regular file that is not metadata)."""
+    name = info.name
+    if not info.isreg() or name is None:
+        return False
+    if "/" not in name and name.startswith("__") and name.endswith("__"):
+        return False
+    return _SKIP_META.match(name) is None
+
+
+class _Walk:
+    """What :meth:`tarfile.TarInfo.fromtarfile` needs from a ``TarFile``."""
+
+    encoding = tarfile.ENCODING
+    errors = "surrogateescape"
+
+    def __init__(self, fileobj: Any) -> None:
+        self.fileobj = fileobj
+        self.pax_headers: dict[str, str] = {}
+        self.offset = 0
+
+
+def _goto(f: Any, position: int, seekable: bool) -> None:
+    current = f.tell()
+    if current == position:
+        return
+    if seekable:
+        f.seek(position)
+        return
+    while current < position:  # a stream: read over the gap
+        chunk = f.read(min(position - current, 1 << 20))
+        if not chunk:
+            return  # the next header read reports the truncation
+        current += len(chunk)
+
+
+def walk(f: Any, url: str, file_size: int | None, seekable: bool, where: str = "") -> Iterator[tarfile.TarInfo]:
+    """Every member's header, in order (``offset``: its header, ``offset_data``:
+    its contents). The caller may read the contents before asking for the next
+    one. Raises ``ValueError`` naming ``url`` and the byte for a truncated or
+    malformed archive; ``where`` qualifies byte positions (compressed streams)."""
+    state = _Walk(f)
+    while True:
+        position = state.offset
+        _goto(f, position, seekable)
+        try:
+            info = tarfile.TarInfo.fromtarfile(state)  # type: ignore[arg-type]
+        except tarfile.EOFHeaderError:
+            return  # a zero block: the end-of-archive marker
+        except tarfile.EmptyHeaderError:
+            if position == 0:
+                raise ValueError(f"{url}: empty file, not a tar archive") from None
+            raise ValueError(
+                f"{url}: truncated tar: the data ends at byte {position}{where} without the "
+                "end-of-archive marker") from None
+        except tarfile.TruncatedHeaderError:
+            raise ValueError(f"{url}: truncated tar: incomplete member header at byte {position}{where}"
+                             f"{_compressed_hint(f, url, position)}") from None
+        except tarfile.HeaderError as exc:
+            raise ValueError(f"{url}: not a valid tar header at byte {position}{where} ({exc})"
+                             f"{_compressed_hint(f, url, position)}") from None
+        except (OSError, EOFError) as exc:  # a corrupt compressed stream
+            raise ValueError(f"{url}: cannot read the member header at byte {position}{where}: {exc}") from None
+        if info.sparse is not None:
+            raise ValueError(f"{url}: member {info.name!r} at byte {info.offset}{where} is a sparse file, "
+                             "which tar shards of samples do not use; not supported")
+        if file_size is not None and info.isreg() and info.offset_data + info.size > file_size:
+            raise ValueError(
+                f"{url}: truncated tar: member {info.name!r} (header at byte {info.offset}) needs bytes "
+                f"[{info.offset_data}, {info.offset_data + info.size}) but the file ends at byte {file_size}")
+        yield info
+
+
+def _compressed_hint(f: Any, url: str, position: int) -> str:
+    if position != 0 or compression_of(url) is not None:
+        return ""
+    try:
+        f.seek(0)
+        found = sniff_compression(f.read(8))
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if found is None:
+        return ""
+    return f"; the file is {found}-compressed: give it a compressed name (e.g. .tar.gz) to stream it"
+
+
+def group(url: str, members: Iterator[tuple[str, Any, int]]) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+    """WebDataset's ``group_by_keys`` over ``(name, payload, header offset)``:
+    ``(key, [(ext, payload), ...])`` per sample."""
+    key: str | None = None
+    parts: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+    for name, payload, position in members:
+        split = split_name(name)
+        if split is None:
+            continue
+        new_key, ext = split
+        if key is None or new_key != key:
+            if key is not None:
+                yield key, parts
+            key, parts, seen = new_key, [], {"__key__", "__url__"}
+        if ext in seen:
+            raise ValueError(
+                f"{url}: member {name!r} (header at byte {position}) repeats the extension {ext!r} "
+                f"in sample {key!r}; WebDataset rejects duplicate file names in a sample")
+        seen.add(ext)
+        parts.append((ext, payload))
+    if key is not None:
+        yield key, parts
+
+
+def _sample(key: str, url: str, parts: list[tuple[str, bytes]]) -> dict[str, Any]:
+    sample: dict[str, Any] = {"__key__": key, "__url__": url}
+    for ext, data in parts:
+        sample[ext] = data
+    return sample
+
+
+class TarFormat:
+    """The ``webdataset`` format (see the module docstring)."""
+
+    name = "webdataset"
+    file_kind = "tar file"
+    access = "random access by sample (member byte ranges from the index)"
+
+    def compression(self, url: str) -> str | None:
+        return compression_of(url)
+
+    # -- plain iteration --------------------------------------------------------
+    def stream(self, url: str) -> Iterator[dict[str, Any]]:
+        """Every sample of the shard, reading it once from start to end."""
+        compression = self.compression(url)
+        where = " of the decompressed stream" if compression else ""
+        with open_stream(url, compression) as f:
+            def members() -> Iterator[tuple[str, bytes, int]]:
+                for info in walk(f, url, None, seekable=False, where=where):
+                    if not kept(info):
+                        continue
+                    try:
+                        data = f.read(info.size)
+                    except (OSError, EOFError) as exc:
+                        raise ValueError(f"{url}: cannot read member {info.name!r} at byte "
+                                         f"{info.offset_data}{where}: {exc}") from None
+                    if len(data) != info.size:
+                        raise ValueError(
+                            f"{url}: truncated tar: member {info.name!r} (header at byte {info.offset}{where}) "
+                            f"has {len(data)} of its {info.size} bytes")
+                    yield info.name, data, info.offset
+
+            for key, parts in group(url, members()):
+                yield _sample(key, url, parts)
+
+    # -- the index ----------------------------------------------------------------
+    def build_index(self, ref: FileRef) -> FileIndex:
+        """Walk the headers (seeking over contents); a compressed shard is
+        streamed once to count its samples."""
+        assert ref.size is not None and ref.stamp is not None
+        if self.compression(ref.url):
+            count = sum(1 for _ in self.stream(ref.url))
+            return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, count, meta={"streaming": True})
+        first, offsets, lengths, ext_ids = array("q", [0]), array("q"), array("q"), array("I")
+        keys: list[str] = []
+        vocabulary: dict[str, int] = {}
+        f: BinaryIO = open_walk(ref)
+        try:
+            members = ((info.name, (info.offset_data, info.size), info.offset)
+                       for info in walk(f, ref.url, ref.size, seekable=True) if kept(info))
+            for key, parts in group(ref.url, members):
+                keys.append(key)
+                for ext, (offset, size) in parts:
+                    offsets.append(offset)
+                    lengths.append(size)
+                    ext_ids.append(vocabulary.setdefault(ext, len(vocabulary)))
+                first.append(len(offsets))
+        finally:
+            f.close()
+        return FileIndex(
+            self.name, key_of(ref.url), ref.size, ref.stamp, len(keys),
+            arrays={"first": first, "offset": offsets, "length": lengths, "ext": ext_ids},
+            strings={"keys": keys, "exts": list(vocabulary)},
+        )
+
+    # -- random access ------------------------------------------------------------
+    def open(self, ref: FileRef) -> Any:
+        from .files import open_random
+
+        return open_random(ref)
+
+    def read(self, handle: Any, index: FileIndex, i: int, ref: FileRef) -> dict[str, Any]:
+        """Sample ``i`` of the shard: one exact read per member."""
+        arrays, strings = index.arrays, index.strings
+        first, offsets, lengths, ext_ids = arrays["first"], arrays["offset"], arrays["length"], arrays["ext"]
+        exts = strings["exts"]
+        members = range(first[i], first[i + 1])
+        ranges = [(offsets[j], lengths[j]) for j in members]
+        if hasattr(handle, "read_ranges"):
+            datas = handle.read_ranges(ranges)
+        else:
+            datas = [handle.read_at(offset, size) for offset, size in ranges]
+        return _sample(strings["keys"][i], ref.url, [(exts[ext_ids[j]], d) for j, d in zip(members, datas)])

@@ -1,0 +1,286 @@
+"""distshard.webdataset on real tar files the tests write: WebDataset's grouping
+rules, random access equal to plain iteration, errors that name file and byte."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import pickle
+import random
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from distshard.sources import base, expand_urls, read_shard_index, webdataset
+from distshard.sources.tar import TarFormat
+from tests.source_factories import add_member, blob, write_shards
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
+    base._HANDLES.clear()
+    base._INDEXES.clear()
+    yield tmp_path / "cache"
+    base._HANDLES.clear()
+    base._INDEXES.clear()
+
+
+def odd_shard(path: Path, fmt: int) -> list[dict]:
+    """A shard with every naming oddity WebDataset has rules for, and the samples
+    WebDataset yields for it."""
+    url = str(path)
+    long_dir = "d" * 90 + "/" + "e" * 40
+    with tarfile.open(path, "w", format=fmt) as tf:
+        folder = tarfile.TarInfo("a/b")
+        folder.type = tarfile.DIRTYPE
+        tf.addfile(folder)
+        add_member(tf, "a/b/sample1.jpg", blob("1", 700))
+        add_member(tf, "a/b/sample1.json", b'{"x": 1}')
+        add_member(tf, "__meta__", b"skipped: top-level metadata")
+        add_member(tf, "__dir__/m.txt", b"skipped: metadata folder")
+        add_member(tf, "sample2.seg.PNG", blob("2", 1500))
+        add_member(tf, "sample2.txt", b"")  # an empty member still counts
+        add_member(tf, "noext", b"skipped: no extension")
+        add_member(tf, ".hidden", b"skipped: no key")
+        link = tarfile.TarInfo("sample3.lnk")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "sample2.txt"
+        tf.addfile(link)  # not a regular file: skipped
+        add_member(tf, f"{long_dir}/k.bin", b"long name")
+        add_member(tf, "ünï/çødé.Txt", "unicode".encode())
+        add_member(tf, "dir.v1/s3.jpg", b"dots in the folder")
+        add_member(tf, "k1.a", b"1a")
+        add_member(tf, "k2.a", b"2a")
+        add_member(tf, "k1.b", b"1b")  # k1 again, after k2: a new sample (consecutive grouping)
+    return [
+        {"__key__": "a/b/sample1", "__url__": url, "jpg": blob("1", 700), "json": b'{"x": 1}'},
+        {"__key__": "sample2", "__url__": url, "seg.png": blob("2", 1500), "txt": b""},
+        {"__key__": f"{long_dir}/k", "__url__": url, "bin": b"long name"},
+        {"__key__": "ünï/çødé", "__url__": url, "txt": b"unicode"},
+        {"__key__": "dir.v1/s3", "__url__": url, "jpg": b"dots in the folder"},
+        {"__key__": "k1", "__url__": url, "a": b"1a"},
+        {"__key__": "k2", "__url__": url, "a": b"2a"},
+        {"__key__": "k1", "__url__": url, "b": b"1b"},
+    ]
+
+
+def check_random_access(source, expected):
+    sequence = source.__distshard_sequence__()
+    assert len(sequence) == len(expected) == len(source)
+    assert [sequence[i] for i in range(len(sequence))] == expected
+    order = list(range(len(expected)))
+    random.Random(0).shuffle(order)
+    for i in order:
+        assert sequence[i] == expected[i]
+    assert sequence[-1] == expected[-1]
+    with pytest.raises(IndexError):
+        sequence[len(expected)]
+    return sequence
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_odd_names_group_like_webdataset(tmp_path, fmt):
+    expected = odd_shard(tmp_path / "odd.tar", fmt)
+    source = webdataset(str(tmp_path / "odd.tar"))
+    assert list(source) == expected
+    check_random_access(source, expected)
+
+
+def test_many_shards_iteration_and_random_access(tmp_path):
+    urls, expected = write_shards(tmp_path / "data", shards=5, per_shard=20)
+    source = webdataset(str(tmp_path / "data" / "shard-{000000..000004}.tar"))
+    assert source.urls == urls
+    assert list(source) == expected
+    sequence = check_random_access(source, expected)
+    assert sequence.counts == (20, 21, 22, 23, 24)
+    assert "5 tar files, 110 samples, random access" in source.describe()
+
+
+def test_glob_and_list_and_brace_orders(tmp_path):
+    urls, _ = write_shards(tmp_path, shards=3, per_shard=2)
+    assert expand_urls(str(tmp_path / "shard-*.tar")) == urls
+    assert expand_urls(urls[::-1]) == urls[::-1]
+    assert expand_urls(str(tmp_path / "shard-{000002,000000}.tar")) == [urls[2], urls[0]]
+    assert expand_urls(f"{urls[1]}::{urls[0]}") == [urls[1], urls[0]]
+    with pytest.raises(ValueError, match="matches no file"):
+        expand_urls(str(tmp_path / "nothing-*.tar"))
+    with pytest.raises(TypeError):
+        expand_urls(3)  # type: ignore[arg-type]
+
+
+def test_sequence_pickles_without_handles(tmp_path):
+    urls, expected = write_shards(tmp_path, shards=2, per_shard=5)
+    source = webdataset(urls)
+    sequence = source.__distshard_sequence__()
+    assert sequence[3] == expected[3]  # opens a file and loads an index in this process
+    data = pickle.dumps(sequence)
+    assert len(data) < 2000  # names, identities and counts only
+    copy = pickle.loads(data)
+    assert [copy[i] for i in range(len(copy))] == expected
+    again = pickle.loads(pickle.dumps(source))
+    assert list(again) == expected and again.__distshard_sequence__()[7] == expected[7]
+
+
+def test_empty_shard_in_the_middle(tmp_path):
+    urls, expected = write_shards(tmp_path, shards=2, per_shard=3)
+    empty = str(tmp_path / "empty.tar")
+    tarfile.open(empty, "w").close()
+    source = webdataset([urls[0], empty, urls[1]])
+    assert list(source) == expected
+    assert check_random_access(source, expected).counts == (3, 0, 4)
+
+
+def test_duplicate_extension_in_a_sample_raises(tmp_path):
+    path = tmp_path / "dup.tar"
+    with tarfile.open(path, "w") as tf:
+        add_member(tf, "k.jpg", b"a")
+        add_member(tf, "k.JPG", b"b")
+    for attempt in (lambda: list(webdataset(str(path))), lambda: webdataset(str(path)).__distshard_sequence__()):
+        with pytest.raises(ValueError, match=r"dup\.tar.*'k\.JPG'.*byte 1024.*'jpg'"):
+            attempt()
+
+
+def truncated_copies(tmp_path: Path) -> tuple[str, dict[str, tuple[Path, str]]]:
+    urls, _ = write_shards(tmp_path / "src", shards=1, per_shard=4)
+    data = Path(urls[0]).read_bytes()
+    with tarfile.open(urls[0]) as tf:
+        third = tf.getmembers()[2]
+    cuts = {
+        "in data": (third.offset_data + 10, rf"truncated tar: member '000/sample00000\.json' \(header at byte "
+                                           rf"{third.offset}\) .*ends at byte {third.offset_data + 10}"),
+        "in header": (third.offset + 100, rf"(incomplete member header|truncated tar).* at byte {third.offset}"),
+        "no end marker": (third.offset, rf"truncated tar: .*ends at byte {third.offset} without the end-of-archive"),
+    }
+    out = {}
+    for name, (cut, pattern) in cuts.items():
+        path = tmp_path / f"cut-{name.replace(' ', '-')}.tar"
+        path.write_bytes(data[:cut])
+        out[name] = (path, pattern)
+    return urls[0], out
+
+
+@pytest.mark.parametrize("where", ["in data", "in header", "no end marker"])
+def test_truncated_tar_names_file_and_byte(tmp_path, where):
+    _, cuts = truncated_copies(tmp_path)
+    path, pattern = cuts[where]
+    with pytest.raises(ValueError, match=str(path.name)) as info:
+        webdataset(str(path)).__distshard_sequence__()
+    assert str(path) in str(info.value)
+    assert re.search(pattern, str(info.value)), str(info.value)
+    with pytest.raises(ValueError, match="truncated tar") as streamed:
+        list(webdataset(str(path)))
+    assert str(path) in str(streamed.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    urls, _ = write_shards(tmp_path, shards=1, per_shard=2)
+    missing = str(tmp_path / "gone.tar")
+    with pytest.raises(FileNotFoundError, match="gone.tar"):
+        webdataset([urls[0], missing]).__distshard_sequence__()
+    with pytest.raises(FileNotFoundError, match="gone.tar"):
+        list(webdataset([missing]))
+
+
+def test_not_a_tar_and_misnamed_gzip(tmp_path):
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"hello" * 200)
+    with pytest.raises(ValueError, match=r"junk\.tar: not a valid tar header at byte 0"):
+        webdataset(str(junk)).__distshard_sequence__()
+    urls, _ = write_shards(tmp_path / "src", shards=1, per_shard=2)
+    misnamed = tmp_path / "zipped.tar"
+    misnamed.write_bytes(gzip.compress(Path(urls[0]).read_bytes()))
+    with pytest.raises(ValueError, match=r"gzip-compressed.*\.tar\.gz"):
+        webdataset(str(misnamed)).__distshard_sequence__()
+
+
+def test_gzip_shards_fall_back_to_whole_file_streaming(tmp_path):
+    urls, expected = write_shards(tmp_path / "src", shards=3, per_shard=4)
+    zipped = []
+    for url in urls:
+        path = Path(url).with_suffix(".tar.gz")
+        path.write_bytes(gzip.compress(Path(url).read_bytes()))
+        zipped.append(str(path))
+    expected = [{**sample, "__url__": zipped[urls.index(sample["__url__"])]} for sample in expected]
+    source = webdataset(zipped)
+    assert list(source) == expected
+    assert source.__distshard_sequence__() is None
+    units, expand = source.__distshard_units__()
+    assert units == zipped
+    assert [s for unit in units for s in pickle.loads(pickle.dumps(expand))(unit)] == expected
+    assert source.counts() == [4, 5, 6] and len(source) == 15
+    assert "whole-file streaming (compressed)" in source.describe()
+    mixed = webdataset([urls[0], zipped[1]])
+    assert mixed.__distshard_sequence__() is None
+    assert "(1 of 2 files compressed)" in mixed.describe()
+
+
+def test_corrupt_gzip_is_named(tmp_path):
+    urls, _ = write_shards(tmp_path / "src", shards=1, per_shard=30)
+    packed = gzip.compress(Path(urls[0]).read_bytes())
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(ValueError, match=r"bad\.tar\.gz"):
+        list(webdataset(str(bad)))
+
+
+def test_shard_index_gives_counts_without_opening_files(tmp_path, monkeypatch):
+    urls, expected = write_shards(tmp_path / "data", shards=3, per_shard=4)
+    index = tmp_path / "data" / "index.json"
+    index.write_text(json.dumps({"wids_version": 1, "shardlist": [
+        {"url": os.path.basename(u), "nsamples": n} for u, n in zip(urls, (4, 5, 6))]}))
+    builds = []
+    original = TarFormat.build_index
+    monkeypatch.setattr(TarFormat, "build_index", lambda self, ref: builds.append(ref.url) or original(self, ref))
+    source = webdataset(urls, index=str(index))
+    sequence = source.__distshard_sequence__()
+    assert sequence.counts == (4, 5, 6) and builds == []
+    assert sequence[5] == expected[5] and builds == [urls[1]]  # offsets: built at first need
+    assert [sequence[i] for i in range(15)] == expected
+    only_index = webdataset(None, index=str(index))
+    assert only_index.urls == urls and list(only_index) == expected
+    assert read_shard_index({"shardlist": [{"url": "a.tar", "nsamples": 2}]}) == (["a.tar"], {"a.tar": 2})
+
+
+def test_wrong_shard_index_count_is_refused(tmp_path):
+    urls, _ = write_shards(tmp_path, shards=1, per_shard=4)
+    source = webdataset(urls, index={"shardlist": [{"url": urls[0], "nsamples": 5}]})
+    sequence = source.__distshard_sequence__()
+    assert len(sequence) == 5
+    with pytest.raises(ValueError, match=r"holds 4 samples but 5 were expected"):
+        sequence[0]
+    with pytest.raises(ValueError, match="nsamples"):
+        webdataset(urls, index={"shardlist": [{"url": urls[0], "nsamples": -1}]})
+
+
+def test_matches_the_webdataset_package_when_installed(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    expected = odd_shard(tmp_path / "odd.tar", tarfile.PAX_FORMAT)
+    theirs = [{k: v for k, v in s.items() if not k.startswith("__local")}
+              for s in wds.WebDataset(str(tmp_path / "odd.tar"), shardshuffle=False)]
+    assert theirs == expected
+
+
+def test_reads_only_the_sample_bytes(tmp_path, monkeypatch):
+    urls, expected = write_shards(tmp_path, shards=2, per_shard=10)
+    source = webdataset(urls)
+    sequence = source.__distshard_sequence__()
+    reads: list[int] = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: reads.append(n) or real(fd, n, off))
+    sample = sequence[13]
+    assert sample == expected[13]
+    assert sum(reads) == sum(len(v) for k, v in sample.items() if not k.startswith("__"))
+
+
+def test_copies_in_a_cache_dir_that_cannot_be_written(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache dir should be")
+    monkeypatch.setenv("DISTSHARD_CACHE", str(blocker))
+    urls, expected = write_shards(tmp_path / "data", shards=2, per_shard=3)
+    source = webdataset(urls)
+    check_random_access(source, expected)
