@@ -355,3 +355,36 @@ def sizes_once_per_job(rank, world_size, workers):
         expand=expand_sequence, sizes=_counted_size, even="drop")
     loader = DataLoader(pipe, batch_size=None, num_workers=workers, multiprocessing_context="fork")
     return [list(x) if isinstance(x, tuple) else x for x in loader]
+
+
+# -- mixing (test_mix.py) ------------------------------------------------------------------
+
+
+def mixed_sources(stop="first_exhausted"):
+    web = IterableWrapper([f"web{i}" for i in range(140)])
+    code = IterableWrapper([f"code{i}" for i in range(37)])
+    math_ = IterableWrapper([f"math{i}" for i in range(23)])
+    return distshard.mix({"web": web, "code": code, "math": math_}, {"web": 0.7, "code": 0.2, "math": 0.1},
+                         stop=stop)
+
+
+def mixed_first_exhausted_drop():
+    return mixed_sources().dist_shard(even="drop")
+
+
+def mixed_all_exhausted():
+    return mixed_sources("all_exhausted").dist_shard()
+
+
+def mixed_streams_shuffled():
+    """Stream sources that shuffle: each pass of a source comes in a new order."""
+    web = IterableWrapper([f"web{i}" for i in range(60)]).shuffle()
+    math_ = IterableWrapper([f"math{i}" for i in range(7)]).shuffle()
+    # an explicit seed: verify's unsharded reference then draws the same orders (with seed=None the
+    # ranks use the DataLoader's shared seed, and the partial last pass holds other elements)
+    return distshard.mix({"web": web, "math": math_}, {"web": 3, "math": 1}).dist_shard(seed=11)
+
+
+def weighted_draws():
+    return distshard.weighted_sample(IterableWrapper(list(range(50))), [1 + (i % 5) for i in range(50)],
+                                     samples=301).dist_shard(seed=7)

@@ -17,8 +17,9 @@ import distshard
 
 # element mode: "list" (random access), "list+map" (random access, 1:1 map before the
 # shard), "stream" (an object with only __iter__), "shuffled" (upstream .shuffle());
-# unit mode: "units"
-SOURCES = ("list", "list+map", "stream", "shuffled", "units")
+# unit mode: "units"; a distshard file source: "jsonl"; a random-access mix of two
+# lists: "mix" (stop="first_exhausted", so no element repeats)
+SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix")
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,14 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map") or (self.units and self.sized)
+        return self.source in ("list", "list+map", "jsonl", "mix") or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
         if self.units:
             return [f"u{u}e{i}" for u, size in enumerate(self.unit_sizes) for i in range(size)]
+        if self.source == "mix":
+            return list(mixed(self.n))
         return [upper(f"e{i}") if self.source == "list+map" else f"e{i}" for i in range(self.n)]
 
 
@@ -74,6 +77,32 @@ def upper(x: str) -> str:
     return x.upper()
 
 
+def jsonl_file(n: int) -> str:
+    """A JSON-lines file of ``"e0" .. "e{n-1}"``, written once per machine (also
+    found by spawned processes), its index cached in a temporary directory."""
+    import json
+    import os
+    import tempfile
+
+    root = os.path.join(tempfile.gettempdir(), "distshard-model")
+    os.makedirs(root, exist_ok=True)
+    os.environ.setdefault("DISTSHARD_CACHE", os.path.join(root, "cache"))
+    path = os.path.join(root, f"e{n}.jsonl")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as handle:
+            handle.writelines(json.dumps(f"e{i}") + "\n" for i in range(n))
+        os.replace(tmp, path)
+    return path
+
+
+def mixed(n: int):
+    """Two lists mixed 2:1 until the first runs out: distinct elements."""
+    return distshard.mix({"a": IterableWrapper([f"a{i}" for i in range(n)]),
+                          "b": IterableWrapper([f"b{i}" for i in range(n // 2 + 1)])},
+                         {"a": 2, "b": 1}, stop="first_exhausted")
+
+
 def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The ``dist_shard`` pipe of ``spec``; rank and world_size explicit unless None."""
     options: dict[str, Any] = dict(rank=rank, world_size=world_size, even=spec.even,
@@ -93,6 +122,10 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = IterableWrapper(Stream(data), deepcopy=False)
     elif spec.source == "shuffled":
         source = IterableWrapper(data).shuffle()
+    elif spec.source == "jsonl":
+        source = distshard.jsonl(jsonl_file(spec.n))
+    elif spec.source == "mix":
+        source = mixed(spec.n)
     else:
         raise ValueError(f"unknown source {spec.source!r}")
     return source.dist_shard(**options)
@@ -116,6 +149,10 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(data, **options)
     if spec.source == "list+map":
         return Mapper(DistShardNode(data, **options), upper)
+    if spec.source == "jsonl":
+        return DistShardNode(distshard.jsonl(jsonl_file(spec.n)), **options)
+    if spec.source == "mix":
+        return DistShardNode(mixed(spec.n), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 

@@ -13,6 +13,8 @@ from .datapipe import DistShardIterDataPipe, set_epoch
 from .explaining import Explanation, explain
 from .graph import positional
 from .guard import stop_together
+from .mix import mix
+from .sample import weighted_sample
 from .sources import jsonl, parquet, webdataset
 from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
@@ -32,10 +34,12 @@ __all__ = [
     "webdataset",
     "gather_states",
     "merge_states",
+    "mix",
     "positional",
     "set_epoch",
     "stop_together",
     "verify",
+    "weighted_sample",
 ]
 
 __version__ = "0.1.0"

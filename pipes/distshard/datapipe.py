@@ -359,7 +359,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 if isinstance(pipe, IterableWrapperIterDataPipe):
                     data = pipe.iterable
                     size = len(data) if hasattr(data, "__len__") else None
-                    sample = (data[0], data[-1]) if isinstance(data, (list, tuple, range)) and data else ()
+                    sample = (data[0], data[-1]) if type(data) in (list, tuple, range) and data else ()
                     part += f"({type(data).__qualname__}:{size}:{stable_digest(*sample)})"
                 parts.append(part)
             self._chain = ">".join(parts)

@@ -14,7 +14,9 @@ whatever the number of sources and however unequal the weights.
 The schedule repeats every ``W`` positions (after ``W`` positions every source has
 exactly ``w_i`` picks and every window starts afresh). When ``W`` is at most
 :data:`PERIOD_LIMIT` one period is tabulated and every query is O(1) or O(log w);
-beyond it the schedule is simulated from the start (O(p log n) to reach ``p``).
+beyond it (weights like ``123.456789``) the schedule is simulated, keeping a saved
+state every 4096 positions: walking it costs O(log n) a position, and reaching a
+far position the first time costs the walk there.
 """
 
 from __future__ import annotations
@@ -40,30 +42,51 @@ def integer_weights(weights: Sequence[float]) -> list[int]:
     return [w // divisor for w in integers]
 
 
-def _edf(weights: list[int], steps: int | None) -> Iterator[int]:
-    """The source of each position, by earliest deadline among released jobs."""
-    total = sum(weights)
-    ready = [(-(-total // w), i) for i, w in enumerate(weights)]  # job 0: deadline ceil(W / w)
-    heapq.heapify(ready)
-    waiting: list[tuple[int, int, int]] = []  # (release, deadline, source)
-    counts = [0] * len(weights)
-    position = 0
-    while steps is None or position < steps:
+class _Edf:
+    """The schedule as a machine that can be stopped, copied and resumed: the
+    source of each position, by earliest deadline among released jobs."""
+
+    __slots__ = ("weights", "total", "position", "counts", "ready", "waiting")
+
+    def __init__(self, weights: list[int]) -> None:
+        self.weights, self.total, self.position = weights, sum(weights), 0
+        self.counts = [0] * len(weights)
+        self.ready = [(-(-self.total // w), i) for i, w in enumerate(weights)]  # job 0: deadline ceil(W / w)
+        heapq.heapify(self.ready)
+        self.waiting: list[tuple[int, int, int]] = []  # (release, deadline, source)
+
+    def copy(self) -> "_Edf":
+        other = _Edf.__new__(_Edf)
+        other.weights, other.total, other.position = self.weights, self.total, self.position
+        other.counts, other.ready, other.waiting = list(self.counts), list(self.ready), list(self.waiting)
+        return other
+
+    def step(self) -> tuple[int, int]:
+        """``(source, k)`` of the next position."""
+        position, ready, waiting = self.position, self.ready, self.waiting
         while waiting and waiting[0][0] <= position:
             _, deadline, source = heapq.heappop(waiting)
             heapq.heappush(ready, (deadline, source))
         deadline, source = heapq.heappop(ready)
         if deadline <= position:  # pragma: no cover - impossible for Pfair windows
             raise AssertionError(f"schedule missed a deadline at {position}")
-        yield source
-        counts[source] += 1
-        k, w = counts[source], weights[source]
-        release, deadline = k * total // w, -(-(k + 1) * total // w)
+        k = self.counts[source]
+        self.counts[source] = k + 1
+        w, total = self.weights[source], self.total
+        release, deadline = (k + 1) * total // w, -(-(k + 2) * total // w)
         if release <= position + 1:
             heapq.heappush(ready, (deadline, source))
         else:
             heapq.heappush(waiting, (release, deadline, source))
-        position += 1
+        self.position = position + 1
+        return source, k
+
+
+def _edf(weights: list[int], steps: int | None) -> Iterator[int]:
+    """The source of each of the first ``steps`` positions (all, if ``None``)."""
+    machine = _Edf(weights)
+    while steps is None or machine.position < steps:
+        yield machine.step()[0]
 
 
 class Schedule:
@@ -74,10 +97,13 @@ class Schedule:
     counts the source's picks in ``[0, p)``; ``iterate(start)`` walks positions in order.
     """
 
+    CHECKPOINT = 4096  # positions between saved states of an untabulated schedule
+
     def __init__(self, weights: Sequence[float]) -> None:
         self.weights = integer_weights(weights)
         self.period = sum(self.weights)
         self._table: list[int] | None = None
+        self._saved: list[_Edf] = [_Edf(self.weights)]  # untabulated: states every CHECKPOINT
         if self.period <= PERIOD_LIMIT:
             table = list(_edf(self.weights, self.period))
             self._table = table
@@ -91,43 +117,48 @@ class Schedule:
     def tabulated(self) -> bool:
         return self._table is not None
 
+    def _machine_at(self, position: int) -> _Edf:
+        """A simulation stopped at ``position`` (from the nearest saved state,
+        saving states on the way: sequential use costs O(log n) a position)."""
+        index = min(position // self.CHECKPOINT, len(self._saved) - 1)
+        machine = self._saved[index].copy()
+        while machine.position < position:
+            machine.step()
+            if machine.position % self.CHECKPOINT == 0 and machine.position // self.CHECKPOINT == len(self._saved):
+                self._saved.append(machine.copy())
+        return machine
+
     def source_at(self, position: int) -> tuple[int, int]:
         if self._table is None:
-            counts = [0] * len(self.weights)
-            for p, source in enumerate(_edf(self.weights, position + 1)):
-                if p == position:
-                    return source, counts[source]
-                counts[source] += 1
+            return self._machine_at(position).step()
         q, r = divmod(position, self.period)
-        source = self._table[r]  # type: ignore[index]
+        source = self._table[r]
         return source, q * self.weights[source] + self._rank[r]
 
     def position_of(self, source: int, k: int) -> int:
-        w = self.weights[source]
         if self._table is None:
-            seen = 0
-            for p, s in enumerate(_edf(self.weights, None)):
-                if s == source:
-                    if seen == k:
-                        return p
-                    seen += 1
-        q, j = divmod(k, w)
+            # the k-th pick lies in its Pfair window, at most 1 before its ideal place
+            low = max(0, k * self.period // self.weights[source] - 1)
+            machine = self._machine_at(low)
+            while True:
+                s, j = machine.step()
+                if s == source and j == k:
+                    return machine.position - 1
+        q, j = divmod(k, self.weights[source])
         return q * self.period + self._occurrences[source][j]
 
     def count_before(self, source: int, position: int) -> int:
         if self._table is None:
-            return sum(1 for s in _edf(self.weights, position) if s == source)
+            return self._machine_at(position).counts[source]
         q, r = divmod(position, self.period)
         return q * self.weights[source] + bisect.bisect_left(self._occurrences[source], r)
 
     def iterate(self, start: int = 0) -> Iterator[tuple[int, int]]:
         """``(source, k)`` of positions ``start, start + 1, ...`` (endless)."""
         if self._table is None:
-            counts = [0] * len(self.weights)
-            for p, source in enumerate(_edf(self.weights, None)):
-                if p >= start:
-                    yield source, counts[source]
-                counts[source] += 1
+            machine = self._machine_at(start)
+            while True:
+                yield machine.step()
         position = start
         while True:
             yield self.source_at(position)
