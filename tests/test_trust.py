@@ -77,15 +77,18 @@ def test_expand_returning_a_non_iterable_names_the_unit():
         list(pipe)
 
 
-def test_len_after_a_resume_is_what_is_left():
-    """Item 10: len() after load_state_dict reported the full share."""
+def test_len_after_a_resume_counts_the_run_the_state_belongs_to():
+    """len() follows StatefulDataLoader's convention: a slot's own state keeps the
+    epoch's count (Lightning compares its restored batch counter with len(loader):
+    a remaining-count len made it stop 7 batches early, 56 elements an epoch);
+    a merged state starts a new run over what is left."""
     pipe = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
     it = iter(pipe)
     for _ in range(3):
         next(it)
     fresh = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
     fresh.load_state_dict(pipe.state_dict())
-    assert len(fresh) == 7 == len(list(fresh))
+    assert len(fresh) == 10 and len(list(fresh)) == 7
     states = []
     for rank in range(2):
         p = IterableWrapper(range(20)).dist_shard(rank=rank, world_size=2)

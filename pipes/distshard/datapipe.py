@@ -517,7 +517,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def __len__(self) -> int:
         """This worker's count inside a DataLoader worker; else this rank's count,
         over the workers of the DataLoader that iterates (or asks ``len()`` of)
-        this pipe, or 1 if none did yet. After ``load_state_dict``, what is left."""
+        this pipe, or 1 if none did yet. After loading a slot's own state: still the
+        whole epoch's count (as StatefulDataLoader's ``len``), of which the loader
+        yields what is left; after a merged state: the share of what was left."""
         total = self._total()
         ctx = self.context()
         resume = self._pending()

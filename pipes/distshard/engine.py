@@ -62,19 +62,21 @@ def layout_of(reader: Reader, shuffle: bool) -> str:
 
 def remaining_share(reader_length: int | None, resume: dict | None, slot: int, num_slots: int,
                     even: Even, multiple: int = 1) -> int:
-    """How many elements ``slot`` yields in a run that starts from ``resume``
-    (``None``: a fresh epoch); needs a known length."""
+    """How many elements ``slot`` yields over the run that ``resume`` belongs to
+    (``None``: a fresh epoch); needs a known length.
+
+    Like a StatefulDataLoader's ``len`` (the sampler's, whatever was consumed), a
+    slot's own state counts the run's whole share: a trainer that restores its
+    batch counter and compares it with ``len(loader)`` (Lightning) then sees the
+    same epoch. A merged state starts a new run over what is left: its share of that.
+    """
     if reader_length is None:
         raise TypeError("the share of a stream is not known before reading it")
-    if resume is None:
-        return slot_count(slot, num_slots, reader_length, even, multiple)
-    count = Remaining((a, b) for a, b in resume["remaining"]).clip(reader_length).length()
-    assert count is not None
-    if resume["slot"] is None:
-        return slot_count(slot, num_slots, count, even, multiple)
-    if resume["finished"]:
-        return 0
-    return max(0, slot_count(slot, num_slots, count, even, multiple) - resume["taken"])
+    count = reader_length
+    if resume is not None:
+        count = Remaining((a, b) for a, b in resume["remaining"]).clip(reader_length).length()
+        assert count is not None
+    return slot_count(slot, num_slots, count, even, multiple)
 
 
 class SlotRun:
