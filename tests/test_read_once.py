@@ -307,13 +307,13 @@ def test_shuffle_true_over_units_expands_each_unit_about_once():
     assert orders[0] != orders[1]
 
 
-def test_a_sizes_callable_runs_once_per_unit_per_rank_not_per_slot(count_dir):
+def test_a_sizes_callable_runs_once_per_unit_per_job(count_dir):
     """Issue 10: a sizes callable was evaluated in every slot (8.5x the dataset read
-    to count samples); now the process that builds the pipe asks it once per unit and
-    the DataLoader workers inherit the answers."""
+    to count samples); now each rank asks for its share of the units when the pipe is
+    built, the answers are exchanged, and the DataLoader workers inherit them."""
     outcomes = run_on_group(builds.sizes_once_per_job, world_size=2, args=(2,), timeout=TIMEOUT)
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
     asked = builds.counted(count_dir, "size")
-    assert asked == Counter({str(u): 2 for u in range(len(builds.UNIT_SIZES))})  # once per rank
+    assert asked == Counter(str(u) for u in range(len(builds.UNIT_SIZES)))  # each unit once in the job
     got = [tuple(x) if isinstance(x, list) else x for o in outcomes for x in o.value]
     assert len(got) == len(set(got)) == 240 - 240 % 4

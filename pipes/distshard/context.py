@@ -314,3 +314,22 @@ def current_context(
     if info is None:
         return ShardContext(r, w, 0, 1, source)
     return ShardContext(r, w, info.id, info.num_workers, source)
+
+
+def gather_objects(obj: object) -> list:
+    """Every rank's ``obj``, on every rank: a collective over the default group.
+
+    Runs on a CPU (gloo) group, so it works whatever backend the job uses (NCCL
+    included): the default group when it is gloo, else a gloo group made for the
+    call and destroyed after it (both collectives: every rank must call this)."""
+    group = None
+    if dist.get_backend() != "gloo":
+        group = dist.new_group(backend="gloo")
+    try:
+        out: list = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj, group=group)
+        return out
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+

@@ -183,9 +183,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             # Surface a malformed RANK / WORLD_SIZE now rather than in a worker.
             _context.check_environment()
         check_no_sharding(source_datapipe)
-        self._sizes_cache: dict[Any, int] = {}  # a sizes callable's answers: asked once per rank
+        self._sizes_cache: dict[Any, int] = {}  # a sizes callable's answers, asked once per job
         if callable(self.sizes) and not isinstance(self.sizes, Mapping):
-            self._unit_sizes(list(source_datapipe))  # before any worker copies the pipe
+            self._count_units()  # before any DataLoader worker copies the pipe
         self._epoch = 0
         self._epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
         self._captured: tuple[int, int] | None = None
@@ -381,9 +381,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                             f"stream:{self.chain_identity()}")
 
     def _unit_sizes(self, units: list) -> list[int]:
-        """Every unit's count. A ``sizes`` callable is asked once per unit in the
-        process that builds the pipe (see the constructor), and its answers travel
-        to the DataLoader workers with the pipe, so no slot asks again."""
+        """Every unit's count. A ``sizes`` callable is asked once per unit per job
+        when the pipe is built (see ``_count_units``), and its answers travel to the
+        DataLoader workers with the pipe, so no slot asks again."""
         sizes = self.sizes
         if not callable(sizes) or isinstance(sizes, Mapping):
             return unit_sizes(units, sizes)  # type: ignore[arg-type]
@@ -393,6 +393,29 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return unit_sizes(units, sizes)
         self._sizes_cache.update(zip(missing, unit_sizes(missing, sizes)))
         return [self._sizes_cache[unit] for unit in units]
+
+    def _count_units(self) -> None:
+        """Ask a ``sizes`` callable for every unit, once per job: with
+        torch.distributed up each rank asks for its share of the units and the
+        answers are exchanged (a collective at construction, like building a file
+        source: build the pipeline on every rank); else this process asks for all.
+        DataLoader workers inherit the answers with the pipe."""
+        units = list(self.source_datapipe)
+        found = _context.dist_rank_world()
+        if found is None or found[1] == 1 or get_worker_info() is not None:
+            self._unit_sizes(units)
+            return
+        rank, world = found
+        share = units[rank::world]
+        try:
+            mine: Any = dict(zip(share, self._unit_sizes(share)))
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            mine = exc
+        answers = _context.gather_objects(mine)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+            self._sizes_cache.update(answer)
 
     # -- iteration ---------------------------------------------------------------
     def _pending(self) -> dict[str, Any] | None:

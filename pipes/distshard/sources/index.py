@@ -279,8 +279,6 @@ def summarize_files(fmt: str, urls: list[str], build: Builder,
     group = _collective() if collective else None
     if group is None:
         return [(ref, count) for ref, count, _ in (_summarize_one(fmt, url, build) for url in urls)]
-    import torch.distributed as dist
-
     rank, world = group
     mine: list[tuple[int, str, int | None, str | None, int, bytes | None]] = []
     error: tuple[str, str] | None = None
@@ -294,8 +292,9 @@ def summarize_files(fmt: str, urls: list[str], build: Builder,
         error = (type(exc).__name__, str(exc))
     if sum(len(item[5] or b"") for item in mine) > _SHARE_LIMIT // world:
         mine = [item[:5] + (None,) for item in mine]
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (mine, error))
+    from ..context import gather_objects
+
+    gathered = gather_objects((mine, error))
     for _, other_error in gathered:
         if other_error is not None:
             kind, message = other_error
