@@ -70,7 +70,7 @@ _plain_data = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(_plain_data, _plain_data)
 def test_keys_are_equal_exactly_when_values_are(a, b):
     assert (key(a) == key(b)) == (a == b)
