@@ -202,18 +202,24 @@ def test_construction_ignores_malformed_env_when_torch_distributed_is_initialize
 # -- the process-level record of a pipe that arrived pickled
 
 
-def test_a_recorded_capture_is_the_process_context(no_env):
+def test_a_recorded_capture_is_the_context_of_dataloader_workers(no_env):
+    from .helpers import as_worker
+
     no_env.setenv("RANK", "0")
     no_env.setenv("WORLD_SIZE", "4")
     note_captured((1, 2))
-    ctx = distshard.current_context()
-    assert (ctx.rank, ctx.world_size, ctx.source) == (1, 2, "pickled")  # pickled beats env
-    assert distshard.current_context(rank=0, world_size=3).source == "explicit"
+    with as_worker(0, 2):  # a worker received pipes by pickle: their rank is its rank
+        ctx = distshard.current_context()
+        assert (ctx.rank, ctx.world_size, ctx.source) == (1, 2, "pickled")  # pickled beats env
+        assert distshard.current_context(rank=0, world_size=3).source == "explicit"
+    # a rank's own process that unpickled a copy (deepcopy) does not adopt it
+    assert distshard.current_context().source == "env"
     assert resolve_distributed(None, captured=(0, 5)) == (0, 5, "pickled")  # a pipe's own value first
     with pytest.raises(ValueError, match=r"rank=2 is outside \[0, world_size=2\)"):
         note_captured((2, 2))
     note_captured(None)
-    assert distshard.current_context().source == "env"
+    with as_worker(0, 2):
+        assert distshard.current_context().source == "env"
 
 
 class _ContextProbe(IterDataPipe):

@@ -235,6 +235,7 @@ def forced_distributed(rank: int, world_size: int) -> Iterator[None]:
 
 
 _pickled: tuple[int, int] | None = None
+_pickled_pid: int | None = None  # the process that received it: a forked child does not
 
 
 def note_captured(rank_world: tuple[int, int] | None) -> None:
@@ -244,8 +245,9 @@ def note_captured(rank_world: tuple[int, int] | None) -> None:
     pipes that carry none resolve to it with ``source="pickled"``. ``None`` forgets
     it. The last call wins; all pipes sent by one rank carry the same value.
     """
-    global _pickled
+    global _pickled, _pickled_pid
     _pickled = None if rank_world is None else check_rank_world(*rank_world)
+    _pickled_pid = os.getpid()
 
 
 def resolve_distributed(
@@ -262,7 +264,9 @@ def resolve_distributed(
     found = dist_rank_world()
     if found is not None:
         return found[0], found[1], "torch.distributed"
-    if captured is None:
+    if captured is None and get_worker_info() is not None and _pickled_pid == os.getpid():
+        # the record serves DataLoader workers that received pipes by pickle; neither a
+        # rank's own process unpickling a copy (deepcopy) nor its forked children adopt it
         captured = _pickled
     if captured is not None:
         return captured[0], captured[1], "pickled"

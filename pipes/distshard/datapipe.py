@@ -37,7 +37,7 @@ from .readers import (
     unit_sizes,
 )
 from .readers.sequence import DEEPCOPY_WARNING
-from .state import fresh_state, validate_state
+from .state import check_fits, fresh_state, validate_state
 
 if TYPE_CHECKING:
     from .explaining import Explanation
@@ -487,40 +487,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     def _check_against(self, found: dict[str, Any], reader: Reader | None) -> None:
         """Raise ``ValueError`` if ``found`` does not come from a pipe like this one."""
-        def refuse(what: str, theirs: Any, ours: Any) -> ValueError:
-            return ValueError(
-                f"the state was saved with {what}={theirs!r} but this dist_shard has {what}={ours!r}: "
-                "it comes from another pipeline or other data; load it into the pipeline that saved it"
-            )
-
-        if found["mode"] != self.mode:
-            raise refuse("mode", found["mode"], self.mode)
-        if found["shuffle"] is not None and found["shuffle"] != self.global_shuffle:
-            raise refuse("shuffle", found["shuffle"], self.global_shuffle)
-        if found["slot"] is not None and found["even"] != self.even:
-            raise refuse("even", found["even"], self.even)
-        if found["slot"] is not None and found["multiple_of"] != self.multiple_of:
-            raise refuse("multiple_of", found["multiple_of"], self.multiple_of)
-        if self.seed is not None and found["seed"] is not None and found["seed"] != self.seed:
-            raise refuse("seed", found["seed"], self.seed)
-        if reader is None:
-            return
-        length = reader.length()
-        if found["length"] is not None and length is not None and found["length"] != length:
-            raise ValueError(
-                f"the state's epoch had {found['length']} elements, this pipeline's has {length}: the data "
-                "changed since the checkpoint (or it comes from another pipeline); it cannot be resumed"
-            )
-        if found["source"] is not None and found["source"] != reader.identity():
-            raise refuse("source", found["source"], reader.identity())
-        if length is not None:
-            for start, stop in found["remaining"]:
-                end = stop if stop is not None else start
-                if end > length:
-                    raise ValueError(
-                        f"the state's remaining positions reach {end}, beyond this epoch's {length} "
-                        "elements: it comes from other data or was altered"
-                    )
+        check_fits(found, mode=self.mode, shuffle=self.global_shuffle, even=self.even,
+                   multiple_of=self.multiple_of, seed=self.seed,
+                   length=reader.length() if reader is not None else None,
+                   source=reader.identity() if reader is not None else None)
 
     # -- length ------------------------------------------------------------------------
     def _total(self) -> int:

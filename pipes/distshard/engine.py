@@ -33,7 +33,7 @@ from .plan import (
     slot_positions,
 )
 from .readers import RandomAccessReader, Reader, StreamReader, WholeUnitsReader
-from .state import fresh_state
+from .state import check_slot, fresh_state
 
 __all__ = ["SlotRun", "layout_of", "salt_of", "shuffle_order", "remaining_share"]
 
@@ -79,6 +79,10 @@ def remaining_share(reader_length: int | None, resume: dict | None, slot: int, n
     return slot_count(slot, num_slots, count, even, multiple)
 
 
+def _where(ctx: ShardContext) -> str:
+    return f"rank {ctx.rank} of {ctx.world_size}, worker {ctx.worker_id} of {ctx.num_workers}"
+
+
 class SlotRun:
     """One slot's iteration of one epoch: iterate it for the elements; ``state()``
     is where it is. ``resume`` is a validated state of the same epoch (a slot's own
@@ -99,13 +103,7 @@ class SlotRun:
         if resume is not None:
             self.remaining = Remaining((a, b) for a, b in resume["remaining"])
             if resume["slot"] is not None:
-                if (resume["slot"], resume["num_slots"]) != (ctx.slot, ctx.num_slots):
-                    raise ValueError(
-                        f"the loaded state is slot {resume['slot']} of {resume['num_slots']}'s, but this "
-                        f"copy is slot {ctx.slot} of {ctx.num_slots} (rank {ctx.rank} of {ctx.world_size}, "
-                        f"worker {ctx.worker_id} of {ctx.num_workers}); to resume with other ranks or "
-                        "workers, merge the states of all slots with distshard.merge_states() and load that"
-                    )
+                check_slot(resume, ctx.slot, ctx.num_slots, _where(ctx))
                 self.taken, self.finished = resume["taken"], resume["finished"]
         if self.length is not None:
             self.count = self.remaining.clip(self.length).length()

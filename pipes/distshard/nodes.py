@@ -29,7 +29,7 @@ from .readers import (
     check_sizes,
     unit_sizes,
 )
-from .state import KEY, find_states, merge_states, validate_state
+from .state import KEY, check_fits, check_slot, find_states, merge_states, validate_state
 
 T = TypeVar("T")
 
@@ -190,13 +190,8 @@ class DistShardNode(BaseNode[T]):
             self._epoch += 1
         if resume is not None:
             self._check(resume)
-            if resume["slot"] is not None and (resume["slot"], resume["num_slots"]) != (ctx.slot, ctx.num_slots):
-                raise ValueError(
-                    f"the loaded state is slot {resume['slot']} of {resume['num_slots']}'s, but this copy is "
-                    f"slot {ctx.slot} of {ctx.num_slots} (rank {ctx.rank} of {ctx.world_size}, worker "
-                    f"{ctx.worker_id} of {ctx.num_workers}); to resume with other ranks or workers, merge "
-                    "the states of all slots with distshard.merge_states() and load that"
-                )
+            check_slot(resume, ctx.slot, ctx.num_slots,
+                       f"rank {ctx.rank} of {ctx.world_size}, worker {ctx.worker_id} of {ctx.num_workers}")
         listing = self.mode == "sized_units" and isinstance(self.source, BaseNode)  # reads the source
         if resume is not None and not listing:
             self._check(resume, self._reader())
@@ -284,25 +279,9 @@ class DistShardNode(BaseNode[T]):
         )
 
     def _check(self, found: Dict[str, Any], reader: Optional[Reader] = None) -> None:
-        def refuse(what: str, theirs: Any, ours: Any) -> ValueError:
-            return ValueError(f"the state was saved with {what}={theirs!r} but this node has {what}={ours!r}: "
-                              "it comes from another pipeline or other data")
-
-        if found["mode"] != self.mode:
-            raise refuse("mode", found["mode"], self.mode)
-        if found["shuffle"] is not None and found["shuffle"] != self.shuffle:
-            raise refuse("shuffle", found["shuffle"], self.shuffle)
-        if found["slot"] is not None and found["even"] != self.even:
-            raise refuse("even", found["even"], self.even)
-        if found["slot"] is not None and found["multiple_of"] != self.multiple_of:
-            raise refuse("multiple_of", found["multiple_of"], self.multiple_of)
-        if reader is not None:
-            length = reader.length()
-            if found["length"] is not None and length is not None and found["length"] != length:
-                raise ValueError(f"the state's epoch had {found['length']} elements, this node's has {length}: "
-                                 "the data changed since the checkpoint; it cannot be resumed")
-            if found["source"] is not None and found["source"] != reader.identity():
-                raise refuse("source", found["source"], reader.identity())
+        check_fits(found, mode=self.mode, shuffle=self.shuffle, even=self.even, multiple_of=self.multiple_of,
+                   seed=self.seed, length=reader.length() if reader is not None else None,
+                   source=reader.identity() if reader is not None else None, what="node")
 
     # -- pickling -----------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:

@@ -27,7 +27,7 @@ KEY = "distshard"  # the marker (and version) key of a slot or merged state
 MODES = ("element", "units", "sized_units")  # what the positions are
 LAYOUTS = ("stride", "blocks", "units")  # how a run laid its positions out over slots
 
-__all__ = ["VERSION", "fresh_state", "validate_state", "merge_states", "find_states"]
+__all__ = ["VERSION", "check_fits", "check_slot", "fresh_state", "validate_state", "merge_states", "find_states"]
 
 
 def fresh_state(epoch: int, mode: str, even: Any) -> dict[str, Any]:
@@ -118,6 +118,58 @@ def validate_state(state: object) -> dict[str, Any]:
     out = dict(state)
     out["remaining"] = intervals.to_list()
     return out
+
+
+def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any, multiple_of: int,
+               seed: int | None, length: int | None = None, source: str | None = None,
+               what: str = "dist_shard") -> None:
+    """Raise ``ValueError`` if the validated state ``found`` does not come from a
+    pipeline with these options (``length`` and ``source``, the reader's, when known).
+
+    What a slot's state records of its own run (``even``, ``multiple_of``) is checked
+    only for slot states: a merged state starts a new run with the loader's options."""
+    def refuse(key: str, theirs: Any, ours: Any) -> ValueError:
+        return ValueError(
+            f"the state was saved with {key}={theirs!r} but this {what} has {key}={ours!r}: "
+            "it comes from another pipeline or other data; load it into the pipeline that saved it"
+        )
+
+    if found["mode"] != mode:
+        raise refuse("mode", found["mode"], mode)
+    if found["shuffle"] is not None and found["shuffle"] != shuffle:
+        raise refuse("shuffle", found["shuffle"], shuffle)
+    if found["slot"] is not None and found["even"] != even:
+        raise refuse("even", found["even"], even)
+    if found["slot"] is not None and found["multiple_of"] != multiple_of:
+        raise refuse("multiple_of", found["multiple_of"], multiple_of)
+    if seed is not None and found["seed"] is not None and found["seed"] != seed:
+        raise refuse("seed", found["seed"], seed)
+    if found["length"] is not None and length is not None and found["length"] != length:
+        raise ValueError(
+            f"the state's epoch had {found['length']} elements, this pipeline's has {length}: the data "
+            "changed since the checkpoint (or it comes from another pipeline); it cannot be resumed"
+        )
+    if found["source"] is not None and source is not None and found["source"] != source:
+        raise refuse("source", found["source"], source)
+    if length is not None:
+        for start, stop in found["remaining"]:
+            end = stop if stop is not None else start
+            if end > length:
+                raise ValueError(
+                    f"the state's remaining positions reach {end}, beyond this epoch's {length} "
+                    "elements: it comes from other data or was altered"
+                )
+
+
+def check_slot(found: Mapping[str, Any], slot: int, num_slots: int, where: str) -> None:
+    """Raise ``ValueError`` if ``found`` is another slot's state (``where`` describes
+    this copy: rank and worker)."""
+    if found["slot"] is not None and (found["slot"], found["num_slots"]) != (slot, num_slots):
+        raise ValueError(
+            f"the loaded state is slot {found['slot']} of {found['num_slots']}'s, but this copy is slot "
+            f"{slot} of {num_slots} ({where}); to resume with other ranks or workers, merge the states "
+            "of all slots with distshard.merge_states() and load that"
+        )
 
 
 def find_states(obj: object) -> list[dict[str, Any]]:
