@@ -324,3 +324,82 @@ def resume_figure(before: dict[str, list], would: dict[str, list], after: dict[s
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -1.1 / rows), ncol=2, frameon=False)
     ax.set_title(f"union: {verdict}", loc="right", fontsize=10.5, color="#1a7f37" if exact else "#d62728")
     return fig
+
+
+# -- mixing by weight ---------------------------------------------------------------
+MIX_COLOURS = ["#3b75af", "#ef8636", "#2a9d8f", "#9467bd", "#d62728", "#8c564b"]
+
+
+def running_counts(stream: list, names: list[str]) -> dict[str, list[int]]:
+    """``{name: [count of name in stream[:p] for p = 1 .. len(stream)]}``."""
+    counts = {name: [] for name in names}
+    seen = Counter()
+    for source in stream:
+        seen[source] += 1
+        for name in names:
+            counts[name].append(seen[name])
+    return counts
+
+
+def mix_figure(streams: dict[str, list], weights: dict[str, float], batch: int, title: str):
+    """One column per stream (a list of source names, in stream order): on top the
+    running share of each source over the first positions (log scale) with the
+    target shares dashed; below, each global batch (``batch`` consecutive
+    positions): every source's count minus its exact share ``batch × w / sum(w)``,
+    with the ±1 band of the target. The largest ``|count − share|`` over all
+    prefixes is written in each top panel."""
+    names = list(weights)
+    total = sum(weights.values())
+    colours = dict(zip(names, MIX_COLOURS))
+    n = max(len(s) for s in streams.values())
+    fig, axes = plt.subplots(2, len(streams), figsize=(11.5, 7.4), sharex="row", sharey="row",
+                             gridspec_kw={"height_ratios": [1.2, 1], "hspace": 0.55, "wspace": 0.06})
+    deviations = {}
+    for label, stream in streams.items():
+        batches = [stream[i:i + batch] for i in range(0, len(stream) - batch + 1, batch)]
+        deviations[label] = {name: [part.count(name) - batch * weights[name] / total for part in batches]
+                             for name in names}
+    limit = max(3.0, 1.15 * max(abs(d) for per in deviations.values() for ds in per.values() for d in ds))
+    width = 0.8 / len(names)
+    for column, (label, stream) in enumerate(streams.items()):
+        top, bottom = axes[0][column], axes[1][column]
+        counts = running_counts(stream, names)
+        positions = range(1, len(stream) + 1)
+        worst_prefix = 0.0
+        for name in names:
+            share = weights[name] / total
+            top.plot(positions, [c / p for p, c in zip(positions, counts[name])], color=colours[name],
+                     linewidth=1.6, label=f"{name} (target {share:.0%})")
+            top.axhline(share, color=colours[name], linestyle=(0, (5, 3)), linewidth=1.2, alpha=0.9)
+            worst_prefix = max(worst_prefix, max(abs(c - p * share) for p, c in zip(positions, counts[name])))
+        top.text(0.98, 0.95, f"largest |count − exact share|\nover all {len(stream)} prefixes: {worst_prefix:.1f}",
+                 transform=top.transAxes, ha="right", va="top", fontsize=9.5,
+                 bbox=dict(boxstyle="round", facecolor="white", edgecolor="#bbbbbb"))
+        top.set_xscale("log")
+        top.set_xlim(1, n)
+        top.set_ylim(0, 1)
+        top.set_title(label, loc="left", fontsize=11)
+        top.set_xlabel("position in the mixed stream (log scale)")
+        bottom.axhspan(-1, 1, color="#dddddd", zorder=0, linewidth=0)
+        bottom.axhline(0, color="black", linewidth=0.8)
+        for k, name in enumerate(names):
+            values = deviations[label][name]
+            bottom.bar([b + 1 + (k - (len(names) - 1) / 2) * width for b in range(len(values))], values, width,
+                       color=colours[name])
+        worst_batch = max(abs(d) for ds in deviations[label].values() for d in ds)
+        bottom.set_title(f"per global batch of {batch}: worst {worst_batch:.1f} elements off",
+                         loc="left", fontsize=10.5, fontweight="normal")
+        bottom.set_xticks(range(1, len(values) + 1))
+        bottom.set_xlabel(f"global batch ({batch} consecutive positions)")
+        for ax in (top, bottom):
+            ax.spines[["top", "right"]].set_visible(False)
+    axes[0][0].set_ylabel("share of the positions so far")
+    axes[1][0].set_ylabel("count − exact share\n(elements; grey band: ±1)")
+    axes[1][0].set_ylim(-limit, limit)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles.append(plt.Line2D([], [], color="black", linestyle=(0, (5, 3)), linewidth=1.2))
+    labels.append("target share")
+    fig.subplots_adjust(top=0.84)
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False, bbox_to_anchor=(0.5, 0.955))
+    fig.suptitle(title, x=0.125, ha="left", fontsize=12, fontweight="bold", y=0.995)
+    return fig

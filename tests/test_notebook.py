@@ -28,8 +28,8 @@ KERNEL = "distshard-test"
 CELL_TIMEOUT = 120
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # the pictures the notebook draws (figures.show(fig, name)): the slot map, the recipe
-# comparison and the elastic resume timeline
-FIGURES = {"slot_map", "recipes", "resume"}
+# comparison, the elastic resume timeline and the running shares of a weighted mix
+FIGURES = {"slot_map", "recipes", "resume", "mix"}
 MIN_WIDTH, MIN_HEIGHT = 800, 300  # pixels: readable, not thumbnails
 
 # Inserted before the first cell of the in-memory copy (never saved): proves which
@@ -152,6 +152,10 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     # 5. resume
     assert "identical to the uninterrupted epoch: True" in everything
     assert "union covers every position exactly once: True" in everything  # elastic: 2x2 -> 3x1
+    # 6. mixing by weight: one global stream, every global batch within 1 of its share per source
+    assert "reassembled from 8 slots = the unsharded mix: True" in everything
+    mixed = re.search(r"^distshard\.mix +worst deviation per global batch of 256: (.*)$", everything, re.M)
+    assert mixed and all(float(part.split()[1]) <= 1 for part in mixed.group(1).split(", ")), everything
     # nothing written where the notebook runs
     assert not any(workdir.iterdir())
 

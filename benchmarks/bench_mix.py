@@ -1,0 +1,725 @@
+"""Mixing sources by weight over 4 gloo ranks × 2 workers: ``distshard.mix`` against
+torchdata.nodes' ``MultiNodeWeightedSampler`` and Hugging Face
+``interleave_datasets`` + ``split_dataset_by_node``, in one run, on the same data.
+
+The data and the job
+--------------------
+Three random-access sources of small records (dicts with a source name, an index
+and a short text), ``web`` / ``code`` / ``math`` = 20,000 / 5,000 / 2,000
+records, mixed 70 / 20 / 10 (``--quick``: 4,000 / 1,000 / 400). The job takes
+``STEPS = 100`` steps (``--quick``: 20) of a global batch of 256, i.e. a per-rank
+batch of 64 on ``WORLD_SIZE = 4`` ranks: 25,600 draws, so ``code`` and ``math``
+are each taken more than once over (5,120 draws of 5,000; 2,560 of 2,000) and
+every row must cycle them. ``decode`` is the same everywhere: a calibrated busy
+loop (~50 µs of CPU, chained BLAKE2b) that counts its calls in a counter shared
+by the rank and the processes it forks.
+
+Every row runs on a real gloo group on 127.0.0.1 (``distshard.verify.run_on_group``,
+each rank a spawned process, a fresh group per row and round); the decode runs
+in 2 worker processes per rank:
+
+(a) ``distshard``
+    ``distshard.mix({name: IterableWrapper(records).map(decode)}, weights,
+    samples=25_600).dist_shard(even="drop")`` through
+    ``DataLoader(batch_size=64, num_workers=2)`` on every rank.
+(a') the same with ``num_workers=0`` (decode in the rank): a diagnostic row,
+    see "per training step" below.
+(b) torchdata.nodes 0.11 (dev venv)
+    every rank builds its own nodes over its slice ``records[rank::4]`` of each
+    source: ``MultiNodeWeightedSampler(nodes, weights,
+    stop_criteria=CYCLE_FOREVER, seed=0)`` (it seeds each rank from ``(seed,
+    rank)`` itself), ``Take(6400)`` (a 20-line node written here: torchdata 0.11
+    has none; it ends the stream at the rank's share, so no read-ahead is decoded
+    past the 100th step), ``ParallelMapper(decode, num_workers=2,
+    method="process", prebatch=64)`` (``prebatch`` sends 64 records per message
+    to the workers, which costs less CPU than one message per record for
+    records this small), ``Batcher(64)``, ``Loader``.
+(b') the same with ``ParallelMapper``'s default (no ``prebatch``).
+(c) HF ``datasets`` 4.8.5 (the benchmark-only venv ``benchmarks/.venv``, run as a
+    subprocess with that interpreter, numbers back as JSON)
+    each source ``Dataset.from_dict(columns).to_iterable_dataset(num_shards=8)``,
+    ``interleave_datasets(sources, probabilities=[.7, .2, .1], seed=rank,
+    stopping_strategy="all_exhausted")`` (a seed per rank: with one seed every
+    rank draws the same sequence of sources), ``split_dataset_by_node``,
+    ``.map(decode)``, ``DataLoader(batch_size=64, num_workers=2)``. 8 shards
+    divide 4 ranks × 2 workers, HF's best case: each worker reads its own shard
+    of every source. ``.take(3200)`` stops every worker at its share (HF's
+    ``take`` counts per DataLoader worker), so no read-ahead is decoded past the
+    100th step.
+(c') the same with 20 / 5 / 2 shards (``interleave`` keeps the smallest count,
+    2, which 4 ranks do not divide): every rank reads every example and keeps
+    one in 4, so here every rank uses the same ``seed=0`` (with a seed per rank
+    the ranks would skip over different streams and overlap);
+    ``.take(12800)`` (it counts before the skip).
+
+Metrics
+-------
+reads / delivered
+    decode calls in every process of the job / elements the ranks received in
+    the 100 steps.
+worst deviation per global batch of 256
+    per source, the largest ``|count − 256 × weight|`` over the 100 global
+    batches. A global batch is 256 consecutive positions of the global stream.
+    For distshard the global stream exists, so it is reconstructed: slot
+    ``s = rank × 2 + worker`` holds positions ``s, s + 8, s + 16, …``
+    (``dist_shard``'s layout) and the DataLoader alternates its workers' batches;
+    the reconstruction is checked against the unsharded ``mix`` (column "same
+    stream"). The peers have no global stream: their global batch of a step is
+    the 4 ranks' batches of that step, concatenated.
+per training step
+    the same deviation for what a step actually gets: the 4 ranks' batches of
+    that step, concatenated, for every row. With DataLoader workers a rank's
+    step-``t`` batch is 64 elements of *one* worker (``t mod 2``), so a step of
+    distshard holds the positions of slots 0, 2, 4, 6 (or 1, 3, 5, 7) of 512
+    consecutive positions, not 256 consecutive ones; row (a') has one slot per
+    rank, so its steps are consecutive windows.
+each element once per pass
+    per source, with ``d`` elements delivered out of ``n``, every element must
+    have been delivered ``⌊d/n⌋`` or ``⌈d/n⌉`` times (a pass is complete before
+    the next one starts repeating it). Otherwise: how many elements a completed
+    pass left out, and how many deliveries exceed ``⌈d/n⌉``.
+CPU s / wall s
+    user + sys CPU of every rank and its worker processes (``RUSAGE_SELF`` +
+    ``RUSAGE_CHILDREN`` of each rank, from just before the pipeline is built to
+    its workers joined), summed over the ranks; the slowest rank's wall time.
+    Median over rounds (interleaved, 3 by default).
+
+Targets for (a): reads 1.00 per delivered element, deviation ≤ 1 element per
+source per global batch, CPU ≤ the best peer's. Nothing is asserted: this is a
+benchmark, not a test.
+
+How to run
+----------
+::
+
+    .venv/bin/python benchmarks/bench_files.py --setup-peers   # once: benchmarks/.venv with the peers
+    .venv/bin/python benchmarks/bench_mix.py                   # 3 rounds: ~3-4 min on 2 cores
+    .venv/bin/python benchmarks/bench_mix.py --quick           # smaller sources, 20 steps, 1 round
+    .venv/bin/python benchmarks/bench_mix.py --only distshard,hf --json mix.json
+
+Without the peers' venv the HF rows say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# Spawned rank processes re-import this file by path (as ``__mp_main__``).
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+PEERS_VENV = HERE / ".venv"
+
+warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
+warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+WORLD_SIZE, NUM_WORKERS = 4, 2
+GLOBAL_BATCH = 256
+RANK_BATCH = GLOBAL_BATCH // WORLD_SIZE
+NAMES = ("web", "code", "math")
+WEIGHTS = (0.7, 0.2, 0.1)
+SIZES = (20_000, 5_000, 2_000)
+STEPS = 100
+QUICK_SIZES, QUICK_STEPS = (4_000, 1_000, 400), 20
+ROUNDS = 3
+DECODE_TARGET_S = 50e-6
+SEED = 0
+TARGET_DEVIATION = 1.0
+
+
+# -- decode: a calibrated busy loop, counted over the rank and its workers -------------
+_COUNTER: Any = None  # a shared counter, created in each rank before it forks workers
+
+
+def burn(iters: int, seed: int) -> bytes:
+    """Deterministic CPU work: ``iters`` chained BLAKE2b digests."""
+    digest = seed.to_bytes(8, "little")
+    for _ in range(iters):
+        digest = hashlib.blake2b(digest, digest_size=16).digest()
+    return digest
+
+
+class Decode:
+    """``record -> (source id, index)`` (or a dict, for HF's ``map``) after ~50 µs of CPU."""
+
+    def __init__(self, iters: int, as_dict: bool = False) -> None:
+        self.iters, self.as_dict = iters, as_dict
+
+    def __call__(self, record: dict[str, Any]) -> Any:
+        counter = _COUNTER
+        if counter is not None:
+            with counter.get_lock():
+                counter.value += 1
+        sid = NAMES.index(record["source"])
+        index = int(record["idx"])
+        burn(self.iters, sid * 10_000_000 + index + len(record["text"]))
+        return {"sid": sid, "idx": index} if self.as_dict else (sid, index)
+
+
+def calibrate(target_s: float) -> tuple[int, float]:
+    """``(iters, measured seconds per decode)`` for ~``target_s`` of CPU per decode."""
+    probe = 64
+    calls, start = 0, time.process_time()
+    while time.process_time() - start < 0.1:
+        burn(probe, calls)
+        calls += 1
+    iters = max(1, round(target_s / ((time.process_time() - start) / (calls * probe))))
+    decode = Decode(iters)
+    record = {"source": "web", "idx": 0, "text": "x" * 40}
+    samples = []
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(2000):
+            decode(record)
+        samples.append((time.process_time() - start) / 2000)
+    return iters, statistics.median(samples)
+
+
+def make_records(name: str, n: int) -> list[dict[str, Any]]:
+    return [{"source": name, "idx": k, "text": f"{name} record {k:06d}: lorem ipsum dolor"} for k in range(n)]
+
+
+# -- the rows ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    label: str
+    venv: str  # "dev" or "peers"
+    code: str
+    workers: int = NUM_WORKERS
+    target: bool = False
+    diagnostic: bool = False
+
+
+VARIANTS = [
+    Variant("distshard", "**distshard**", "dev",
+            '`distshard.mix(sources, {"web": .7, "code": .2, "math": .1}, samples=steps * 256)'
+            '.dist_shard(even="drop")` → `DataLoader(batch_size=64, num_workers=2)`', target=True),
+    Variant("distshard_k1", "distshard, `num_workers=0` (diagnostic)", "dev",
+            "the same with `num_workers=0`: decode in the rank, 1 slot per rank", workers=0, diagnostic=True),
+    Variant("nodes", "torchdata.nodes 0.11 `MultiNodeWeightedSampler`", "dev",
+            "`MultiNodeWeightedSampler({name: IterableWrapper(records[rank::4])}, weights, CYCLE_FOREVER)` → "
+            "`Take(6400)` → `ParallelMapper(decode, 2, 'process', prebatch=64)` → `Batcher(64)` → `Loader`"),
+    Variant("nodes_default", "torchdata.nodes 0.11, `ParallelMapper` default", "dev",
+            "the same without `prebatch`: one message per record to the workers"),
+    Variant("hf", "HF datasets 4.8.5, 8 shards per source", "peers",
+            "`interleave_datasets(sources, probabilities=[.7, .2, .1], seed=rank, "
+            "stopping_strategy='all_exhausted')` → `split_dataset_by_node` → `.map(decode)` → `.take(3200)` → "
+            "`DataLoader(batch_size=64, num_workers=2)`"),
+    Variant("hf_uneven", "HF datasets 4.8.5, 20 / 5 / 2 shards", "peers",
+            "the same with `seed=0` on every rank (its skip needs one stream) and `.take(12800)`: 2 shards "
+            "(the smallest count) do not divide 4 ranks"),
+]
+BY_KEY = {v.key: v for v in VARIANTS}
+
+
+def import_libraries(key: str) -> None:
+    """Imports before the measured window."""
+    if key.startswith("distshard"):
+        import distshard  # noqa: F401
+    elif key.startswith("nodes"):
+        import torchdata.nodes  # noqa: F401
+    elif key.startswith("hf"):
+        import datasets  # noqa: F401
+        import datasets.distributed  # noqa: F401
+
+
+def build(key: str, data: dict[str, list], decode: Decode, rank: int, world_size: int, steps: int) -> Any:
+    """What rank ``rank`` iterates: an iterable of batches."""
+    from torch.utils.data import DataLoader
+
+    weights = dict(zip(NAMES, WEIGHTS))
+    if key in ("distshard", "distshard_k1"):
+        from torch.utils.data.datapipes.iter import IterableWrapper
+
+        import distshard
+
+        sources = {name: IterableWrapper(records).map(decode) for name, records in data.items()}
+        pipe = distshard.mix(sources, weights, samples=steps * GLOBAL_BATCH).dist_shard(even="drop")
+        workers = BY_KEY[key].workers
+        return DataLoader(pipe, batch_size=RANK_BATCH, num_workers=workers,
+                          multiprocessing_context="fork" if workers else None)
+    if key in ("nodes", "nodes_default"):
+        from torchdata.nodes import Batcher, IterableWrapper, Loader, MultiNodeWeightedSampler, ParallelMapper
+        from torchdata.nodes import StopCriteria
+
+        Take = _take_node()
+        nodes = {name: IterableWrapper(records[rank::world_size]) for name, records in data.items()}
+        node = MultiNodeWeightedSampler(nodes, weights, stop_criteria=StopCriteria.CYCLE_FOREVER,
+                                        rank=rank, world_size=world_size, seed=SEED)
+        node = Take(node, steps * RANK_BATCH)
+        node = ParallelMapper(node, decode, num_workers=NUM_WORKERS, method="process",
+                              multiprocessing_context="fork", prebatch=RANK_BATCH if key == "nodes" else None)
+        return Loader(Batcher(node, batch_size=RANK_BATCH))
+    if key in ("hf", "hf_uneven"):
+        from datasets import Dataset, interleave_datasets
+        from datasets.distributed import split_dataset_by_node
+
+        shards = (8, 8, 8) if key == "hf" else (20, 5, 2)
+        sources = [Dataset.from_dict({column: [r[column] for r in records] for column in ("source", "idx", "text")})
+                   .to_iterable_dataset(num_shards=k) for (name, records), k in zip(data.items(), shards)]
+        # a seed per rank decorrelates the ranks' draws; where split_dataset_by_node skips,
+        # every rank must draw the same stream (one seed), or the ranks' shares overlap
+        ds = interleave_datasets(sources, probabilities=list(WEIGHTS), seed=SEED + rank if key == "hf" else SEED,
+                                 stopping_strategy="all_exhausted")
+        ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+        ds = ds.map(Decode(decode.iters, as_dict=True), remove_columns=["source", "text"])
+        per_worker = steps * RANK_BATCH // NUM_WORKERS
+        # take() counts per DataLoader worker, and before split_dataset_by_node's skip when it skips
+        ds = ds.take(per_worker if key == "hf" else per_worker * world_size)
+        return DataLoader(ds, batch_size=RANK_BATCH, num_workers=NUM_WORKERS, multiprocessing_context="fork")
+    raise ValueError(f"unknown variant {key!r}")
+
+
+def _take_node() -> type:
+    from torchdata.nodes import BaseNode
+
+    class Take(BaseNode):
+        """The first ``n`` items of ``source`` (torchdata 0.11 has no such node)."""
+
+        def __init__(self, source: Any, n: int) -> None:
+            super().__init__()
+            self.source, self.n, self.taken = source, n, 0
+
+        def reset(self, initial_state: dict | None = None) -> None:
+            super().reset(initial_state)
+            self.source.reset(None if initial_state is None else initial_state["source"])
+            self.taken = 0 if initial_state is None else initial_state["taken"]
+
+        def next(self) -> Any:
+            if self.taken >= self.n:
+                raise StopIteration
+            self.taken += 1
+            return next(self.source)
+
+        def get_state(self) -> dict:
+            return {"source": self.source.state_dict(), "taken": self.taken}
+
+    return Take
+
+
+def pairs(batch: Any) -> list[tuple[int, int]]:
+    """``[(source id, index), ...]`` of one batch, whatever the loader collated."""
+    if isinstance(batch, dict):  # HF rows through default_collate
+        return list(zip(batch["sid"].tolist(), batch["idx"].tolist()))
+    if isinstance(batch, (list, tuple)) and len(batch) == 2 and hasattr(batch[0], "tolist"):
+        return list(zip(batch[0].tolist(), batch[1].tolist()))  # tuples through default_collate
+    return [(int(s), int(i)) for s, i in batch]  # torchdata's Batcher: a list of tuples
+
+
+def close(loader: Any, iterator: Any) -> None:
+    """Stop and join the worker processes (so that RUSAGE_CHILDREN counts them)."""
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()  # a DataLoader's
+    if "torchdata.nodes" in sys.modules:  # torchdata.nodes: its mapper iterators join their processes
+        import gc
+
+        from torchdata.nodes.map import _ParallelMapperIter
+
+        for obj in gc.get_objects():
+            if type(obj) is _ParallelMapperIter:  # not isinstance: it would probe every object's class
+                obj._shutdown()
+    for child in multiprocessing.active_children():
+        child.join(timeout=10)
+
+
+def _cpu(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
+def rank_main(rank: int, world_size: int, key: str, sizes: list[int], steps: int, iters: int,
+              timeout: float) -> dict[str, Any]:
+    global _COUNTER
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {"rank": rank, "batches": [], "error": None}
+    import_libraries(key)
+    data = {name: make_records(name, n) for name, n in zip(NAMES, sizes)}  # the data exist before the job
+    _COUNTER = multiprocessing.get_context("fork").Value(ctypes.c_longlong, 0)
+    dist.barrier()
+    self0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall0 = time.perf_counter()
+    loader = iterator = None
+    try:
+        loader = build(key, data, Decode(iters), rank, world_size, steps)
+        if isinstance(loader, torch.utils.data.DataLoader):
+            loader.timeout = timeout if loader.num_workers else 0
+        iterator = iter(loader)
+        for batch in iterator:
+            out["batches"].append(pairs(batch))
+            if len(out["batches"]) == steps:
+                break
+    except BaseException:  # noqa: BLE001 - reported
+        out["error"] = traceback.format_exc()
+    finally:
+        close(loader, iterator)
+        del iterator, loader
+    out["wall_s"] = time.perf_counter() - wall0
+    out["cpu_s"] = (_cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(self0)
+                    + _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children0))
+    out["decodes"] = _COUNTER.value
+    return out
+
+
+def run_variant(key: str, sizes: list[int], steps: int, iters: int, timeout: float) -> dict[str, Any]:
+    """One gloo group, one row: what every rank returned."""
+    from distshard.verify import run_on_group
+
+    outcomes = run_on_group(rank_main, world_size=WORLD_SIZE, timeout=timeout,
+                            args=(key, sizes, steps, iters, timeout))
+    ranks, errors = [], []
+    for outcome in outcomes:
+        if outcome.error or outcome.value is None:
+            errors.append(f"rank {outcome.rank}: {outcome.error or 'no result'}")
+            continue
+        if outcome.value["error"]:
+            errors.append(f"rank {outcome.rank}: {outcome.value['error']}")
+        ranks.append(outcome.value)
+    return {"ranks": ranks, "errors": errors}
+
+
+# -- the peers' venv ------------------------------------------------------------------------
+def peers_python() -> Path | None:
+    python = PEERS_VENV / "bin" / "python"
+    return python if python.exists() else None
+
+
+def launch_peer(key: str, sizes: list[int], steps: int, iters: int, timeout: float) -> dict[str, Any]:
+    """Run ``key`` with the benchmark venv's interpreter; its JSON back."""
+    python = peers_python()
+    if python is None:
+        return {"skipped": f"no benchmark venv ({PEERS_VENV.relative_to(ROOT)}): run "
+                           "benchmarks/bench_files.py --setup-peers"}
+    with tempfile.TemporaryDirectory(prefix="bench_mix-") as tmp:
+        out = Path(tmp) / "result.json"
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "pipes"), str(HERE)]), HF_HOME=os.path.join(tmp, "hf"),
+                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        command = [str(python), str(Path(__file__).resolve()), "--run", key, "--sizes", ",".join(map(str, sizes)),
+                   "--steps", str(steps), "--iters", str(iters), "--timeout", str(timeout), "--out", str(out)]
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            return {"ranks": [], "errors": [f"timed out after {timeout + 60:.0f} s"]}
+        if not out.exists():
+            return {"ranks": [], "errors": [f"exit {done.returncode}: {done.stderr[-2000:]}"]}
+        return json.loads(out.read_text())
+
+
+# -- analysis ----------------------------------------------------------------------------------
+def expected_stream(sizes: list[int], steps: int) -> list[tuple[int, int]]:
+    """distshard's global stream, unsharded, in this process (no decode)."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    import distshard
+
+    sources = {name: IterableWrapper(make_records(name, n)) for name, n in zip(NAMES, sizes)}
+    mixed = distshard.mix(sources, dict(zip(NAMES, WEIGHTS)), samples=steps * GLOBAL_BATCH)
+    return [(NAMES.index(r["source"]), r["idx"]) for r in mixed]
+
+
+def reconstruct(ranks: list[dict[str, Any]], workers: int, total: int) -> list | None:
+    """distshard's global order from what the ranks received: slot ``s`` holds positions
+    ``s + S t``, and a rank's DataLoader takes its workers' batches in turn."""
+    k = max(1, workers)
+    slots = WORLD_SIZE * k
+    order: list = [None] * total
+    for value in ranks:
+        rank = value["rank"]
+        for t, batch in enumerate(value["batches"]):
+            slot, first = rank * k + t % k, (t // k) * RANK_BATCH
+            for j, element in enumerate(batch):
+                position = slot + slots * (first + j)
+                if position >= total:
+                    return None
+                order[position] = tuple(element)
+    return None if any(e is None for e in order) else order
+
+
+def deviations(batches: list[list[tuple[int, int]]]) -> list[float]:
+    """Per source, the worst ``|count − size × weight|`` over the batches."""
+    total = sum(WEIGHTS)
+    worst = [0.0] * len(NAMES)
+    for batch in batches:
+        counts = Counter(s for s, _ in batch)
+        for s, w in enumerate(WEIGHTS):
+            worst[s] = max(worst[s], abs(counts[s] - len(batch) * w / total))
+    return worst
+
+
+def per_pass(delivered: list[tuple[int, int]], sizes: list[int]) -> dict[str, Any]:
+    """Each element of a source delivered ⌊d/n⌋ or ⌈d/n⌉ times?"""
+    out: dict[str, Any] = {"left_out": 0, "beyond": 0, "per_source": {}}
+    by_source = Counter(s for s, _ in delivered)
+    counts = Counter((s, i) for s, i in delivered)
+    for s, (name, n) in enumerate(zip(NAMES, sizes)):
+        d = by_source[s]
+        low, high = d // n, -(-d // n)
+        seen = [counts[(s, i)] for i in range(n)]
+        left = sum(max(0, low - c) for c in seen)
+        beyond = sum(max(0, c - high) for c in seen)
+        out["per_source"][name] = {"delivered": d, "n": n, "min": min(seen), "max": max(seen),
+                                   "left_out": left, "beyond": beyond}
+        out["left_out"] += left
+        out["beyond"] += beyond
+    return out
+
+
+def analyze(variant: Variant, run: dict[str, Any], sizes: list[int], steps: int,
+            expected: list | None) -> dict[str, Any]:
+    ranks = sorted(run.get("ranks", []), key=lambda v: v["rank"])
+    row: dict[str, Any] = {"errors": run.get("errors", [])}
+    complete = (len(ranks) == WORLD_SIZE and not row["errors"]
+                and all(len(v["batches"]) == steps for v in ranks))
+    row["complete"] = complete
+    if not ranks:
+        return row
+    delivered = [tuple(e) for v in ranks for batch in v["batches"] for e in batch]
+    row["delivered"] = len(delivered)
+    row["decodes"] = sum(v["decodes"] for v in ranks)
+    row["reads_per_delivered"] = row["decodes"] / max(1, len(delivered))
+    row["cpu_s"] = sum(v["cpu_s"] for v in ranks)
+    row["wall_s"] = max(v["wall_s"] for v in ranks)
+    if not complete:
+        return row
+    steps_batches = [[tuple(e) for v in ranks for e in v["batches"][t]] for t in range(steps)]
+    row["step_deviation"] = deviations(steps_batches)
+    if variant.key.startswith("distshard"):
+        order = reconstruct(ranks, variant.workers, steps * GLOBAL_BATCH)
+        row["same_stream"] = order is not None and order == expected
+        windows = ([order[i:i + GLOBAL_BATCH] for i in range(0, len(order), GLOBAL_BATCH)]
+                   if order is not None else steps_batches)
+        row["global_deviation"] = deviations(windows)
+    else:
+        row["same_stream"] = None  # no global stream to compare with
+        row["global_deviation"] = row["step_deviation"]
+    row["passes"] = per_pass(delivered, sizes)
+    return row
+
+
+def summarize(variant: Variant, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of CPU / wall over rounds; everything else from round 1 (and checked equal)."""
+    if runs and "skipped" in runs[0]:
+        return {"key": variant.key, "skipped": runs[0]["skipped"]}
+    good = [r for r in runs if r.get("complete")]
+    summary: dict[str, Any] = {"key": variant.key, "rounds": runs}
+    if not good:
+        summary["errors"] = [e for r in runs for e in r.get("errors", [])] or ["no complete round"]
+        return summary
+    first = good[0]
+    for name in ("reads_per_delivered", "global_deviation", "step_deviation", "same_stream", "passes",
+                 "delivered", "decodes"):
+        summary[name] = first[name]
+    summary["stable"] = all(r["global_deviation"] == first["global_deviation"]
+                            and r["passes"] == first["passes"] for r in good)
+    summary["reads_max"] = max(r["reads_per_delivered"] for r in good)
+    summary["cpu_s"] = statistics.median(r["cpu_s"] for r in good)
+    summary["cpu_all"] = [r["cpu_s"] for r in good]
+    summary["wall_s"] = statistics.median(r["wall_s"] for r in good)
+    return summary
+
+
+# -- the table -------------------------------------------------------------------------------
+def _dev(values: list[float]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values)
+
+
+def _once(row: dict[str, Any]) -> str:
+    passes = row["passes"]
+    if not passes["left_out"] and not passes["beyond"]:
+        return "✓"
+    parts = []
+    if passes["left_out"]:
+        worst = [f"{name} {p['left_out']}" for name, p in passes["per_source"].items() if p["left_out"]]
+        parts.append(f"{passes['left_out']} left out of a completed pass ({', '.join(worst)})")
+    if passes["beyond"]:
+        parts.append(f"{passes['beyond']} extra repeats")
+    return "✗ " + "; ".join(parts)
+
+
+def targets(row: dict[str, Any], best_peer_cpu: float | None) -> dict[str, Any]:
+    reads_ok = f"{row['reads_max']:.2f}" == "1.00"
+    deviation = max(row["global_deviation"])
+    step = max(row["step_deviation"])
+    cpu_ok = best_peer_cpu is not None and row["cpu_s"] <= best_peer_cpu
+    return {"reads": reads_ok, "deviation": deviation <= TARGET_DEVIATION,
+            "deviation_per_step": step <= TARGET_DEVIATION, "cpu": cpu_ok if best_peer_cpu is not None else None}
+
+
+def table(rows: list[dict[str, Any]], best_peer_cpu: float | None) -> str:
+    head = ["row", "pipeline (per rank)", "reads / delivered",
+            "worst deviation per global batch of 256 (web / code / math)",
+            "same, per training step as delivered", "same stream", "each element once per pass",
+            "CPU s", "wall s", "targets"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 3 + ["---"] * 2
+                                                                + ["---:"] * 2 + ["---"]) + "|"]
+    for row in rows:
+        variant = BY_KEY[row["key"]]
+        code = variant.code
+        if "skipped" in row:
+            lines.append(f"| {variant.label} | {code} | not run: {row['skipped']} |" + " |" * 7)
+            continue
+        if "cpu_s" not in row:
+            first = (row.get("errors") or ["?"])[0].strip().splitlines()[-1][:140]
+            lines.append(f"| {variant.label} | {code} | failed: {first} |" + " |" * 7)
+            continue
+        verdict = "—"
+        if variant.target:
+            t = targets(row, best_peer_cpu)
+            words = [("reads", t["reads"]), ("deviation", t["deviation"]), ("CPU", t["cpu"])]
+            met = [w for w, ok in words if ok]
+            missed = [w for w, ok in words if ok is False]
+            verdict = ("met: " + ", ".join(met) if met else "") + (
+                ("; " if met else "") + "**missed**: " + ", ".join(missed) if missed else "")
+            if not t["deviation_per_step"]:
+                verdict += "; per step: **missed**"
+        same = {True: "✓", False: "✗", None: "—"}[row["same_stream"]]
+        lines.append(
+            f"| {variant.label} | {code} | {row['reads_per_delivered']:.2f} | {_dev(row['global_deviation'])} "
+            f"| {_dev(row['step_deviation'])} | {same} | {_once(row)} | {row['cpu_s']:.2f} "
+            f"| {row['wall_s']:.2f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"sources {'/'.join(map(str, QUICK_SIZES))}, {QUICK_STEPS} steps, 1 round")
+    parser.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
+    parser.add_argument("--only", default="", help="comma-separated rows: " + ",".join(BY_KEY))
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds a row may take")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the raw numbers")
+    # internal: one row in the peers' venv
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--iters", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(None if argv is None else list(argv))
+
+    if args.run:
+        try:
+            result = run_variant(args.run, [int(n) for n in args.sizes.split(",")], args.steps, args.iters,
+                                 args.timeout)
+        except BaseException:  # noqa: BLE001 - reported
+            result = {"ranks": [], "errors": [traceback.format_exc()]}
+        result["versions"] = _versions()
+        args.out.write_text(json.dumps(result))
+        return 0
+    return orchestrate(args)
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "torchdata", "datasets"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    import torch
+
+    import distshard
+    from _common import command_line, environment, write_json
+
+    chosen = VARIANTS
+    if args.only:
+        unknown = [k for k in args.only.split(",") if k not in BY_KEY]
+        if unknown:
+            raise SystemExit(f"unknown rows {unknown}; known: {', '.join(BY_KEY)}")
+        chosen = [BY_KEY[k] for k in args.only.split(",")]
+    sizes, steps = (list(QUICK_SIZES), QUICK_STEPS) if args.quick else (list(SIZES), STEPS)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else ROUNDS)
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    iters, cost = calibrate(DECODE_TARGET_S)
+    draws = steps * GLOBAL_BATCH
+    print(f"# {command_line()}")
+    print(f"# Python {platform.python_version()}, torch {torch.__version__}, distshard {distshard.__version__}, "
+          f"{os.cpu_count()} cores; sources {' / '.join(f'{n} {s:,}' for n, s in zip(NAMES, sizes))}, "
+          f"weights {' / '.join(f'{w:g}' for w in WEIGHTS)}; {steps} steps × global batch {GLOBAL_BATCH} "
+          f"= {draws:,} draws; {WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; decode {cost * 1e6:.0f} µs "
+          f"CPU; {rounds} round(s), CPU medians", flush=True)
+    expected = expected_stream(sizes, steps)
+    runs: dict[str, list[dict[str, Any]]] = {v.key: [] for v in chosen}
+    peer_versions: dict[str, str] = {}
+    for r in range(rounds):
+        order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
+        for variant in order:
+            t0 = time.perf_counter()
+            if variant.venv == "dev":
+                run = run_variant(variant.key, sizes, steps, iters, args.timeout)
+            else:
+                run = launch_peer(variant.key, sizes, steps, iters, args.timeout)
+                peer_versions.update(run.get("versions", {}))
+            if "skipped" in run:
+                runs[variant.key].append(run)
+            else:
+                runs[variant.key].append(analyze(variant, run, sizes, steps, expected))
+            print(f"#   round {r + 1}/{rounds}: {variant.key} in {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+    rows = [summarize(v, runs[v.key]) for v in chosen]
+    peers = [row["cpu_s"] for row in rows if "cpu_s" in row and not BY_KEY[row["key"]].key.startswith("distshard")]
+    best_peer = min(peers) if peers else None
+    print()
+    print(table(rows, best_peer))
+    print()
+    elapsed = time.perf_counter() - started
+    print(f"reads / delivered: decode calls in all processes / elements the 4 ranks received. Deviation: "
+          f"per source, max over the {steps} global batches of |count − 256 × weight| (targets "
+          f"{', '.join(f'{256 * w:g}' for w in WEIGHTS)}); distshard's global batches are 256 consecutive "
+          f"positions of its reconstructed global stream (checked against the unsharded mix: same stream), "
+          f"the peers' are the 4 ranks' batches of a step. Per training step: the 4 ranks' batches of a step, "
+          f"for every row. CPU s: user+sys of the 4 ranks and their workers, median of {rounds}. "
+          f"Targets for distshard: reads 1.00, deviation ≤ {TARGET_DEVIATION:g} per source per global batch, "
+          f"CPU ≤ the best peer's ({'—' if best_peer is None else f'{best_peer:.2f} s'}). "
+          f"Ideal CPU (decode once per draw): {draws * cost:.2f} s. Load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after; total {elapsed:.0f} s.")
+    for row in rows:
+        if BY_KEY[row["key"]].target and "cpu_s" in row:
+            t = targets(row, best_peer)
+            print(f"distshard: reads {row['reads_per_delivered']:.4f} per delivered element "
+                  f"({'met' if t['reads'] else 'MISSED'}); worst deviation per global batch "
+                  f"{max(row['global_deviation']):.1f} ({'met' if t['deviation'] else 'MISSED'}), per training "
+                  f"step {max(row['step_deviation']):.1f} ({'met' if t['deviation_per_step'] else 'MISSED'}); "
+                  f"CPU {row['cpu_s']:.2f} s vs best peer "
+                  f"{'—' if best_peer is None else f'{best_peer:.2f} s'} "
+                  f"({'met' if t['cpu'] else 'not measured' if t['cpu'] is None else 'MISSED'}).")
+    if args.json is not None:
+        write_json(args.json, {**environment(), "peers": peer_versions, "sizes": sizes, "steps": steps,
+                               "weights": WEIGHTS, "global_batch": GLOBAL_BATCH, "world_size": WORLD_SIZE,
+                               "num_workers": NUM_WORKERS, "decode_iters": iters, "decode_cost_s": cost,
+                               "rounds": rounds, "elapsed_s": elapsed, "best_peer_cpu_s": best_peer,
+                               "rows": [{k: v for k, v in row.items() if k != "rounds"} | {
+                                   "per_round": [{k: v for k, v in run.items()} for run in row.get("rounds", [])]}
+                                   for row in rows]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
