@@ -134,6 +134,8 @@ def test_set_epoch_reaches_through_a_stateful_pipeline_and_a_loader():
     assert shard.epoch == 3
     distshard.set_epoch(DataLoader(pipeline, batch_size=None), 4)
     assert shard.epoch == 4
+    distshard.set_epoch(DataLoader(shard, batch_size=None), 5)  # torch wraps a DataPipe dataset
+    assert shard.epoch == 5
 
 
 def test_pad_and_drop_counts_per_slot_hold_in_workers_after_elastic_resume():

@@ -24,7 +24,7 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from . import context as _context
 from . import frameworks
 from .engine import SlotRun, remaining_share
-from .graph import Pushdown, check_no_sharding, plan_pushdown, random_pipes, upstream_pipes
+from .graph import Pushdown, check_no_sharding, pipeline_of, plan_pushdown, random_pipes, upstream_pipes
 from .plan import Even, check_even, check_multiple, mix_seed
 from .readers import (
     Reader,
@@ -662,13 +662,8 @@ def shards_in(pipeline: Any) -> list[DistShardIterDataPipe]:
 
     ``pipeline`` may be an ``IterDataPipe``, a :class:`distshard.StatefulPipeline`
     or anything holding the pipeline as ``.pipeline`` or ``.dataset`` (a DataLoader)."""
-    seen = 0
-    while not isinstance(pipeline, IterDataPipe) and seen < 4:
-        inner = getattr(pipeline, "pipeline", None) or getattr(pipeline, "dataset", None)
-        if inner is None:
-            break
-        pipeline, seen = inner, seen + 1
-    if not isinstance(pipeline, IterDataPipe):
+    pipeline = pipeline_of(pipeline)
+    if pipeline is None:
         return []
     return [p for p in upstream_pipes(pipeline) if isinstance(p, DistShardIterDataPipe)]
 

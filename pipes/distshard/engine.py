@@ -9,7 +9,7 @@ epoch, what nobody consumed after an elastic resume) among the slots:
 * ``stride`` layout: the ``j``-th remaining index goes to slot ``j % num_slots``
   (streams, sequences);
 * ``blocks`` layout: slot ``s`` gets a contiguous block (readers whose neighbours
-  share a unit, when not shuffled);
+  share a unit or a file: units with sizes, file sources), shuffled or not;
 * ``units``: whole units, decided by the reader (units without sizes).
 
 With ``shuffle=True`` a visit index ``v`` reads position ``order(v)`` of a seeded

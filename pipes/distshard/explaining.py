@@ -114,22 +114,16 @@ def _path(graph: DataPipeGraph, target: Any) -> list | None:
 
 
 def _pipeline_of(obj: Any) -> IterDataPipe:
-    """The ``IterDataPipe`` inside ``obj``: itself, or its ``.pipeline`` /
-    ``.dataset`` (``StatefulPipeline``, ``DataLoader``), unwrapped repeatedly."""
-    seen = obj
-    for _ in range(8):
-        if isinstance(obj, IterDataPipe):
-            return obj
-        inner = getattr(obj, "pipeline", None)
-        if inner is None:
-            inner = getattr(obj, "dataset", None)
-        if inner is None:
-            break
-        obj = inner
-    raise TypeError(
-        f"explain() needs an IterDataPipe pipeline, or an object holding one as .pipeline or "
-        f".dataset (distshard.StatefulPipeline, a DataLoader), got {type(seen).__name__}"
-    )
+    """The ``IterDataPipe`` inside ``obj`` (see ``graph.pipeline_of``), or ``TypeError``."""
+    from .graph import pipeline_of
+
+    found = pipeline_of(obj)
+    if found is None:
+        raise TypeError(
+            f"explain() needs an IterDataPipe pipeline, or an object holding one as .pipeline or "
+            f".dataset (distshard.StatefulPipeline, a DataLoader), got {type(obj).__name__}"
+        )
+    return found
 
 
 def explain(pipeline: Any) -> Explanation:

@@ -287,3 +287,18 @@ def plan_pushdown(source: IterDataPipe, enabled: bool) -> Pushdown:
             base = base.datapipe
     sequence, copy_elements = random_access(base)
     return Pushdown(base, maps[::-1], sequence, copy_elements)
+
+
+def pipeline_of(obj: Any) -> IterDataPipe | None:
+    """The ``IterDataPipe`` inside ``obj``: itself, or what it holds as ``.pipeline``
+    (``StatefulPipeline``), ``.dataset`` (a DataLoader) or ``._datapipe`` (torch's
+    wrapper of a DataPipe dataset), unwrapped repeatedly; ``None`` if there is none."""
+    for _ in range(8):
+        if isinstance(obj, IterDataPipe):
+            return obj
+        obj = next((getattr(obj, name) for name in ("pipeline", "dataset", "_datapipe")
+                    if getattr(obj, name, None) is not None), None)
+        if obj is None:
+            return None
+    return None
+
