@@ -182,11 +182,22 @@ def kept(n: int, workers: int, multiple: int = BATCH) -> int:
     return n // slots // multiple * multiple
 
 
-def shares(stream: list[int], workers: int, per_slot: int) -> dict[int, set[int]]:
-    """What each rank must train: position p goes to slot p % S (slot = rank * W + worker)
-    and every slot keeps its first ``per_slot`` positions (the rest is the dropped tail)."""
+def shares(stream: list[int], workers: int, per_slot: int, multiple: int = 1) -> dict[int, set[int]]:
+    """What each rank must train. Without multiple_of, position p goes to slot p % S
+    (slot = rank * W + worker) and every slot keeps its first ``per_slot`` positions
+    (the rest is the dropped tail). With multiple_of=b, chunks of b positions go to
+    rank c % WORLD and worker (c // WORLD) % W (the DataLoader's order of batches),
+    whole rounds of chunks only."""
     w = max(1, workers)
     slots = WORLD * w
+    if multiple > 1:
+        from distshard.plan import chunk_positions
+
+        out = {rank: {stream[p] for worker in range(w)
+                      for p in chunk_positions(rank, WORLD, worker, w, len(stream), multiple)}
+               for rank in range(WORLD)}
+        assert all(len(v) == per_slot * w for v in out.values())
+        return out
     return {rank: {x for p, x in enumerate(stream[:slots * per_slot]) if (p % slots) // w == rank}
             for rank in range(WORLD)}
 
@@ -228,7 +239,7 @@ def imbalance(trained: dict[int, list[int]], steps: list[int], announced) -> lis
 
 def check_validation(phase: dict[int, list[dict]], workers: int, epochs: int = 2) -> None:
     per_slot = kept(N_VAL, workers)
-    expected = shares(list(range(VAL_FIRST, VAL_FIRST + N_VAL)), workers, per_slot)
+    expected = shares(list(range(VAL_FIRST, VAL_FIRST + N_VAL)), workers, per_slot, BATCH)
     for epoch in range(epochs):
         seen = {rank: ids(phase[rank], "val", epoch) for rank in range(WORLD)}
         assert violations(seen, expected) == [], f"validation, epoch {epoch}"
@@ -263,7 +274,7 @@ def test_fit_with_two_workers_trains_exactly_the_kept_elements_with_equal_steps(
     phase = fit.phase("workers2")
     per_slot = kept(N, 2)                               # 203 // 4 = 50 -> 48
     for epoch in range(2):
-        expected = shares(order(N, SEED, epoch), 2, per_slot)
+        expected = shares(order(N, SEED, epoch), 2, per_slot, BATCH)
         trained = {rank: ids(phase[rank], "train", epoch) for rank in range(WORLD)}
         assert violations(trained, expected) == [], f"epoch {epoch}"
         steps = [len(batches(phase[r], "train", epoch)) for r in range(WORLD)]
@@ -377,7 +388,7 @@ def test_resume_mid_epoch_through_lightnings_checkpoint(fit):
         assert [b["batch_idx"] for b in batches(resume[rank], "train", 0)] == list(range(CKPT_STEP, 24))
         assert end(resume[rank])["global_step"] == 2 * 24
     for epoch in range(2):
-        expected = shares(order(N, SEED, epoch), 2, per_slot)
+        expected = shares(order(N, SEED, epoch), 2, per_slot, BATCH)
         assert violations(_resumed_epoch(save, resume, epoch), expected) == [], f"epoch {epoch}"
 
 
@@ -408,7 +419,7 @@ def test_resume_mid_epoch_without_workers(fit):
     save, resume = fit.phase("ckpt0_save"), fit.phase("ckpt0_resume")
     per_slot = kept(N, 0)
     for epoch in range(2):
-        expected = shares(order(N, SEED, epoch), 0, per_slot)
+        expected = shares(order(N, SEED, epoch), 0, per_slot, BATCH)
         assert violations(_resumed_epoch(save, resume, epoch), expected) == [], f"epoch {epoch}"
 
 

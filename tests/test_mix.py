@@ -169,3 +169,24 @@ def test_weighted_draws_resume_exactly_and_refuse_bad_weights():
         distshard.weighted_sample(IterableWrapper([1, 2]), [1, -1], samples=5)
     with pytest.raises(ValueError, match="needs random access"):
         distshard.weighted_sample(IterableWrapper([1, 2]).shuffle(), [1, 1], samples=5)
+
+
+def test_each_training_step_is_consecutive_positions_with_dataloader_workers():
+    """bench_mix found a training step's batch 26 elements off its share with 2
+    workers per rank: a step's batch came from one worker, every other chunk of the
+    stream. With multiple_of the chunk layout makes step t's batches, over all
+    ranks, the consecutive positions [t W b, (t + 1) W b) of the mixed stream."""
+    from torch.utils.data import DataLoader
+
+    world, batch = 2, 4
+    stream = list(builds.mixed_sources())
+    loaders = [iter(DataLoader(builds.mixed_sources().dist_shard(rank=r, world_size=world, even="drop",
+                                                                 multiple_of=batch).batch(batch),
+                               batch_size=None, num_workers=2, multiprocessing_context="fork"))
+               for r in range(world)]
+    steps = 0
+    for batches in zip(*loaders):
+        got = [x for b in batches for x in b]
+        assert got == stream[steps * world * batch:(steps + 1) * world * batch], steps
+        steps += 1
+    assert steps == len(stream) // (world * 2 * batch) * 2  # whole rounds of chunks

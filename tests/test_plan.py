@@ -203,3 +203,34 @@ def test_unit_order_is_a_bijection_that_keeps_units_together(sizes, seed):
     unit_of = [next(u for u in range(len(sizes)) if offsets[u] <= p < offsets[u + 1]) for p in image]
     runs = sum(1 for a, b in zip(unit_of, unit_of[1:]) if a != b) + (1 if unit_of else 0)
     assert runs == sum(1 for size in sizes if size)  # every unit visited in one run
+
+
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.integers(0, 200), st.data())
+def test_chunk_layout_partitions_whole_rounds_and_merges_exactly(world, workers, multiple, total, data):
+    from distshard.plan import chunk_positions, left_after_chunks, select_chunks
+
+    num_slots = world * workers
+    per_slot = total // num_slots // multiple * multiple
+    owned = {}
+    for rank in range(world):
+        for worker in range(workers):
+            mine = list(chunk_positions(rank, world, worker, workers, total, multiple))
+            assert len(mine) == per_slot
+            assert list(select_chunks(iter(range(total)), rank, world, worker, workers, multiple)) == mine
+            owned[rank * workers + worker] = mine
+    used = sorted(p for mine in owned.values() for p in mine)
+    assert used == list(range(num_slots * per_slot))  # everything but the dropped tail, once
+    # a training step t: every rank's batch from worker t % K is the next W chunks
+    for t in range(per_slot // multiple * workers):
+        step = sorted(p for rank in range(world) for p in
+                      owned[rank * workers + t % workers][(t // workers) * multiple:(t // workers + 1) * multiple])
+        assert step == list(range(t * world * multiple, (t + 1) * world * multiple))
+    taken = [data.draw(st.integers(0, per_slot)) for _ in range(num_slots)]
+    left = left_after_chunks(taken, world, workers, total, multiple)
+    consumed = {p for slot, mine in owned.items() for p in mine[:taken[slot]]}
+    assert [p for p in range(total) if p not in consumed] == [left.index(j) for j in range(left.length())]
+    for slot, count in enumerate(taken):  # resume in O(1) where the slot stopped
+        rank, worker = divmod(slot, workers)
+        assert list(chunk_positions(rank, world, worker, workers, total, multiple, count)) == owned[slot][count:]
+        assert list(select_chunks(iter(range(total)), rank, world, worker, workers, multiple, count)) == \
+            owned[slot][count:]

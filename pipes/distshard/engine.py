@@ -27,7 +27,9 @@ from .plan import (
     Even,
     Remaining,
     block_positions,
+    chunk_positions,
     mix_seed,
+    select_chunks,
     select_stream,
     slot_count,
     slot_positions,
@@ -49,15 +51,17 @@ def shuffle_order(reader: RandomAccessReader, seed: int, epoch: int) -> Callable
     return reader.order(mix_seed(seed, epoch, 0x5EED, salt_of(reader)))
 
 
-def layout_of(reader: Reader, shuffle: bool) -> str:
+def layout_of(reader: Reader, shuffle: bool, multiple: int = 1) -> str:
     """How a run lays its positions out over slots: ``units`` (whole units),
     ``blocks`` (readers whose neighbours share a unit or a file: contiguous blocks,
-    shuffled or not, so a merged state stays one interval per slot), ``stride``."""
+    shuffled or not, so a merged state stays one interval per slot), ``chunks``
+    (``multiple_of`` > 1: whole batches in the order the DataLoader takes them, see
+    ``plan.chunk_slot``), ``stride``."""
     if isinstance(reader, WholeUnitsReader):
         return "units"
     if isinstance(reader, RandomAccessReader) and reader.prefers_blocks:
         return "blocks"
-    return "stride"
+    return "chunks" if multiple > 1 else "stride"
 
 
 def remaining_share(reader_length: int | None, resume: dict | None, slot: int, num_slots: int,
@@ -93,7 +97,7 @@ class SlotRun:
         self.reader, self.ctx, self.even, self.shuffle = reader, ctx, even, shuffle
         self.multiple = multiple
         self.epoch, self.seed = epoch, seed
-        self.layout = layout_of(reader, shuffle)
+        self.layout = layout_of(reader, shuffle, multiple)
         self.length = reader.length()
         self.identity = reader.identity()
         self.remaining = Remaining()
@@ -113,7 +117,7 @@ class SlotRun:
         state.update(
             seed=self.seed, layout=self.layout, shuffle=self.shuffle, length=self.length,
             source=self.identity, remaining=self.remaining.to_list(), total=self.count,
-            multiple_of=self.multiple,
+            multiple_of=self.multiple, workers=self.ctx.num_workers,
             num_slots=self.ctx.num_slots, slot=self.ctx.slot, taken=self.taken,
             finished=self.finished,
         )
@@ -136,8 +140,11 @@ class SlotRun:
         if isinstance(reader, RandomAccessReader):
             return self._read_positions(reader)
         assert isinstance(reader, StreamReader)
-        return select_stream(self.remaining.stream(reader.stream()), ctx.slot, ctx.num_slots,
-                             self.even, self.taken, self.multiple)
+        stream = self.remaining.stream(reader.stream())
+        if self.layout == "chunks":
+            return select_chunks(stream, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers,
+                                 self.multiple, self.taken)
+        return select_stream(stream, ctx.slot, ctx.num_slots, self.even, self.taken)
 
     def _read_positions(self, reader: RandomAccessReader) -> Iterator[Any]:
         ctx, length = self.ctx, reader.length()
@@ -158,9 +165,13 @@ class SlotRun:
                 f"elements, but its share of the {count} remaining is {share}: it comes from other "
                 "data or was altered"
             )
-        layout = block_positions if self.layout == "blocks" else slot_positions
-        positions: Iterator[int] = layout(ctx.slot, ctx.num_slots, count, self.even, self.taken,
-                                          self.multiple)
+        positions: Iterator[int]
+        if self.layout == "chunks":
+            positions = chunk_positions(ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, count,
+                                        self.multiple, self.taken)
+        else:
+            layout = block_positions if self.layout == "blocks" else slot_positions
+            positions = layout(ctx.slot, ctx.num_slots, count, self.even, self.taken, self.multiple)
         if remaining != Remaining([(0, length)]):
             positions = map(remaining.indexer(), positions)
         if self.shuffle:

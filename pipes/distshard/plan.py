@@ -144,7 +144,7 @@ def _too_short(slot: int, num_slots: int, taken: int, seen: int) -> StreamTooSho
 
 
 def select_stream(
-    items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0, multiple: int = 1
+    items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0
 ) -> Iterator[T]:
     """Yield ``slot``'s share of ``items`` without knowing how many there are.
 
@@ -164,9 +164,6 @@ def select_stream(
     before anything is yielded.
     """
     it = iter(items)
-    if even == "drop" and multiple > 1:
-        yield from _select_groups(it, slot, num_slots, multiple, skip_rounds)
-        return
     pad: Any = _END
     if skip_rounds == 0:
         if even is None:
@@ -224,31 +221,6 @@ def select_stream(
     yield from _rounds(it, mine, pad, slot, num_slots, even)
 
 
-def _select_groups(it: Iterator[T], slot: int, num_slots: int, multiple: int, skip: int) -> Iterator[T]:
-    """``even="drop"`` with ``multiple``: the slot's elements in groups of
-    ``multiple`` rounds, each yielded only once its last round is complete (so
-    every slot yields the same multiple of ``multiple``); holds one group.
-    ``skip`` resumes after the slot's first ``skip`` elements."""
-    group, into = divmod(skip, multiple)
-    if group:
-        want = group * multiple * num_slots
-        seen, _ = _advance(it, want)
-        if seen < want:
-            raise _too_short(slot, num_slots, skip, seen)
-    after = num_slots - 1 - slot
-    while True:
-        mine = []
-        for _ in range(multiple):
-            element = _nth(it, slot)
-            if element is _END or (after and _nth(it, after - 1) is _END):
-                if into:  # the state claims elements of a group that is not complete
-                    raise _too_short(slot, num_slots, skip, -1)
-                return
-            mine.append(element)
-        yield from mine[into:]
-        into = 0
-
-
 def _rounds(it: Iterator[T], mine: Any, pad: Any, slot: int, num_slots: int, even: Even) -> Iterator[T]:
     """The round loop of ``select_stream``, from the slot's element ``mine``."""
     after = num_slots - 1 - slot  # elements of a round that come after ours
@@ -285,6 +257,87 @@ def mix_seed(*parts: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
         state = z ^ (z >> 31)
     return state >> 1
+
+
+# -- chunks: whole batches in the order a DataLoader consumes them -----------------------
+
+
+def chunk_slot(rank: int, world_size: int, worker_id: int) -> int:
+    """The slot number of ``(rank, worker)`` in chunk layout (worker-major).
+
+    torch's DataLoader takes a rank's batches from its workers in turn (step ``t``
+    from worker ``t % K``). Giving chunk ``c`` of ``multiple`` positions to rank
+    ``c % W`` and worker ``(c // W) % K``, that is to chunk-slot
+    ``worker * W + rank`` of a round-robin over chunks, makes the batches all ranks
+    train at one step the consecutive positions ``[t W b, (t + 1) W b)``: a mixed
+    stream keeps its proportions per training step, not only per global window."""
+    return worker_id * world_size + rank
+
+
+def chunk_positions(rank: int, world_size: int, worker_id: int, num_workers: int, total: int,
+                    multiple: int, skip: int = 0) -> Iterator[int]:
+    """The positions a slot yields in chunk layout (``even="drop"``: whole rounds of
+    chunks only), skipping the first ``skip`` in O(1)."""
+    num_slots = world_size * num_workers
+    chunks = total // multiple // num_slots  # per slot
+    first = chunk_slot(rank, world_size, worker_id)
+    j, i = divmod(skip, multiple)
+    while j < chunks:
+        start = ((j * num_slots) + first) * multiple
+        yield from range(start + i, start + multiple)
+        j, i = j + 1, 0
+
+
+def select_chunks(items: Iterable[T], rank: int, world_size: int, worker_id: int, num_workers: int,
+                  multiple: int, skip: int = 0) -> Iterator[T]:
+    """:func:`chunk_positions` on a stream of unknown length: chunks of ``multiple``
+    elements split round-robin over the chunk-slots, complete rounds only."""
+    it = iter(items)
+    chunks = zip(*([it] * multiple))  # whole chunks; an incomplete last one is in the dropped tail
+    skipped, into = divmod(skip, multiple)
+    first = True
+    for chunk in select_stream(chunks, chunk_slot(rank, world_size, worker_id), world_size * num_workers,
+                               "drop", skipped):
+        yield from (chunk[into:] if first else chunk)
+        first = False
+    if first and into:
+        raise StreamTooShort(
+            f"the state says this slot already yielded {skip} elements, in the middle of a chunk "
+            "the stream does not hold: the state comes from other data or was altered"
+        )
+
+
+def left_after_chunks(taken: Sequence[int], world_size: int, num_workers: int, total: int | None,
+                      multiple: int) -> Remaining:
+    """What is left when slot ``rank * num_workers + worker`` of a chunk-layout run
+    over ``total`` positions consumed its first ``taken[slot]`` positions (the
+    dropped tail stays left)."""
+    num_slots = world_size * num_workers
+    if len(taken) != num_slots:
+        raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
+    chunks = None if total is None else total // multiple // num_slots
+    done = [0] * num_slots  # per chunk-slot: consumed positions
+    for slot, count in enumerate(taken):
+        rank, worker = divmod(slot, num_workers)
+        done[chunk_slot(rank, world_size, worker)] = count
+    low = min(done) // multiple
+    high = -(-max(done) // multiple)
+    if chunks is not None:
+        high = min(chunks, high)
+    if (high - low) * num_slots > MAX_BAND:
+        raise ValueError(
+            f"the slots' counts differ by too much to merge ({high - low} rounds of chunks between the "
+            "slowest and the fastest slot): such states do not come from one run of one pipeline"
+        )
+    pieces: list[tuple[int, int | None]] = []
+    for j in range(low, high):
+        for c in range(num_slots):
+            start = (j * num_slots + c) * multiple
+            used = min(multiple, max(0, done[c] - j * multiple))
+            if used < multiple:
+                pieces.append((start + used, start + multiple))
+    pieces.append((max(low, high) * num_slots * multiple, total))
+    return Remaining(pieces)
 
 
 # -- contiguous blocks (unit mode with known sizes) ---------------------------------

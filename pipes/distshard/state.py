@@ -20,12 +20,19 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from .plan import EVEN_MODES, Remaining, left_after_blocks, left_after_round_robin, slot_count
+from .plan import (
+    EVEN_MODES,
+    Remaining,
+    left_after_blocks,
+    left_after_chunks,
+    left_after_round_robin,
+    slot_count,
+)
 
 VERSION = 2
 KEY = "distshard"  # the marker (and version) key of a slot or merged state
 MODES = ("element", "units", "sized_units")  # what the positions are
-LAYOUTS = ("stride", "blocks", "units")  # how a run laid its positions out over slots
+LAYOUTS = ("stride", "blocks", "units", "chunks")  # how a run laid its positions out over slots
 
 __all__ = ["VERSION", "check_fits", "check_slot", "fresh_state", "validate_state", "merge_states", "find_states"]
 
@@ -34,7 +41,7 @@ def fresh_state(epoch: int, mode: str, even: Any) -> dict[str, Any]:
     """The state of an epoch nobody has consumed anything of yet."""
     return {
         KEY: VERSION, "epoch": epoch, "seed": None, "mode": mode, "even": even,
-        "layout": None, "shuffle": None, "length": None, "source": None, "multiple_of": 1,
+        "layout": None, "shuffle": None, "length": None, "source": None, "multiple_of": 1, "workers": None,
         "remaining": [[0, None]], "total": None, "num_slots": None, "slot": None,
         "taken": 0, "finished": False,
     }
@@ -78,6 +85,9 @@ def validate_state(state: object) -> dict[str, Any]:
     _int(state, "taken")
     _int(state, "length", optional=True)
     _int(state, "multiple_of", minimum=1)
+    _int(state, "workers", minimum=1, optional=True)
+    if state["layout"] == "chunks" and state["workers"] is None:
+        raise _fail("a state in chunk layout must say how many workers its run had")
     if state["layout"] is not None and state["layout"] not in LAYOUTS:
         raise _fail(f"layout={state['layout']!r} is not one of {LAYOUTS}")
     if state["shuffle"] is not None and not isinstance(state["shuffle"], bool):
@@ -227,6 +237,7 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     # only slots that ran know how they split and what even they used
     even, layout = _agree(sized, "even", False), _agree(sized, "layout", False)
     multiple = _agree(sized, "multiple_of", False)
+    workers = _agree(sized, "workers", True)
     num_slots = sized[0]["num_slots"]
     if any(s["num_slots"] != num_slots for s in sized):
         raise ValueError(f"states come from runs with different slot counts: "
@@ -244,7 +255,8 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         )
     if len(absent) < blank:
         raise ValueError(f"{len(found)} states for {num_slots} slots: some appear twice")
-    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=multiple)
+    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=multiple,
+                  workers=None)
     if all(s["finished"] for s in by_slot.values()) and not absent:
         merged.update(remaining=[], total=0, finished=True)
         return merged
@@ -268,6 +280,10 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         if count is None:
             raise _fail("a state in block layout must record total")
         inner = left_after_blocks(taken, num_slots, count, even, multiple)
+    elif layout == "chunks":
+        if workers is None or num_slots % workers:
+            raise _fail(f"workers={workers} does not divide num_slots={num_slots}")
+        inner = left_after_chunks(taken, num_slots // workers, workers, count, multiple)
     else:
         inner = left_after_round_robin(taken, num_slots)
     left = outer.compose(inner)
