@@ -20,7 +20,7 @@ in 2 worker processes per rank:
 
 (a) ``distshard``
     ``distshard.mix({name: IterableWrapper(records).map(decode)}, weights,
-    samples=25_600).dist_shard(even="drop")`` through
+    samples=25_600).dist_shard(even="drop", multiple_of=64)`` through
     ``DataLoader(batch_size=64, num_workers=2)`` on every rank.
 (a') the same with ``num_workers=0`` (decode in the rank): a diagnostic row,
     see "per training step" below.
@@ -213,7 +213,7 @@ class Variant:
 VARIANTS = [
     Variant("distshard", "**distshard**", "dev",
             '`distshard.mix(sources, {"web": .7, "code": .2, "math": .1}, samples=steps * 256)'
-            '.dist_shard(even="drop")` → `DataLoader(batch_size=64, num_workers=2)`', target=True),
+            '.dist_shard(even="drop", multiple_of=64)` → `DataLoader(batch_size=64, num_workers=2)`', target=True),
     Variant("distshard_k1", "distshard, `num_workers=0` (diagnostic)", "dev",
             "the same with `num_workers=0`: decode in the rank, 1 slot per rank", workers=0, diagnostic=True),
     Variant("nodes", "torchdata.nodes 0.11 `MultiNodeWeightedSampler`", "dev",
@@ -254,7 +254,8 @@ def build(key: str, data: dict[str, list], decode: Decode, rank: int, world_size
         import distshard
 
         sources = {name: IterableWrapper(records).map(decode) for name, records in data.items()}
-        pipe = distshard.mix(sources, weights, samples=steps * GLOBAL_BATCH).dist_shard(even="drop")
+        pipe = distshard.mix(sources, weights, samples=steps * GLOBAL_BATCH).dist_shard(
+            even="drop", multiple_of=RANK_BATCH)
         workers = BY_KEY[key].workers
         return DataLoader(pipe, batch_size=RANK_BATCH, num_workers=workers,
                           multiprocessing_context="fork" if workers else None)
@@ -439,17 +440,15 @@ def expected_stream(sizes: list[int], steps: int) -> list[tuple[int, int]]:
 
 
 def reconstruct(ranks: list[dict[str, Any]], workers: int, total: int) -> list | None:
-    """distshard's global order from what the ranks received: slot ``s`` holds positions
-    ``s + S t``, and a rank's DataLoader takes its workers' batches in turn."""
-    k = max(1, workers)
-    slots = WORLD_SIZE * k
+    """distshard's global order from what the ranks received. With ``multiple_of`` the
+    batches of step ``t`` over the ranks are the positions ``[t G, (t + 1) G)``, in rank
+    order (``plan.chunk_slot``), whatever the workers; checked against the unsharded mix."""
     order: list = [None] * total
     for value in ranks:
         rank = value["rank"]
         for t, batch in enumerate(value["batches"]):
-            slot, first = rank * k + t % k, (t // k) * RANK_BATCH
             for j, element in enumerate(batch):
-                position = slot + slots * (first + j)
+                position = t * GLOBAL_BATCH + rank * RANK_BATCH + j
                 if position >= total:
                     return None
                 order[position] = tuple(element)
