@@ -9,7 +9,10 @@ test_dataloader.py.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch.utils.data._utils.worker as worker_module
@@ -52,3 +55,20 @@ def union(per_slot: dict[int, list]) -> Counter:
     for elements in per_slot.values():
         total += multiset(elements)
     return total
+
+
+def kill_leftover_ranks(out: Path, script: str) -> None:
+    """Kill the process group of any rank (and so its DataLoader workers) that wrote
+    its pid to ``out/pid-*`` and is still alive running ``script``."""
+    for pid_file in out.glob("pid-*"):
+        pid = int(pid_file.read_text() or 0)
+        try:  # only if the pid is still one of our ranks, not a reused one
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if script.encode() in cmdline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+

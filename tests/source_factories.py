@@ -11,12 +11,26 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import distshard  # noqa: F401  (registers .dist_shard)
 from distshard.sources import jsonl, webdataset
 from distshard.sources.tar import TarFormat
 
 
 # -- files ----------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    """The source tests' cache directory, under tmp_path, and no file handle, index or
+    row group kept by this process from another test (the modules import it as ``cache``)."""
+    from distshard.sources._lru import clear_all
+
+    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
+    clear_all()
+    yield tmp_path / "cache"
+    clear_all()
+
+
 def blob(tag: str, size: int) -> bytes:
     """Deterministic bytes standing in for a JPEG."""
     out = b""

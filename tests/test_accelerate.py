@@ -39,6 +39,8 @@ pytest.importorskip("accelerate", reason="accelerate is not installed (pip insta
 
 from distshard.verify import free_port  # noqa: E402
 
+from .helpers import kill_leftover_ranks  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="uses fork DataLoader workers, loopback gloo and killpg")
 
@@ -82,18 +84,7 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _kill_leftover_ranks(out: Path) -> None:
-    """Kill the process group of any rank (and so its DataLoader workers) still alive."""
-    for pid_file in out.glob("pid-*"):
-        pid = int(pid_file.read_text() or 0)
-        try:  # only if the pid is still one of our ranks, not a reused one
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if SCRIPT.name.encode() in cmdline:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    kill_leftover_ranks(out, SCRIPT.name)
 
 
 def launch(out: Path, launcher: list[str]) -> Run:

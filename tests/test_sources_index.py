@@ -11,27 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from distshard.sources import base, jsonl, webdataset
+from distshard.sources import webdataset
 from distshard.sources.files import FileRef, file_identity
-from distshard.sources.index import cache_path, load_cached
+from distshard.sources.index import cache_path
 from distshard.sources.tar import TarFormat
 from distshard.verify import run_on_group
 from tests import source_factories
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import write_jsonl, write_shards
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
-    fresh_process()
-    yield tmp_path / "cache"
-    fresh_process()
 
 
 def fresh_process():
     """Forget what this process keeps (as a new worker would)."""
-    base._HANDLES.clear()
-    base._INDEXES.clear()
+    from distshard.sources._lru import clear_all
+
+    clear_all()
 
 
 @pytest.fixture

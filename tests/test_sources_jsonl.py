@@ -11,18 +11,9 @@ import random
 
 import pytest
 
-from distshard.sources import base, jsonl
+from distshard.sources import jsonl
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import write_jsonl
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
-    base._HANDLES.clear()
-    base._INDEXES.clear()
-    yield
-    base._HANDLES.clear()
-    base._INDEXES.clear()
 
 
 def all_items(sequence):

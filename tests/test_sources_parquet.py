@@ -9,19 +9,11 @@ import sys
 
 import pytest
 
-from distshard.sources import base, parquet
+from distshard.sources import parquet
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
-    base._HANDLES.clear()
-    base._INDEXES.clear()
-    sys.modules["distshard.sources.parquet"]._ROW_GROUPS.clear()  # the module, not the function
-    yield
 
 
 def write_tables(folder, files=3, rows=50, row_group_size=7):

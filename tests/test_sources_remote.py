@@ -17,9 +17,10 @@ from urllib.parse import unquote
 
 import pytest
 
-from distshard.sources import base, jsonl, parquet, webdataset
+from distshard.sources import jsonl, parquet, webdataset
 from distshard.verify import run_on_group
 from tests import source_factories
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import write_jsonl, write_shards
 
 pytest.importorskip("fsspec")
@@ -100,16 +101,6 @@ def server(tmp_path) -> Iterator[CountingServer]:
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=10)
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
-    base._HANDLES.clear()
-    base._INDEXES.clear()
-    yield tmp_path / "cache"
-    base._HANDLES.clear()
-    base._INDEXES.clear()
 
 
 def remote_shards(tmp_path, server, shards=4, per_shard=30):

@@ -4,7 +4,6 @@ rules, random access equal to plain iteration, errors that name file and byte.""
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 import pickle
@@ -15,19 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from distshard.sources import base, expand_urls, read_shard_index, webdataset
+from distshard.sources import expand_urls, read_shard_index, webdataset
 from distshard.sources.tar import TarFormat
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import add_member, blob, write_shards
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
-    base._HANDLES.clear()
-    base._INDEXES.clear()
-    yield tmp_path / "cache"
-    base._HANDLES.clear()
-    base._INDEXES.clear()
 
 
 def odd_shard(path: Path, fmt: int) -> list[dict]:

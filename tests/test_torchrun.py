@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import kill_leftover_ranks
+
 WORKER = Path(__file__).with_name("torchrun_worker.py")
 NODES, PROCS, WORKERS = 2, 2, 2
 WORLD = NODES * PROCS
@@ -83,18 +85,7 @@ def _alive(pid: int) -> bool:
 
 
 def _kill_leftover_ranks(out: Path) -> None:
-    """Kill the process group of any rank (and so its DataLoader workers) still alive."""
-    for pid_file in out.glob("pid-*"):
-        pid = int(pid_file.read_text() or 0)
-        try:  # only if the pid is still one of our ranks, not a reused one
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if WORKER.name.encode() in cmdline:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    kill_leftover_ranks(out, WORKER.name)
 
 
 def _stop(agents: list[subprocess.Popen], out: Path) -> None:

@@ -92,6 +92,12 @@ class LRU(Generic[V]):
                 self.on_evict(value)
 
 
+def clear_all() -> None:
+    """Empty every cache of this process (closing what they hold), as a new process starts."""
+    for cache in list(_ALL):
+        cache.clear()
+
+
 def _after_fork() -> None:
     for cache in list(_ALL):
         cache._data = OrderedDict()  # the parent's handles stay the parent's
