@@ -276,6 +276,18 @@ def resolve_distributed(
     return 0, 1, "default"
 
 
+def callers(depth: int, skip: int = 2) -> Iterator[object]:
+    """The ``self`` of each of the next ``depth`` frames above our caller's caller
+    (``skip`` frames up from here): how distshard finds the DataLoader or framework
+    object that is driving a pipe, without importing any framework."""
+    frame = sys._getframe(skip)
+    while frame is not None and depth > 0:
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            yield owner
+        frame, depth = frame.f_back, depth - 1
+
+
 def loader_num_workers() -> int | None:
     """The ``num_workers`` of a DataLoader that is asking for ``len()`` right now.
 
@@ -285,14 +297,9 @@ def loader_num_workers() -> int | None:
     """
     from torch.utils.data import DataLoader
 
-    frame = sys._getframe(1)
-    for _ in range(12):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
+    for owner in callers(12):
         if isinstance(owner, DataLoader):
             return max(1, owner.num_workers)
-        frame = frame.f_back
     return None
 
 

@@ -631,14 +631,9 @@ def _check_batched_length(counts: list[int]) -> None:
 def _iterating_loader() -> Any:
     """The DataLoader iterator being created right now, if this call comes from one
     (torch seeds the pipe from ``_BaseDataLoaderIter.__init__``)."""
-    frame = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if owner is not None and type(owner).__name__.endswith("DataLoaderIter") and hasattr(owner, "_num_workers"):
+    for owner in _context.callers(8, skip=3):
+        if type(owner).__name__.endswith("DataLoaderIter") and hasattr(owner, "_num_workers"):
             return owner
-        frame = frame.f_back
     return None
 
 

@@ -14,8 +14,7 @@ class name on the call stack, where they drive the pipe.
 
 from __future__ import annotations
 
-import sys
-from types import FrameType
+from .context import callers
 
 __all__ = ["refusal_for_loader", "refusal_for_iteration"]
 
@@ -30,17 +29,6 @@ _ACCELERATE_FIX = (
 )
 
 
-def _owners(frame: FrameType | None, depth: int) -> list[object]:
-    """The ``self`` of the next ``depth`` frames up from ``frame``."""
-    owners = []
-    while frame is not None and depth > 0:
-        owner = frame.f_locals.get("self")
-        if owner is not None:
-            owners.append(owner)
-        frame, depth = frame.f_back, depth - 1
-    return owners
-
-
 def _is(owner: object, what: tuple[str, str]) -> bool:
     cls = type(owner)
     return cls.__module__.split(".")[0] == what[0] and any(
@@ -50,7 +38,7 @@ def _is(owner: object, what: tuple[str, str]) -> bool:
 def refusal_for_loader() -> str | None:
     """Called while a DataLoader creates its iterator over the pipe (in the main
     process): why this loader would lose data, or ``None``."""
-    for owner in _owners(sys._getframe(2), 24):
+    for owner in callers(24, skip=3):
         if _is(owner, _DISPATCHER):
             return ("Accelerate's DataLoaderDispatcher (what accelerator.prepare() makes of a DataLoader "
                     "over an iterable dataset by default) lets rank 0 alone read the data and hands its "
@@ -61,7 +49,7 @@ def refusal_for_loader() -> str | None:
 def refusal_for_iteration() -> str | None:
     """Called when the pipe starts yielding (in the process that iterates it):
     why the code iterating it would lose data, or ``None``."""
-    for owner in _owners(sys._getframe(2), 16):
+    for owner in callers(16, skip=3):
         if _is(owner, _RESHARD):
             return ("Accelerate's IterableDatasetShard (what accelerator.prepare() wraps an iterable "
                     "dataset in with dispatch_batches=False) shards the stream again over processes, so "
