@@ -10,6 +10,7 @@ the plan over a reader (``readers/``). State format and merging live in
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import warnings
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from . import context as _context
 from . import frameworks
 from .engine import SlotRun, remaining_share
+from .mailbox import EPOCH_LIMIT, Mailbox
 from .graph import Pushdown, check_no_sharding, pipeline_of, plan_pushdown, random_pipes, upstream_pipes
 from .plan import Even, check_even, check_multiple, mix_seed
 from .readers import (
@@ -188,6 +190,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._count_units()  # before any DataLoader worker copies the pipe
         self._epoch = 0
         self._epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
+        self._mailbox = Mailbox()  # how set_epoch reaches persistent DataLoader workers' copies
+        self._started_in: int | None = None  # pid of a worker that iterated a copy it cannot hear
         self._captured: tuple[int, int] | None = None
         self._loader_seed: int | None = None
         self._loader_seed_shared = False
@@ -304,15 +308,65 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         """Set the epoch; upstream random pipes are seeded from ``(seed, epoch)``.
 
         Call it with the same value on every rank before each epoch, before the
-        DataLoader creates its iterator (workers receive a copy of the pipe then).
-        A loaded state of another epoch is discarded (also when it is loaded later,
-        as StatefulDataLoader does in its workers): a state resumes its own epoch only.
+        DataLoader creates the epoch's iterator (``for batch in loader``). It reaches
+        the workers' copies of the pipe also with ``persistent_workers=True``: they
+        take it when the epoch's iterator starts (see ``mailbox.py``), never in the
+        middle of an epoch. A loaded state of another epoch is discarded (also when
+        it is loaded later, as StatefulDataLoader does in its workers): a state
+        resumes its own epoch only.
         """
         epoch = _check_seed("epoch", epoch, allow_none=False)  # type: ignore[assignment]
+        if epoch >= EPOCH_LIMIT:
+            raise ValueError(f"epoch={epoch} must be below 2**63")
+        self._apply_epoch(epoch)
+        if get_worker_info() is None:
+            self._mailbox.post_epoch(epoch)
+        else:
+            self._started_in = None  # set here, in the worker: this copy knows its epoch
+        return self
+
+    def _apply_epoch(self, epoch: int) -> None:
         if self._resume is not None and self._resume["epoch"] != epoch:
             self._resume = None
         self._epoch, self._epoch_set = epoch, True
-        return self
+
+    def _hear_loader(self, refuse: bool = True) -> None:
+        """When an iterator starts in a DataLoader worker: take the epoch that
+        ``set_epoch`` set in the loader's process since this copy last looked (a
+        persistent worker keeps its copy across epochs); ``refuse``: raise, at the
+        first element, for an epoch this copy cannot get right."""
+        info = get_worker_info()
+        if info is None:
+            return
+        box = self._mailbox
+        if box.own:  # built here, or arrived by an ordinary pickle: nobody else posts to it
+            if refuse and box.by_pickle and self._started_in == os.getpid():
+                raise RuntimeError(
+                    f"this dist_shard reached DataLoader worker {info.id} by an ordinary pickle, not with "
+                    "the worker's start, so set_epoch in the loader's process cannot reach it, and this "
+                    f"persistent worker would run epoch {self._epoch} again: give the DataLoader the "
+                    "pipeline itself (fork, spawn and forkserver workers hear set_epoch), or call "
+                    "set_epoch in the worker before each epoch"
+                )
+            return
+        news = box.news()
+        if news.loads and refuse:
+            raise RuntimeError(
+                f"load_state_dict was called on this pipeline in the DataLoader's process after its "
+                f"persistent workers started (DataLoader worker {info.id} has its own copy, which the "
+                "state cannot reach), so this worker would not resume it. Load the state before the "
+                "DataLoader starts its workers, give the loader's own state to "
+                "StatefulDataLoader.load_state_dict(), or create a new DataLoader"
+            )
+        if news.epoch is not None:
+            self._apply_epoch(news.epoch)
+
+    def _new_iterator(self) -> None:
+        """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
+        what ``state_dict`` reports from now on is that iteration's. Refusals wait for
+        the first element (StatefulDataLoader's workers do not survive an error here)."""
+        self._hear_loader(refuse=False)
+        self._progress = None
 
     @property
     def epoch(self) -> int:
@@ -427,6 +481,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         refusal = self._refusal or frameworks.refusal_for_iteration()
         if refusal is not None:
             raise RuntimeError(refusal)
+        self._hear_loader()
+        if self._mailbox.by_pickle and self._mailbox.own and get_worker_info() is not None:
+            self._started_in = os.getpid()
         ctx = self.context()
         resume = self._pending()
         seed = resume["seed"] if resume is not None and resume["seed"] is not None else self.base_seed(ctx)
@@ -479,6 +536,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if self._epoch_set and found["epoch"] != self._epoch:
             return  # a state of another epoch than the one set: void (see set_epoch)
         self._epoch, self._resume, self._progress = found["epoch"], found, None
+        if get_worker_info() is None:
+            self._mailbox.post_load()  # persistent workers started before cannot take it: they refuse
 
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,

@@ -60,6 +60,10 @@ class StatefulPipeline(IterableDataset):
         self.shard: DistShardIterDataPipe = shards[0]
 
     def __iter__(self) -> Iterator[Any]:
+        # eagerly (the pipeline's iterator starts at its first element): a persistent
+        # worker takes the epoch now, and the state StatefulDataLoader records right
+        # after this call is the new iteration's
+        self.shard._new_iterator()
         return iter(self.pipeline)
 
     def __len__(self) -> int:

@@ -1,0 +1,200 @@
+"""``persistent_workers=True``: every epoch reaches the workers' copies of the pipe.
+
+A persistent DataLoader worker keeps its copy of the pipeline across epochs, and
+torch sends it nothing that says the epoch (``mailbox.py``). Each epoch must still
+be exactly what a fresh set of workers would yield: the same elements in the same
+order, a new order every epoch, and states that say the right epoch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+from collections import Counter
+from itertools import zip_longest
+
+import pytest
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.datapipes.iter import IterableWrapper
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import distshard
+from distshard.state import find_states
+
+from .helpers import as_worker
+
+N, WORKERS, SEED = 24, 2, 11
+DATA = [f"e{i}" for i in range(N)]
+
+
+def shuffled_globally():
+    return IterableWrapper(DATA).dist_shard(shuffle=True, seed=SEED, rank=0, world_size=1)
+
+
+def shuffled_upstream():
+    return IterableWrapper(DATA).shuffle().dist_shard(seed=SEED, rank=0, world_size=1)
+
+
+def both():
+    """Two dist_shards in one pipeline: one shuffle=True, one after an upstream shuffle."""
+    return shuffled_globally().zip(shuffled_upstream())
+
+
+BUILDS = {"shuffle=True": shuffled_globally, "upstream shuffle": shuffled_upstream, "both": both}
+
+
+def reference(build, epoch: int) -> list:
+    """What fresh workers yield in ``epoch``: each worker's copy iterated in this
+    process, interleaved as the DataLoader takes them (one element per worker in turn)."""
+    per_worker = []
+    for worker in range(WORKERS):
+        with as_worker(worker, WORKERS):
+            pipe = build()
+            distshard.set_epoch(pipe, epoch)
+            per_worker.append(list(pipe))
+    return [x for round_ in zip_longest(*per_worker) for x in round_ if x is not None]
+
+
+def _loader(pipeline, method, stateful):
+    cls = StatefulDataLoader if stateful else DataLoader
+    return cls(pipeline, batch_size=None, num_workers=WORKERS, persistent_workers=True,
+               multiprocessing_context=method, timeout=60)
+
+
+def _epochs(build, method, stateful, epochs=3):
+    pipe = build()
+    loader = _loader(distshard.StatefulPipeline(pipe) if stateful else pipe, method, stateful)
+    out = []
+    for epoch in range(epochs):
+        distshard.set_epoch(pipe, epoch)
+        out.append([tuple(x) if isinstance(x, (list, tuple)) else x for x in loader])
+    loader._iterator._shutdown_workers()
+    return out
+
+
+@pytest.mark.parametrize("method, stateful, name", [
+    ("fork", False, "shuffle=True"), ("fork", False, "upstream shuffle"),
+    ("fork", True, "shuffle=True"), ("fork", True, "upstream shuffle"),
+    ("spawn", False, "both"), ("spawn", True, "upstream shuffle"),
+])
+def test_every_epoch_reaches_persistent_workers(method, stateful, name):
+    build = BUILDS[name]
+    got = _epochs(build, method, stateful)
+    for epoch, order in enumerate(got):
+        expected = [tuple(x) if isinstance(x, tuple) else x for x in reference(build, epoch)]
+        assert order == expected, f"epoch {epoch}"
+        elements = [x for pair in order for x in pair] if name == "both" else order
+        assert Counter(elements) == Counter(DATA * (2 if name == "both" else 1)), f"epoch {epoch}"
+    assert len({tuple(order) for order in got}) == len(got)  # a new order every epoch
+
+
+def _stateful(method):
+    pipe = shuffled_globally()
+    return pipe, _loader(distshard.StatefulPipeline(pipe), method, True)
+
+
+def _epochs_of(state) -> set:
+    return {s["epoch"] for s in find_states(state)}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_checkpoint_in_the_second_epoch_of_persistent_workers_resumes_exactly(method):
+    """The issue's case: epoch 0 whole, 10 elements of epoch 1, checkpoint; a fresh
+    persistent loader after set_epoch(1) yields the rest, then epoch 2 whole."""
+    pipe, loader = _stateful(method)
+    pipe.set_epoch(0)
+    assert list(loader) == reference(shuffled_globally, 0)
+    pipe.set_epoch(1)
+    it = iter(loader)
+    assert _epochs_of(loader.state_dict()) == {1}  # before the epoch's first element, too
+    head = [next(it) for _ in range(10)]
+    state = loader.state_dict()
+    assert _epochs_of(state) == {1}
+    it._shutdown_workers()  # the job is killed
+
+    pipe, loader = _stateful(method)
+    pipe.set_epoch(1)
+    loader.load_state_dict(state)
+    tail = list(loader)
+    assert Counter(head + tail) == Counter(DATA)
+    assert head + tail == reference(shuffled_globally, 1)
+    pipe.set_epoch(2)  # the resumed run goes on in the same workers
+    assert list(loader) == reference(shuffled_globally, 2)
+    loader._iterator._shutdown_workers()
+
+
+def test_a_state_loaded_into_the_loaders_copy_after_the_workers_started_is_refused():
+    pipe, loader = _stateful("fork")
+    pipe.set_epoch(0)
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    state = loader.state_dict()
+    assert len(head + list(it)) == N
+    loader.dataset.load_state_dict(state)  # into the loader's process's copy: the workers cannot see it
+    with pytest.raises(RuntimeError, match="after its persistent workers started"):
+        next(iter(loader))  # refused before the first element of the next epoch
+
+
+class _Unpickled(IterableDataset):
+    """Unpickles the pipeline in the worker (an ordinary pickle, not the worker's start)."""
+
+    def __init__(self, pipe):
+        self.blob, self.pipe = pickle.dumps(pipe), None
+
+    def __iter__(self):
+        if self.pipe is None:
+            self.pipe = pickle.loads(self.blob)
+        return iter(self.pipe)
+
+
+def test_a_copy_that_cannot_hear_set_epoch_refuses_its_second_epoch():
+    loader = DataLoader(_Unpickled(shuffled_globally()), batch_size=None, num_workers=WORKERS,
+                        persistent_workers=True, multiprocessing_context="fork", timeout=60)
+    assert Counter(loader) == Counter(DATA)
+    with pytest.raises(RuntimeError, match="by an ordinary pickle"):
+        list(loader)
+    loader._iterator._shutdown_workers()
+
+
+def _fd_count(element):
+    return element, len(os.listdir("/proc/self/fd"))
+
+
+def test_nothing_grows_per_epoch():
+    """Open descriptors stay the same in the workers and the loader's process."""
+    pipe = shuffled_globally()
+    loader = _loader(pipe.map(_fd_count), "fork", stateful=False)
+    seen = []
+    for epoch in range(6):
+        pipe.set_epoch(epoch)
+        counts = {count for _, count in loader}
+        seen.append((len(os.listdir("/proc/self/fd")), counts))
+    assert all(entry == seen[1] for entry in seen[1:]), seen
+    loader._iterator._shutdown_workers()
+
+
+def _child(pipe, ready, results):
+    ready.wait(30)  # the parent has set another epoch on its own copy meanwhile
+    loader = DataLoader(pipe, batch_size=None, num_workers=WORKERS, persistent_workers=True,
+                        multiprocessing_context="fork", timeout=60)
+    first = list(loader)
+    pipe.set_epoch(1)
+    results.put((first, list(loader)))
+    loader._iterator._shutdown_workers()
+
+
+def test_a_forked_rank_and_its_workers_hear_only_themselves():
+    """Ranks forked from one process (Lightning's ddp_notebook) share nothing: the
+    parent's set_epoch does not reach the rank's workers, the rank's own does."""
+    ctx = mp.get_context("fork")
+    pipe = shuffled_globally().set_epoch(0)
+    ready, results = ctx.Event(), ctx.Queue()
+    child = ctx.Process(target=_child, args=(pipe, ready, results))
+    child.start()
+    pipe.set_epoch(7)
+    ready.set()
+    first, second = results.get(timeout=60)
+    child.join(30)
+    assert first == reference(shuffled_globally, 0)
+    assert second == reference(shuffled_globally, 1)
