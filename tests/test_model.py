@@ -46,6 +46,7 @@ from typing import Callable
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import distshard
@@ -83,6 +84,11 @@ REFUSALS = [
     Refusal("shuffle=True in unit mode with an iterator expand",
             frozenset({"iterate", "iterate-own", "iterate-merged"}), TypeError,
             r"not a sequence", lambda s: s.units and s.shuffle and not s.expand_list),
+    # README, Checkpoint: StatefulDataLoader restarts by itself after a state saved at
+    # an epoch's end, in workers that do not have the state (only loaders with workers)
+    Refusal("an epoch's end resumed in DataLoader workers, then the epoch again",
+            frozenset({"iterate-own"}), RuntimeError, r"started after the one that resumed it",
+            lambda s: True),
 ]
 CONSTRUCT = [r for r in REFUSALS if "construct" in r.stages]
 
@@ -210,7 +216,11 @@ def shutdown(it) -> None:
 
 @dataclass(frozen=True)
 class Run:
-    kind: str  # "plain" (slots in-process), "sdl0" (StatefulDataLoader, no workers), "sdl2" (2 real workers)
+    # "plain" (slots in-process), "sdl0" (StatefulDataLoader, no workers), "sdl2" (2 real
+    # workers), "node" (DistShardNode); persistent workers (see PERSISTENT): "sdlp-fork",
+    # "sdlp-spawn" (StatefulDataLoader over StatefulPipeline), "dlp-fork", "dlp-spawn"
+    # (torch's DataLoader over the DataPipe itself: no checkpoint, so only an epoch's last run)
+    kind: str
     world: int
     workers: int  # per rank; the units of a run are slots, except "sdl2": ranks
     resume: str | None  # None, "own" (each unit its own state) or "merged"
@@ -232,6 +242,8 @@ def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[]
     """A factory of fresh (iterable, state_dict) for one unit of ``run``, its state
     loaded and its epoch set; called twice, for a dry run and the real one."""
     load_stage = f"load-{run.resume}"
+    if run.kind in PERSISTENT:
+        return PersistentUnit(spec, run, rank, epoch, state, load_stage)
 
     def fresh():
         if run.kind == "node":
@@ -266,13 +278,64 @@ def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[]
     return fresh
 
 
+PERSISTENT = ("sdlp-fork", "sdlp-spawn", "dlp-fork", "dlp-spawn")
+
+
+class PersistentUnit:
+    """One rank's DataLoader with ``persistent_workers=True`` (make_unit's ``fresh``
+    for the PERSISTENT kinds). A history keeps it from an epoch's last run into the
+    next epoch, which then goes on in the same workers after ``set_epoch``; its dry
+    run, which only counts the share, uses fork workers that do not persist."""
+
+    def __init__(self, spec: Spec, run: Run, rank: int, epoch: int, state, load_stage: str) -> None:
+        self.spec, self.run, self.rank, self.epoch, self.state = spec, run, rank, epoch, state
+        self.load_stage = load_stage
+        self.pipe = self.loader = None
+
+    def dry(self):
+        return make_unit(self.spec, replace(self.run, kind="sdl2"), self.rank, self.epoch, self.state)()
+
+    def __call__(self):
+        stateful = self.run.kind.startswith("sdlp")
+        if self.loader is not None:  # a new epoch in the same workers
+            distshard.set_epoch(self.pipe, self.epoch)
+            return self.loader, self.loader.state_dict if stateful else None
+        self.pipe = pipe = build(self.spec, self.rank, self.run.world)
+        options = dict(batch_size=None, num_workers=self.run.workers, persistent_workers=True,
+                       multiprocessing_context=self.run.kind.split("-")[1], timeout=60)
+        loader = StatefulDataLoader(distshard.StatefulPipeline(pipe), **options) if stateful \
+            else DataLoader(pipe, **options)
+        if self.run.epoch_first:
+            pipe.set_epoch(self.epoch)
+        if self.state is not None:
+            with stage(self.load_stage):
+                if self.run.resume == "own":
+                    loader.load_state_dict(self.state)
+                else:  # a merged state, into the loader's copy before its workers start
+                    distshard.StatefulPipeline(pipe).load_state_dict(self.state)
+        if not self.run.epoch_first:
+            pipe.set_epoch(self.epoch)
+        self.loader = loader
+        return loader, loader.state_dict if stateful else None
+
+    def next_epoch(self, epoch: int) -> "PersistentUnit":
+        self.epoch, self.state = epoch, None
+        return self
+
+    def close(self) -> None:
+        iterator = getattr(self.loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+
+
 def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tuple[list, bool, dict]:
     """Dry-run the unit to learn its share ``L``, then take ``choose(L)`` elements
     from a fresh copy; return (elements, at the end of its share, state)."""
     try:
-        target, _ = fresh()
+        target, _ = getattr(fresh, "dry", fresh)()
         it = iter(target)
         share = sum(1 for _ in it)
+        shutdown(it)
     except (ValueError, TypeError, RuntimeError):
         share = None  # the real run will meet the same refusal
     take = choose(share)
@@ -281,9 +344,10 @@ def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tu
     try:
         elements, exhausted = consume(it, take, first_stage)
         with stage("checkpoint"):
-            state = jsonable(state_dict())
+            state = None if state_dict is None else jsonable(state_dict())
     finally:
-        shutdown(it)
+        if not isinstance(fresh, PersistentUnit):  # persistent workers may go on into the next epoch
+            shutdown(it)
     return elements, exhausted or len(elements) == share, state
 
 
@@ -294,6 +358,10 @@ LAYOUTS = {
     "sdl0": st.tuples(st.integers(1, 4), st.just(0)),
     "sdl2": st.tuples(st.integers(1, 2), st.just(2)),
     "node": st.tuples(st.integers(1, 4), st.integers(0, 2)),
+    "sdlp-fork": st.tuples(st.integers(1, 2), st.just(2)),
+    "dlp-fork": st.tuples(st.integers(1, 2), st.just(2)),
+    "sdlp-spawn": st.tuples(st.just(1), st.just(2)),  # spawned workers take seconds to start
+    "dlp-spawn": st.tuples(st.just(1), st.just(2)),
 }
 
 
@@ -336,55 +404,82 @@ def choice(data, final: bool) -> Callable[[int | None], int]:
     return choose
 
 
-def run_history(spec: Spec, data, kinds: list[str]) -> None:
-    """Draw and run a history; check every epoch, or that a refusal is documented."""
+def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] = (1, 2)) -> None:
+    """Draw and run a history of ``epochs`` (at least, at most) epochs; check every
+    epoch, or that a refusal is documented."""
     universe = Counter(spec.universe())
     log: list[str] = []
     states: list | None = None  # every unit's state at the last checkpoint
     previous: tuple | None = None  # (kind, world, workers, even) of the last run
     evens = [None] if spec.units and not spec.sized else [None, "drop", "pad"]
-    for epoch in range(data.draw(st.integers(1, 2), label="epochs")):
-        record = Epoch()
-        runs = data.draw(st.integers(1, 3), label="runs")
-        for index in range(runs):
-            kind = data.draw(st.sampled_from(kinds))
-            world, workers = data.draw(LAYOUTS[kind])
-            resume = None
-            if states is not None:
-                same = previous == (kind, world, workers, spec.even)
-                resume = "own" if same and data.draw(st.booleans()) else "merged"
-            if resume == "merged" and data.draw(st.booleans(), label="new even"):
-                spec = replace(spec, even=data.draw(st.sampled_from(evens)))
-            run = Run(kind, world, workers, resume, data.draw(st.booleans()))
-            log.append(f"epoch {epoch}: {run}, even={spec.even!r}")
-            if index == 0 or resume == "merged":
-                record.start_split(universe, run.num_slots, spec.even, spec.multiple)
-            loaded = states or [None] * len(run.units)
-            try:
-                if resume == "merged":
-                    with stage("merge"):
-                        merged = jsonable(distshard.merge_states(states))
-                    loaded = [merged] * len(run.units)
-                first_stage = f"iterate-{resume}" if resume else "iterate"
-                states = []
-                for unit, (rank, worker) in enumerate(run.units):
-                    fresh = make_unit(spec, run, rank, epoch, loaded[unit])
-                    with as_worker(worker, run.workers) if worker >= 0 else contextlib.nullcontext():
-                        elements, at_end, state = run_unit(fresh, choice(data, index == runs - 1),
-                                                           first_stage)
-                    log.append(f"  unit {unit}: {len(elements)} elements, at end: {at_end}")
-                    record.add(unit, elements, at_end)
-                    states.append(state)
-            except Refused as refused:
-                assert_documented(spec, refused, log)
-                return
-            previous = (kind, world, workers, spec.even)
-        check_epoch(universe, record, f"{spec}, epoch {epoch}\n" + "\n".join(log))
+    kept: list | None = None  # persistent loaders of the previous epoch's last run, one per unit
+    try:
+        for epoch in range(data.draw(st.integers(*epochs), label="epochs")):
+            record = Epoch()
+            # torch's DataLoader over the DataPipe cannot checkpoint: an epoch it goes on in is one run
+            runs = 1 if kept and kept[0].run.kind.startswith("dlp") else data.draw(st.integers(1, 3), label="runs")
+            for index in range(runs):
+                final = index == runs - 1
+                going_on, kept = kept, None
+                if going_on:  # the training loop goes on in the same persistent workers
+                    run, resume = replace(going_on[0].run, resume=None), None
+                else:
+                    kind = data.draw(st.sampled_from(kinds))
+                    if kind.startswith("dlp") and not final:
+                        kind = "sdlp" + kind[3:]  # an epoch's last run only
+                    world, workers = data.draw(LAYOUTS[kind])
+                    resume = None
+                    if states is not None:
+                        same = previous == (kind, world, workers, spec.even) and not kind.startswith("dlp")
+                        resume = "own" if same and data.draw(st.booleans()) else "merged"
+                    if resume == "merged" and data.draw(st.booleans(), label="new even"):
+                        spec = replace(spec, even=data.draw(st.sampled_from(evens)))
+                    run = Run(kind, world, workers, resume, data.draw(st.booleans()))
+                log.append(f"epoch {epoch}: {run}, even={spec.even!r}" + (" (same workers)" if going_on else ""))
+                if index == 0 or resume == "merged":
+                    record.start_split(universe, run.num_slots, spec.even, spec.multiple)
+                loaded = states or [None] * len(run.units)
+                persistent: list = []
+                try:
+                    if resume == "merged":
+                        with stage("merge"):
+                            merged = jsonable(distshard.merge_states(states))
+                        loaded = [merged] * len(run.units)
+                    first_stage = f"iterate-{resume}" if resume else "iterate"
+                    states = []
+                    for unit, (rank, worker) in enumerate(run.units):
+                        if going_on:
+                            fresh = going_on[unit].next_epoch(epoch)
+                        else:
+                            fresh = make_unit(spec, run, rank, epoch, loaded[unit])
+                        if isinstance(fresh, PersistentUnit):
+                            persistent.append(fresh)
+                        with as_worker(worker, run.workers) if worker >= 0 else contextlib.nullcontext():
+                            elements, at_end, state = run_unit(fresh, choice(data, final), first_stage)
+                        log.append(f"  unit {unit}: {len(elements)} elements, at end: {at_end}")
+                        record.add(unit, elements, at_end)
+                        states.append(state)
+                except Refused as refused:
+                    assert_documented(spec, refused, log)
+                    return
+                finally:
+                    if not final or len(persistent) < len(run.units):
+                        for unit in persistent:
+                            unit.close()
+                if final and persistent and len(persistent) == len(run.units):
+                    kept = persistent  # the next epoch goes on in these workers
+                if run.kind.startswith("dlp"):
+                    states = None  # nothing to resume from: the next epoch starts afresh
+                previous = (run.kind, run.world, run.workers, spec.even)
+            check_epoch(universe, record, f"{spec}, epoch {epoch}\n" + "\n".join(log))
+    finally:
+        for unit in kept or []:
+            unit.close()
 
 
-def check_model(spec: Spec, data, kinds: list[str], build_spec=build) -> None:
+def check_model(spec: Spec, data, kinds: list[str], build_spec=build, epochs: tuple[int, int] = (1, 2)) -> None:
     if check_construction(spec, build_spec):
-        run_history(spec, data, kinds)
+        run_history(spec, data, kinds, epochs)
 
 
 # ~10 ms an example when it passes; shrinking a failure takes longer
@@ -428,6 +523,30 @@ def test_every_history_through_the_nodes_front_end_is_exact_or_refused(spec, dat
 def test_every_history_is_exact_or_refused_with_real_workers(spec, data):
     """A small sample with StatefulDataLoader(num_workers=2, fork) on some runs."""
     check_model(spec, data, ["sdl2", "plain"])
+
+
+@st.composite
+def shuffled_specs(draw) -> Spec:
+    """Pipelines whose order changes with the epoch, so that an epoch that does not
+    reach the workers shows: shuffle=True, or an upstream .shuffle()."""
+    upstream = draw(st.booleans())
+    source = "shuffled" if upstream else draw(st.sampled_from(["list", "list+map", "jsonl"]))
+    return Spec(source, n=draw(st.integers(1, 40)), shuffle=not upstream, seed=draw(st.integers(0, 2**20)),
+                multiple=draw(st.sampled_from([1, 1, 2])), even=draw(st.sampled_from([None, "drop", "pad"])))
+
+
+# persistent workers: two epochs, the second going on in the workers of the first's last
+# run when that run had persistent workers; a few examples (every run starts real workers)
+@settings(MODEL_SETTINGS, max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(spec=shuffled_specs(), data=st.data())
+def test_every_history_with_persistent_workers_is_exact_or_refused(spec, data):
+    check_model(spec, data, ["sdlp-fork", "dlp-fork", "plain"], epochs=(2, 2))
+
+
+@settings(MODEL_SETTINGS, max_examples=2, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(spec=shuffled_specs(), data=st.data())
+def test_every_history_with_spawned_persistent_workers_is_exact_or_refused(spec, data):
+    check_model(spec, data, ["sdlp-spawn", "dlp-spawn"], epochs=(2, 2))
 
 
 # -- a state loaded into another pipeline ----------------------------------------------------

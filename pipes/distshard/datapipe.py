@@ -192,6 +192,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
         self._mailbox = Mailbox()  # how set_epoch reaches persistent DataLoader workers' copies
         self._started_in: int | None = None  # pid of a worker that iterated a copy it cannot hear
+        self._resumed_here: int | None = None  # the epoch of a state loaded in this worker's copy
         self._captured: tuple[int, int] | None = None
         self._loader_seed: int | None = None
         self._loader_seed_shared = False
@@ -360,6 +361,14 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             )
         if news.epoch is not None:
             self._apply_epoch(news.epoch)
+            self._resumed_here = None
+        if refuse and self._pending() is None and self._epoch in (news.resumed, self._resumed_here):
+            raise RuntimeError(
+                f"a state of epoch {self._epoch} was loaded into this DataLoader's workers, and a new "
+                f"iteration of epoch {self._epoch} started after the one that resumed it (StatefulDataLoader "
+                "starts one by itself after loading a state saved at the end of an epoch); it would run "
+                f"epoch {self._epoch} again: call set_epoch() with the next epoch before iterating the loader"
+            )
 
     def _new_iterator(self) -> None:
         """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
@@ -538,6 +547,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._epoch, self._resume, self._progress = found["epoch"], found, None
         if get_worker_info() is None:
             self._mailbox.post_load()  # persistent workers started before cannot take it: they refuse
+        elif not self._mailbox.own:  # a worker: StatefulDataLoader resumes it here
+            self._resumed_here = found["epoch"]
+            self._mailbox.post_resumed(found["epoch"])  # workers started after this one do not have it
 
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,

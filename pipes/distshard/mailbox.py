@@ -25,9 +25,17 @@ Rules, so that exactly the right copies hear each other:
 * A copy made by an ordinary pickle (``copy.deepcopy``, ``pickle.dumps`` outside
   of starting a process) is another pipe: it gets a cell of its own.
 
-Loading a state into the loader's copy after the workers started cannot reach them
-either (a state has no fixed size); the cell counts such loads so that a worker
-can refuse to start an iteration it would get wrong.
+Two more things a worker must know, and cannot be told otherwise:
+
+* ``loads``: states loaded into the loader's copy after the workers started (a
+  state has no fixed size, so it cannot reach them): such a worker refuses to start
+  an iteration it would get wrong.
+* ``resumed``: the one note a worker writes, into its sender's cell: a state of
+  epoch ``e`` was loaded into it (StatefulDataLoader loads states in its workers).
+  Workers started later for epoch ``e`` do not have that state, and would run epoch
+  ``e`` from its start again (StatefulDataLoader starts such workers by itself after
+  loading a state saved at the end of an epoch): they refuse. ``set_epoch`` in the
+  loader's process reads the note away.
 """
 
 from __future__ import annotations
@@ -45,8 +53,8 @@ from torch.utils.data import get_worker_info
 __all__ = ["EPOCH_LIMIT", "Mailbox", "News"]
 
 EPOCH_LIMIT = 2**63  # epochs are kept in a signed 64-bit integer
-_GENERATION, _EPOCH, _LOADS = range(3)
-_CELL = 3  # integers per cell
+_GENERATION, _EPOCH, _LOADS, _RESUMED, _RESUMED_EPOCH = range(5)
+_CELL = 5  # integers per cell
 _ARENA_BYTES = mmap.PAGESIZE * 4
 
 
@@ -78,7 +86,7 @@ _arenas_pid = os.getpid()
 _mapped: dict[tuple[int, int], _Arena] = {}  # (owner, fd) -> arena received from a sender
 
 
-def _allocate(seen: tuple[int, int]) -> tuple[_Arena, int]:
+def _allocate(seen: tuple[int, int, int]) -> tuple[_Arena, int]:
     global _arenas, _arenas_pid
     if _arenas_pid != os.getpid():  # a forked child: the parent's arenas are the parent's
         _arenas, _arenas_pid = [], os.getpid()
@@ -87,7 +95,9 @@ def _allocate(seen: tuple[int, int]) -> tuple[_Arena, int]:
         arena = _Arena()
         _arenas.append(arena)
     slot = arena.free.pop() * _CELL
-    arena.ints[slot + _GENERATION], arena.ints[slot + _EPOCH], arena.ints[slot + _LOADS] = seen[0], 0, seen[1]
+    ints = arena.ints
+    ints[slot + _GENERATION], ints[slot + _LOADS], ints[slot + _RESUMED] = seen
+    ints[slot + _EPOCH] = ints[slot + _RESUMED_EPOCH] = 0
     return arena, slot
 
 
@@ -102,13 +112,15 @@ class News:
 
     epoch: int | None  # the epoch set_epoch posted, if it posted since
     loads: int  # states loaded into the loader's copy since
+    resumed: int | None  # the epoch of a state another worker loaded, if the note is unread
 
 
 class Mailbox:
-    """One pipe copy's view of its shared cell ``[generation, epoch, loads]``."""
+    """One pipe copy's view of its shared cell ``[generation, epoch, loads, resumed,
+    resumed epoch]``."""
 
-    def __init__(self, seen: tuple[int, int] = (0, 0), by_pickle: bool = False) -> None:
-        self.seen = seen  # (generation, loads) this copy has taken into account
+    def __init__(self, seen: tuple[int, int, int] = (0, 0, 0), by_pickle: bool = False) -> None:
+        self.seen = seen  # (generation, loads, resumed) this copy has taken into account
         self.by_pickle = by_pickle  # arrived by an ordinary pickle, not with a process start
         self._arena: _Arena | None = None
         self._slot = 0
@@ -133,26 +145,37 @@ class Mailbox:
         ints, slot = self._arena.ints, self._slot  # type: ignore[union-attr]
         ints[slot + _EPOCH] = epoch  # before the generation: who sees the one sees the other
         ints[slot + _GENERATION] += 1
-        self.seen = (ints[slot + _GENERATION], self.seen[1])
+        self.seen = (ints[slot + _GENERATION], self.seen[1], ints[slot + _RESUMED])  # the note is read
 
     def post_load(self) -> None:
         self._home()
         ints, slot = self._arena.ints, self._slot  # type: ignore[union-attr]
         ints[slot + _LOADS] += 1
-        self.seen = (self.seen[0], ints[slot + _LOADS])
+        self.seen = (self.seen[0], ints[slot + _LOADS], self.seen[2])
 
     # -- a worker ------------------------------------------------------------------
+    def post_resumed(self, epoch: int) -> None:
+        """Note, in the sender's cell, that a state of ``epoch`` was loaded into this
+        worker (several workers may write at once: they write the same epoch, and the
+        count changes whichever increment lands)."""
+        ints, slot = self._arena.ints, self._slot  # type: ignore[union-attr]
+        ints[slot + _RESUMED_EPOCH] = epoch
+        ints[slot + _RESUMED] += 1
+        self.seen = (self.seen[0], self.seen[1], ints[slot + _RESUMED])  # its own note: not news to it
+
     def news(self) -> News:
-        """What the sender posted since this copy last looked; marks the epoch as
-        seen (not the loads: a refused iteration is refused again next time)."""
+        """What was posted since this copy last looked; marks the epoch as seen (not
+        the rest: a refused iteration is refused again next time)."""
         ints, slot = self._arena.ints, self._slot  # type: ignore[union-attr]
         while True:
             generation, epoch, loads = ints[slot + _GENERATION], ints[slot + _EPOCH], ints[slot + _LOADS]
-            if ints[slot + _GENERATION] == generation:
+            resumed, resumed_epoch = ints[slot + _RESUMED], ints[slot + _RESUMED_EPOCH]
+            if ints[slot + _GENERATION] == generation and ints[slot + _RESUMED] == resumed:
                 break
-        fresh = generation != self.seen[0]
-        self.seen = (generation, self.seen[1])
-        return News(epoch if fresh else None, loads - self.seen[1])
+        if generation != self.seen[0]:  # a new epoch from the loader's process: the note is older
+            self.seen = (generation, self.seen[1], resumed)
+            return News(epoch, loads - self.seen[1], None)
+        return News(None, loads - self.seen[1], resumed_epoch if resumed != self.seen[2] else None)
 
     # -- pickling ------------------------------------------------------------------
     def __reduce__(self) -> tuple:
@@ -169,7 +192,7 @@ class Mailbox:
         return Mailbox(self.seen, True)
 
 
-def _attached(handle: Any, owner: int, slot: int, seen: tuple[int, int]) -> Mailbox:
+def _attached(handle: Any, owner: int, slot: int, seen: tuple[int, int, int]) -> Mailbox:
     """A copy in a process being started (spawn, forkserver): its sender's cell."""
     fd = handle.detach()
     arena = _mapped.get((owner, fd))
