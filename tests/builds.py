@@ -388,3 +388,16 @@ def mixed_streams_shuffled():
 def weighted_draws():
     return distshard.weighted_sample(IterableWrapper(list(range(50))), [1 + (i % 5) for i in range(50)],
                                      samples=301).dist_shard(seed=7)
+
+
+# -- issue 15: factories that return the wrong thing -------------------------------------
+
+
+def returns_a_list():
+    """Returns the records, not a pipeline over them."""
+    return records(10)
+
+
+def drop_multiple_of():
+    """103 records over 2 x 2 slots in batches of 4: each slot keeps 24, 7 are left out."""
+    return IterableWrapper(records(103)).dist_shard(even="drop", multiple_of=4)

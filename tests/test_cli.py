@@ -48,10 +48,13 @@ def test_check_finds_the_duplicates_of_an_unsynced_sharding_filter():
     assert report["duplicates"] == report["missing"] > 0 and report["duplicate_examples"]
 
 
-def test_check_with_even_requires_equal_slots():
+def test_check_with_even_requires_equal_slots_and_says_why_not():
     done = _check("tests.builds:strings_none", "--world-size", "3", "--num-workers", "1", "--even", "drop",
-                  "--timeout", "60")
+                  "--timeout", "60", "--json")
     assert done.returncode == 1, done.stdout + done.stderr  # 1000 over 3 slots cannot be equal
+    reasons = json.loads(done.stdout)["reasons"]
+    assert any("per-slot counts differ (334, 333, 333), where even='drop' requires every slot to yield the "
+               "same (the pipeline's own dist_shard has even=None)" in r for r in reasons), reasons
 
 
 @pytest.mark.parametrize(
@@ -99,3 +102,42 @@ def test_check_refuses_a_timeout_that_bounds_nothing(value):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "argument --timeout" in done.stderr and repr(value) in done.stderr
     assert "checking" not in done.stderr  # refused before anything started
+
+
+# -- issue 15: errors that help ------------------------------------------------------------
+
+
+def test_a_factory_that_returns_no_pipeline_is_told_what_to_return():
+    done = _check("tests.builds:returns_a_list", "--world-size", "2", "--timeout", "60")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "returned list, not an IterDataPipe: the factory must return the pipeline" in done.stderr
+    assert "AttributeError" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("factory, words, started", [
+    ("tests.no_such_module:build", "No module named 'tests.no_such_module'", False),  # found missing at once
+    ("tests.builds:no_such_function", "'tests.builds' has no attribute 'no_such_function'", True),
+])
+def test_a_factory_that_cannot_be_loaded_is_reported_once(factory, words, started):
+    done = _check(factory, "--world-size", "3", "--timeout", "60")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (done.stdout + done.stderr).count(words) == 1, done.stdout + done.stderr
+    assert ("checking" in done.stderr) == started  # a missing module: nothing was started
+
+
+def test_check_multiple_of_allows_its_own_tail():
+    done = _check("tests.builds:drop_multiple_of", "--world-size", "2", "--num-workers", "2", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["per_slot"] == [24] * 4 and report["missing"] == report["allowed_missing"] == 7
+
+
+def test_help_shows_every_default(capsys):
+    from distshard.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 0)", "(default: fork)", "(default: torch)", "(default: 1)", "(default: 120.0)"):
+        assert default in text, default
+    assert "required" in text and "(default: None)" in text  # --even's

@@ -254,3 +254,19 @@ def test_current_context_in_spawn_workers_of_a_gloo_rank_is_the_rank():
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
     for o in outcomes:
         assert sorted(o.value) == [("pickled", o.rank, 2, 0, 2), ("pickled", o.rank, 2, 1, 2)]
+
+
+# -- issue 15: an ambiguous environment is a public, documented error ------------------------
+
+
+def test_an_ambiguous_environment_raises_the_public_unknown_rank_error(monkeypatch):
+    for name in ("RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("NODE_RANK", "1")
+    pipe = IterableWrapper(range(8)).dist_shard()  # not an error before it is iterated
+    with pytest.raises(distshard.UnknownRankError, match="LOCAL_RANK=1, NODE_RANK=1 with WORLD_SIZE=8") as raised:
+        list(pipe)
+    assert isinstance(raised.value, ValueError) and "UnknownRankError" in distshard.__all__
+    assert type(raised.value).__module__ == "distshard.context" and not type(raised.value).__name__.startswith("_")

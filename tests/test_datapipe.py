@@ -341,3 +341,35 @@ def test_set_epoch_reaches_the_shard_through_the_pipeline():
     assert orders[0] == orders[2] != orders[1]
     with pytest.raises(ValueError, match="no dist_shard upstream"):
         distshard.set_epoch(IterableWrapper(range(3)).map(_double), 1)
+
+
+# -- issue 15: what an error raised while iterating says ----------------------------------------
+
+
+def test_an_error_while_iterating_names_the_arguments_not_the_shuffle_functional():
+    shard = IterableWrapper([f"s{i}" for i in range(10)]).dist_shard(rank=0, world_size=2, shuffle=True)
+    state = shard.state_dict()
+    list(shard)
+    other = IterableWrapper([f"s{i}" for i in range(10)]).dist_shard(rank=1, world_size=2, shuffle=True)
+    other.load_state_dict(shard.state_dict())  # slot 0's state in slot 1: refused at the first element
+    with pytest.raises(ValueError) as raised:
+        list(other)
+    text = str(raised.value)
+    assert "This exception is thrown by __iter__ of DistShardIterDataPipe(" in text
+    assert "functools.partial" not in text and "register_datapipe_as_function" not in text, text
+    assert callable(shard.shuffle) and state["epoch"] == 0  # .shuffle() after the shard still works
+
+
+def test_another_slots_state_with_the_same_layout_names_the_per_rank_callback():
+    shard = IterableWrapper(range(12)).dist_shard(rank=0, world_size=2)
+    next(iter(shard))
+    other = IterableWrapper(range(12)).dist_shard(rank=1, world_size=2)
+    other.load_state_dict(shard.state_dict())
+    with pytest.raises(ValueError, match="same ranks and workers.*LoaderStatePerRank callback of "
+                                         "docs/integrations.md"):
+        list(other)
+    elastic = IterableWrapper(range(12)).dist_shard(rank=1, world_size=3)
+    elastic.load_state_dict(shard.state_dict())
+    with pytest.raises(ValueError, match="to resume with other ranks or workers, merge") as raised:
+        list(elastic)
+    assert "LoaderStatePerRank" not in str(raised.value)

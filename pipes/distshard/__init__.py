@@ -8,7 +8,7 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
     dp = IterableWrapper(records).shuffle().dist_shard(even="drop").map(decode).batch(32)
 """
 
-from .context import ShardContext, current_context
+from .context import ShardContext, UnknownRankError, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch
 from .explaining import Explanation, explain
 from .graph import positional
@@ -26,6 +26,7 @@ __all__ = [
     "Explanation",
     "ShardContext",
     "StatefulPipeline",
+    "UnknownRankError",
     "VerifyReport",
     "current_context",
     "explain",

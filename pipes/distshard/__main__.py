@@ -26,7 +26,8 @@ def check(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         factory = FactoryPath(args.factory)
-    except ValueError as exc:
+        factory.check_module()  # a module that is not there: at once, without starting anything
+    except (ValueError, ImportError) as exc:
         return _could_not_run(args, [str(exc)])
     interactive = sys.stderr.isatty() and not args.json
     last = [time.monotonic()]
@@ -71,11 +72,13 @@ def check(args: argparse.Namespace) -> int:
             "allowed_missing": report.allowed_missing * report.epochs,
             "duplicate_examples": dict(list(report.duplicates.items())[:10]),
             "missing_examples": dict(list(report.missing.items())[:10]),
-            "reads": reads, "error": report.error, "reasons": report.reasons,
+            "reads": reads, "error": report.error, "reasons": report.reasons + report.violations,
             "seconds": round(time.monotonic() - started, 2),
         }, indent=2))
     else:
-        print(report.summary().rpartition("\n  verdict: ")[0])
+        summary = report.summary().rpartition("\n  verdict: ")[0]
+        # the reasons it could not run go to stderr, once, below
+        print("\n".join(line for line in summary.splitlines() if not line.startswith("  error: ")))
         print(f"  reads: {reads}")
         print(f"  time: {time.monotonic() - started:.1f}s")
         print(f"  verdict: {verdict}")
@@ -119,24 +122,32 @@ def _non_negative(text: str) -> int:
     return value
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the descriptions as written and shows every option's default."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distshard", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m distshard", description=__doc__, formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="exactly-once check of dist_shard on a real gloo group")
-    demo.add_argument("--world-size", type=_positive, default=4)
-    demo.add_argument("--num-workers", type=_non_negative, default=4)
+    demo = sub.add_parser("demo", help="exactly-once check of dist_shard on a real gloo group",
+                          formatter_class=_Help)
+    demo.add_argument("--world-size", type=_positive, default=4, help="ranks (processes of a gloo group)")
+    demo.add_argument("--num-workers", type=_non_negative, default=4, help="DataLoader workers per rank")
     demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds the whole run may take")
-    chk = sub.add_parser("check", help="check your pipeline factory for exactly-once",
+    chk = sub.add_parser("check", help="check your pipeline factory for exactly-once", formatter_class=_Help,
                          description="Exit status: 0 exactly-once held, 1 violations found, 2 could not run.")
-    chk.add_argument("factory", help="pkg.module:function returning the pipeline each rank builds")
-    chk.add_argument("--world-size", type=_positive, required=True)
-    chk.add_argument("--num-workers", type=_non_negative, default=0)
+    chk.add_argument("factory", help="pkg.module:function returning the pipeline (an IterDataPipe) each rank builds")
+    chk.add_argument("--world-size", type=_positive, required=True, default=argparse.SUPPRESS,
+                     help="ranks (processes of a gloo group); required")
+    chk.add_argument("--num-workers", type=_non_negative, default=0,
+                     help="DataLoader workers per rank (0: the rank iterates the pipeline itself)")
     chk.add_argument("--even", choices=["drop", "pad"], default=None,
-                     help="also require equal counts per slot (default: the pipeline's own even)")
-    chk.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default="fork")
-    chk.add_argument("--loader", choices=["torch", "stateful", "none"], default="torch")
-    chk.add_argument("--epochs", type=_positive, default=1)
+                     help="also require equal counts per slot; None: what the pipeline's own even= promises")
+    chk.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default="fork",
+                     help="how DataLoader workers start")
+    chk.add_argument("--loader", choices=["torch", "stateful", "none"], default="torch",
+                     help="torch's DataLoader, torchdata's StatefulDataLoader, or no loader")
+    chk.add_argument("--epochs", type=_positive, default=1, help="epochs to run, with set_epoch before each")
     chk.add_argument("--timeout", type=_seconds, default=120.0,
                      help="seconds the whole run may take, the factory's own calls included")
     chk.add_argument("--json", action="store_true", help="print a JSON report instead")

@@ -114,8 +114,17 @@ def _env_int(environ: Mapping[str, str], name: str) -> int:
         ) from None
 
 
-class _UnknownRank(ValueError):
-    """The environment has ``WORLD_SIZE`` but does not say this process's rank for certain."""
+class UnknownRankError(ValueError):
+    """The environment says how many ranks there are (``WORLD_SIZE``) but not which one
+    this process is, for certain: ``RANK`` is unset and ``LOCAL_RANK`` / ``NODE_RANK`` /
+    ``LOCAL_WORLD_SIZE`` do not determine it (a multi-node job started without
+    torchrun). The message names the variables it found and the one to set.
+
+    Raised when a pipe resolves its rank without ``torch.distributed`` initialized
+    (``dist_shard`` at iteration, ``distshard.current_context()``); a ``ValueError``,
+    like every malformed environment. Set ``RANK``, pass ``rank=`` / ``world_size=``,
+    or initialize ``torch.distributed`` before iterating.
+    """
 
 
 def env_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
@@ -127,7 +136,8 @@ def env_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int] 
     ``LOCAL_RANK`` itself on node 0 (``NODE_RANK=0``) or on the only node
     (``LOCAL_WORLD_SIZE == WORLD_SIZE``), else
     ``NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``. Raises ``ValueError`` naming the
-    variables for malformed values and for a rank that cannot be known.
+    variables for malformed values, and :class:`UnknownRankError` (a ``ValueError``)
+    for a rank that cannot be known.
     """
     environ = os.environ if environ is None else environ
     if "RANK" not in environ and "WORLD_SIZE" not in environ:
@@ -186,7 +196,7 @@ def _derived_rank(environ: Mapping[str, str], world_size: int) -> tuple[int, str
     elif node == 0:
         return local, how
     missing = "NODE_RANK" if per_node is not None else "LOCAL_WORLD_SIZE (processes per node)"
-    raise _UnknownRank(
+    raise UnknownRankError(
         f"environment variable RANK is not set, and {how} with WORLD_SIZE={world_size} do not say "
         f"this process's global rank for certain: set RANK, or {missing}"
         + (" and NODE_RANK" if per_node is None and node is None else "")
@@ -208,7 +218,7 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
         return
     try:
         env_rank_world(environ)
-    except _UnknownRank:
+    except UnknownRankError:
         pass
 
 

@@ -205,6 +205,12 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
         self._progress: SlotRun | None = None  # the current iteration
 
+    def __dir__(self) -> list[str]:
+        # torch's error text for an exception raised while iterating lists the members
+        # named like __init__'s parameters; "shuffle" is one, stored as global_shuffle,
+        # and the name resolves to the .shuffle() functional, whose partial it printed
+        return [name for name in super().__dir__() if name != "shuffle"]
+
     def _can_shuffle(self) -> bool:
         if self.expand is not None:
             return self.sizes is not None

@@ -175,10 +175,17 @@ def check_slot(found: Mapping[str, Any], slot: int, num_slots: int, where: str) 
     """Raise ``ValueError`` if ``found`` is another slot's state (``where`` describes
     this copy: rank and worker)."""
     if found["slot"] is not None and (found["slot"], found["num_slots"]) != (slot, num_slots):
+        if found["num_slots"] == num_slots:  # same ranks and workers: another rank's (or worker's) state
+            fix = ("the run has the same ranks and workers, so this is another slot's own state: give every "
+                   "rank the state it saved (PyTorch Lightning 2.6 saves rank 0's loader state only and "
+                   "hands it to every rank: add the LoaderStatePerRank callback of docs/integrations.md), "
+                   "or merge the states of all slots with distshard.merge_states() and load that")
+        else:
+            fix = ("to resume with other ranks or workers, merge the states of all slots with "
+                   "distshard.merge_states() and load that")
         raise ValueError(
             f"the loaded state is slot {found['slot']} of {found['num_slots']}'s, but this copy is slot "
-            f"{slot} of {num_slots} ({where}); to resume with other ranks or workers, merge the states "
-            "of all slots with distshard.merge_states() and load that"
+            f"{slot} of {num_slots} ({where}); {fix}"
         )
 
 

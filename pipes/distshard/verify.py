@@ -94,13 +94,34 @@ def _child_setup() -> None:
     warnings.filterwarnings("ignore", message="This DataLoader will create")
 
 
+_FACTORY_FAILED = "distshard_factory_failed"  # marks an exception of the factory itself
+
+
+def _build(build: Callable[[], Any]) -> IterDataPipe:
+    """Call the factory; an error here (it cannot be imported or called, or returns
+    no pipeline) is the same in every process, so the parent stops the run at the first."""
+    try:
+        pipe = build()
+        if not isinstance(pipe, IterDataPipe):
+            raise TypeError(
+                f"{getattr(build, 'path', build)!r} returned {type(pipe).__name__}, not an IterDataPipe: the "
+                "factory must return the pipeline each rank iterates, e.g. "
+                "IterableWrapper(records).dist_shard(even='drop').map(decode) (not a list, a DataLoader "
+                "or a StatefulPipeline)"
+            )
+    except BaseException as exc:
+        setattr(exc, _FACTORY_FAILED, True)
+        raise
+    return pipe
+
+
 def _send(results: Any, who: Any, call: Callable[[], Any]) -> None:
     try:
         value = call()
-    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
-        results.put((who, None, _failure()))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
+        results.put((who, None, _failure(), bool(getattr(exc, _FACTORY_FAILED, False))))
     else:
-        results.put((who, value, None))
+        results.put((who, value, None, False))
 
 
 def _group_main(rank: int, world_size: int, init_method: str, deadline: float,
@@ -147,20 +168,23 @@ def _run(start_method: str, world_size: int, fn: Callable[..., Any], args: tuple
     try:
         for proc in procs.values():
             proc.start()
-        got = _collect(procs, results, deadline, timeout, progress)
-        # finished processes get up to 10 s to exit, never past the grace after the deadline
-        killed = _stop(procs, min(time.monotonic() + 10.0, deadline + _GRACE))
+        got, fatal = _collect(procs, results, deadline, timeout, progress)
+        # finished processes get up to 10 s to exit, never past the grace after the deadline;
+        # after the factory's own failure the others would only fail alike: stopped at once
+        killed = _stop(procs, time.monotonic() if fatal else min(time.monotonic() + 10.0, deadline + _GRACE))
     finally:
         _stop(procs, time.monotonic())  # after an error (Ctrl-C too): kill at once
         shutil.rmtree(store, ignore_errors=True)
     for who, proc in procs.items():
         if who not in got:
-            got[who] = (None, _no_result(who, proc.exitcode, who in killed, timeout))
+            got[who] = (None, None if fatal else _no_result(who, proc.exitcode, who in killed, timeout))
     return got
 
 
 def _collect(procs: dict[Any, Any], results: Any, deadline: float, timeout: float,
-             progress: Callable[[str], None] | None) -> dict[Any, tuple[Any, str | None]]:
+             progress: Callable[[str], None] | None) -> tuple[dict[Any, tuple[Any, str | None]], bool]:
+    """``{who: (value, error)}`` as the processes report, and whether the run stopped
+    at the factory's own failure (then the others are not waited for)."""
     got: dict[Any, tuple[Any, str | None]] = {}
     reported = time.monotonic()
     while len(got) < len(procs):
@@ -171,13 +195,15 @@ def _collect(procs: dict[Any, Any], results: Any, deadline: float, timeout: floa
             reported = now
             progress(f"{len(got)}/{len(procs)} processes done, {timeout - (deadline - now):.0f}s of {timeout:g}s")
         try:
-            who, value, error = results.get(timeout=min(0.5, deadline + _GRACE - now))
+            who, value, error, fatal = results.get(timeout=min(0.5, deadline + _GRACE - now))
         except queue_module.Empty:
             if not any(proc.is_alive() for proc in procs.values()) and results.empty():
                 break
             continue
         got[who] = (value, error)
-    return got
+        if fatal:
+            return got, True
+    return got, False
 
 
 def _stop(procs: dict[Any, Any], end: float) -> set:
@@ -298,6 +324,29 @@ class FactoryPath:
     def __repr__(self) -> str:
         return f"FactoryPath({self.path!r})"
 
+    def check_module(self) -> None:
+        """Raise ``ImportError`` if the module does not exist, looking for it without
+        running any of its code (or its packages'), so a typo is reported at once."""
+        import importlib.machinery
+        import importlib.util
+
+        module_name = self.path.partition(":")[0]
+        parts = module_name.split(".")
+        if parts[0] in sys.modules:
+            return
+        found = importlib.machinery.PathFinder.find_spec(parts[0], [self.cwd, *sys.path])
+        if found is None:
+            if importlib.util.find_spec(parts[0]) is not None:  # found by another finder: it knows
+                return
+            raise ImportError(f"could not import {module_name!r}: No module named {parts[0]!r}")
+        for depth in range(1, len(parts)):
+            if found.submodule_search_locations is None:  # a plain module: the import says why
+                return
+            found = importlib.machinery.PathFinder.find_spec(parts[depth], list(found.submodule_search_locations))
+            if found is None:
+                raise ImportError(f"could not import {module_name!r}: No module named "
+                                  f"{'.'.join(parts[:depth + 1])!r}")
+
     def load(self) -> Callable[[], IterDataPipe]:
         """Import the module and return the callable, with a clear error for every way it fails."""
         module_name, _, attribute = self.path.partition(":")
@@ -338,8 +387,8 @@ def _verify_rank(rank: int, world_size: int, build: Callable[[], IterDataPipe],
 
     seen: list[tuple[int, int, str]] = []
     iterator = None
+    pipe = _build(build)  # the factory's own failure: raised, and the parent stops the run
     try:
-        pipe = build()
         if step_collective is None:  # by default, step when an even guarantee is checked
             shards = shards_in(pipe)
             step_collective = bool(shards) and shards[0].even is not None
@@ -393,9 +442,12 @@ def _reference(
     """The unsharded stream of every epoch (keys counted), the ``even`` of its
     dist_shard, a readable name for every key, and how the pipeline reads."""
     with _context.forced_distributed(0, 1):
-        pipe = build()
+        pipe = _build(build)
         shards = shards_in(pipe)
         even = shards[0].even if shards else None
+        multiple = shards[0].multiple_of if shards else 1
+        for shard in shards:  # one slot of whole batches would leave out N % multiple_of: the whole stream
+            shard.multiple_of = 1
         reads = _estimated_reads(shards, num_slots)
         counters = []
         names: dict[str, str] = {}
@@ -408,7 +460,7 @@ def _reference(
                 if element_key not in names:
                     names[element_key] = display(element)
             counters.append(counter)
-    return counters, even, names, reads
+    return counters, (even, multiple), names, reads
 
 
 def _labels(names: dict[str, str]) -> dict[str, str]:
@@ -444,6 +496,8 @@ class VerifyReport:
     error: str | None = None  # tracebacks and reasons, one block per failed process
     reasons: list[str] = field(default_factory=list)  # one line per failed process
     reads: str = ""  # how the pipeline reads its source, from its dist_shard
+    pipeline_even: str | None = None  # the even= of the pipeline's own dist_shard
+    multiple_of: int = 1  # the pipeline's multiple_of, when the even checked is its "drop"
     seen: list[tuple[int, int, str]] = field(default_factory=list, repr=False)
 
     @property
@@ -469,6 +523,24 @@ class VerifyReport:
         return self.even is not None and not self.slots_equal and self.error is None
 
     @property
+    def violations(self) -> list[str]:
+        """Why ``violated`` is true, one line each (empty when it is not)."""
+        out = []
+        allowed = self.allowed_duplicates * self.epochs
+        if self.duplicate_count != allowed:
+            out.append(f"{self.duplicate_count} duplicates, where even={self.even!r} allows exactly {allowed}")
+        allowed = self.allowed_missing * self.epochs
+        if self.error is None and self.missing_count != allowed:
+            out.append(f"{self.missing_count} missing, where even={self.even!r} over {self.num_slots} slots "
+                       f"leaves out exactly {allowed}")
+        if self.even is not None and not self.slots_equal and self.error is None:
+            own = "" if self.pipeline_even == self.even else \
+                f" (the pipeline's own dist_shard has even={self.pipeline_even!r})"
+            out.append(f"per-slot counts differ ({_counts(self.per_slot)}), where even={self.even!r} requires "
+                       f"every slot to yield the same{own}")
+        return out
+
+    @property
     def ok(self) -> bool:
         """Exactly-once held: nothing duplicated or missing beyond what ``even``
         documents, and with ``even`` set, every slot yielded the same count."""
@@ -486,11 +558,16 @@ class VerifyReport:
             f"  missing: {self.missing_count} (allowed by even: {self.allowed_missing * self.epochs})"
             + (f" e.g. {_examples(self.missing)}" if self.missing else ""),
         ]
+        lines += [f"  violation: {why}" for why in self.violations]
         lines += [f"  error: {reason}" for reason in self.reasons[:4]]
         if len(self.reasons) > 4:
             lines.append(f"  error: ... and {len(self.reasons) - 4} more")
         lines.append("  verdict: " + ("EXACTLY-ONCE" if self.ok else "VIOLATED" if self.violated else "COULD NOT RUN"))
         return "\n".join(lines)
+
+
+def _counts(counts: list[int], limit: int = 16) -> str:
+    return ", ".join(map(str, counts[:limit])) + (", ..." if len(counts) > limit else "")
 
 
 def _examples(counts: dict[str, int], limit: int = 3) -> str:
@@ -602,13 +679,14 @@ def verify(
 
     reference, _ = got["reference"]
     if reference is not None:  # without the unsharded stream there is nothing to compare with
-        references, detected_even, names, report.reads = reference
+        references, (report.pipeline_even, multiple), names, report.reads = reference
         if even == _AUTO:
-            report.even = detected_even
+            report.even = report.pipeline_even
         labels = _labels(names)
         per_epoch = sum(references[0].values())
         report.expected = per_epoch
-        report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even)
+        report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
+        report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
         report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
         for got_epoch, want in zip(received, references):
             for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
