@@ -421,3 +421,33 @@ def test_pickled_node_remembers_the_process_group_rank(monkeypatch):
     copy = pickle.loads(blob)  # as in a spawned DataLoader worker: no process group
     assert copy.context().source == "pickled"
     assert list(copy) == ["e1", "e3", "e5"]
+
+
+# -- issue 15: one check of the arguments for both front-ends ----------------------------------
+
+BAD_ARGUMENTS = [
+    dict(seed=-1), dict(seed="1"), dict(seed=1.5), dict(seed=True), dict(rank=1), dict(world_size=2),
+    dict(rank=0, world_size=0), dict(rank=2, world_size=2), dict(rank="0", world_size=2), dict(even="x"),
+    dict(shuffle=1), dict(expand=3), dict(sizes=[1, 2]), dict(expand=list, even="drop"),
+    dict(expand=list, shuffle=True), dict(expand=list, sizes="ab"), dict(expand=list, sizes=[1, -1]),
+    dict(expand=list, sizes=[1, 1.5]), dict(multiple_of=0), dict(multiple_of=2), dict(multiple_of=2.0),
+]
+
+
+@pytest.mark.parametrize("arguments", BAD_ARGUMENTS, ids=repr)
+def test_both_front_ends_refuse_bad_arguments_alike(arguments):
+    with pytest.raises((TypeError, ValueError)) as pipe:
+        PipeWrapper([0, 1, 2]).dist_shard(**arguments)
+    with pytest.raises((TypeError, ValueError)) as node:
+        DistShardNode([0, 1, 2], **arguments)
+    assert (type(node.value), str(node.value)) == (type(pipe.value), str(pipe.value))
+
+
+@pytest.mark.parametrize("epoch, error", [(-1, ValueError), ("1", TypeError), (1.5, TypeError),
+                                          (True, TypeError), (2**63, ValueError)])
+def test_both_front_ends_refuse_bad_epochs_alike(epoch, error):
+    with pytest.raises(error) as pipe:
+        PipeWrapper([0]).dist_shard().set_epoch(epoch)
+    with pytest.raises(error) as node:
+        DistShardNode([0]).set_epoch(epoch)
+    assert str(node.value) == str(pipe.value)

@@ -25,16 +25,16 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from . import context as _context
 from . import frameworks
 from .engine import SlotRun, remaining_share
-from .mailbox import EPOCH_LIMIT, Mailbox
+from .mailbox import Mailbox
+from .options import check_epoch, check_flag, check_options, random_access_needed
 from .graph import Pushdown, check_no_sharding, pipeline_of, plan_pushdown, random_pipes, upstream_pipes
-from .plan import Even, check_even, check_multiple, mix_seed
+from .plan import Even, mix_seed
 from .readers import (
     Reader,
     SequenceReader,
     SizedUnitsReader,
     StreamReader,
     WholeUnitsReader,
-    check_sizes,
     stable_digest,
     unit_sizes,
 )
@@ -49,16 +49,6 @@ T = TypeVar("T")
 __all__ = ["DistShardIterDataPipe", "set_epoch", "shards_in"]
 
 _END = object()
-
-
-def _check_seed(name: str, value: object, *, allow_none: bool) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r} must be an int (got {type(value).__name__})")
-    if value < 0:
-        raise ValueError(f"{name}={value} must be non-negative")
-    return value
 
 
 @functional_datapipe("dist_shard")
@@ -150,40 +140,16 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 "wrap an iterable with torch.utils.data.datapipes.iter.IterableWrapper"
             )
         self.source_datapipe = source_datapipe
-        self._explicit = _context.check_explicit(rank, world_size)
-        self.even = check_even(even)
-        self.seed = _check_seed("seed", seed, allow_none=True)
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle={shuffle!r} must be True or False")
-        if not isinstance(pushdown, bool):
-            raise TypeError(f"pushdown={pushdown!r} must be True or False")
-        if expand is not None and not callable(expand):
-            raise TypeError(f"expand={expand!r} must be a callable unit -> elements")
-        self.multiple_of = check_multiple(multiple_of, self.even)
-        self.global_shuffle = shuffle  # not "shuffle": that name is the .shuffle() functional
-        self.pushdown = pushdown
-        self.expand = expand
-        self.sizes = check_sizes(sizes)
-        if self.sizes is not None and expand is None:
-            raise ValueError("sizes= counts the elements of each unit and needs expand=; "
-                             "pass expand=fn that yields a unit's elements, or drop sizes=")
-        if expand is not None and self.sizes is None and (self.even is not None or shuffle):
-            what = f"even={self.even!r}" if self.even is not None else "shuffle=True"
-            raise ValueError(
-                f"{what} with expand= needs sizes= (the element count of each unit): without "
-                "them no slot knows how many elements the others get. Pass sizes=, or use "
-                "even=None and shuffle upstream with .shuffle()"
-            )
+        options = check_options(rank=rank, world_size=world_size, even=even, seed=seed, shuffle=shuffle,
+                                expand=expand, sizes=sizes, multiple_of=multiple_of)
+        self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
+        self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
+        self.global_shuffle = options.shuffle  # not "shuffle": that name is the .shuffle() functional
+        self.pushdown = check_flag("pushdown", pushdown)
         if shuffle and not self._can_shuffle():
-            raise ValueError(
-                f"shuffle=True needs random access to the stream, but it comes from "
-                f"{type(source_datapipe).__name__}: use IterableWrapper over a list/range/"
-                "MapDataPipe with only .map() in between, unit mode with sizes=, or shuffle "
-                "upstream with .shuffle() and shuffle=False"
-            )
-        if self._explicit is None:
-            # Surface a malformed RANK / WORLD_SIZE now rather than in a worker.
-            _context.check_environment()
+            raise random_access_needed(
+                type(source_datapipe).__name__, "use IterableWrapper over a list/range/MapDataPipe with only "
+                ".map() in between, unit mode with sizes=, or shuffle upstream with .shuffle() and shuffle=False")
         check_no_sharding(source_datapipe)
         self._sizes_cache: dict[Any, int] = {}  # a sizes callable's answers, asked once per job
         if callable(self.sizes) and not isinstance(self.sizes, Mapping):
@@ -322,9 +288,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         it is loaded later, as StatefulDataLoader does in its workers): a state
         resumes its own epoch only.
         """
-        epoch = _check_seed("epoch", epoch, allow_none=False)  # type: ignore[assignment]
-        if epoch >= EPOCH_LIMIT:
-            raise ValueError(f"epoch={epoch} must be below 2**63")
+        epoch = check_epoch(epoch)
         self._apply_epoch(epoch)
         if get_worker_info() is None:
             self._mailbox.post_epoch(epoch)

@@ -19,14 +19,14 @@ from torchdata.nodes.base_node import BaseNode
 from . import context as _context
 from .engine import SlotRun
 from .graph import is_positional
-from .plan import Even, check_even, check_multiple
+from .options import check_epoch, check_options, random_access_needed
+from .plan import Even
 from .readers import (
     Reader,
     SequenceReader,
     SizedUnitsReader,
     StreamReader,
     WholeUnitsReader,
-    check_sizes,
     unit_sizes,
 )
 from .state import KEY, check_fits, check_slot, find_states, merge_states, validate_state
@@ -117,28 +117,15 @@ class DistShardNode(BaseNode[T]):
                     "or a sequence whose [] is positional with distshard.positional()"
                 )
         self.source = source
-        self._explicit = _context.check_explicit(rank, world_size)
-        self.even = check_even(even)
-        self.multiple_of = check_multiple(multiple_of, self.even)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise TypeError(f"seed={seed!r} must be a non-negative int or None")
-        self.seed = seed
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle={shuffle!r} must be True or False")
-        if expand is not None and not callable(expand):
-            raise TypeError(f"expand={expand!r} must be a callable unit -> elements")
-        self.shuffle, self.expand, self.sizes = shuffle, expand, check_sizes(sizes)
-        if self.sizes is not None and expand is None:
-            raise ValueError("sizes= counts the elements of each unit and needs expand=")
-        if expand is not None and self.sizes is None and (self.even is not None or shuffle):
-            raise ValueError("even= and shuffle=True with expand= need sizes= (the element count of each unit)")
+        options = check_options(rank=rank, world_size=world_size, even=even, seed=seed, shuffle=shuffle,
+                                expand=expand, sizes=sizes, multiple_of=multiple_of)
+        self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
+        self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
+        self.shuffle = options.shuffle
         if shuffle and expand is None and self._sequence is None:
-            raise ValueError(
-                "shuffle=True needs random access: pass a sequence (list, range, tensor, "
-                "distshard.positional(...), a distshard file source) instead of a node, or units with sizes="
-            )
-        if self._explicit is None:
-            _context.check_environment()  # a malformed RANK / WORLD_SIZE now, not at the first reset
+            raise random_access_needed(
+                type(source).__name__, "pass a sequence (list, range, tensor, distshard.positional(...), a "
+                "distshard file source) instead of a node, or units with sizes=")
         self._captured: Optional[tuple] = None  # (rank, world_size) of the pickling process
         self._epoch = 0
         self._epoch_set = False
@@ -166,8 +153,7 @@ class DistShardNode(BaseNode[T]):
 
     def set_epoch(self, epoch: int) -> "DistShardNode[T]":
         """Set the epoch the next :meth:`reset` starts (same value on every rank)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise TypeError(f"epoch={epoch!r} must be a non-negative int")
+        epoch = check_epoch(epoch)
         if self._pending is not None and self._pending["epoch"] != epoch:
             self._pending = None
         self._epoch, self._epoch_set = epoch, True
