@@ -102,3 +102,108 @@ def test_the_method_and_the_notebook_view_still_work():
     shard = IterableWrapper(range(10)).dist_shard(rank=0, world_size=2)
     assert str(shard.explain(shard.batch(2))) == str(distshard.explain(shard.batch(2)))
     assert shard._repr_html_() == distshard.explain(shard)._repr_html_()
+
+
+# -- issue 15: explain's figures are what iteration yields, in every layout ----------------------
+
+from collections import Counter  # noqa: E402
+import re  # noqa: E402
+
+from .helpers import as_worker  # noqa: E402
+from .model_factories import jsonl_file  # noqa: E402
+
+
+class _SizedStream:
+    """A stream with a length and no random access."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+class _Unit:
+    """expand(unit) of units of the given sizes, whose elements are their global positions."""
+
+    def __init__(self, sizes):
+        self.starts = [sum(sizes[:u]) for u in range(len(sizes))]
+        self.sizes = sizes
+
+    def __call__(self, unit):
+        return list(range(self.starts[unit], self.starts[unit] + self.sizes[unit]))
+
+
+def _unit_sizes(n):
+    sizes, left = [], n
+    while left:
+        sizes.append(min(left, 1 + len(sizes) % 4))
+        left -= sizes[-1]
+    return sizes
+
+
+def _source(kind, n, **options):
+    """The pipe and how to read an element's position from it."""
+    if kind == "list":
+        return IterableWrapper(list(range(n))).dist_shard(**options), int
+    if kind == "stream":
+        return IterableWrapper(_SizedStream(n), deepcopy=False).dist_shard(**options), int
+    if kind == "units":
+        sizes = _unit_sizes(n)
+        return IterableWrapper(list(range(len(sizes)))).dist_shard(expand=_Unit(sizes), sizes=sizes, **options), int
+    return distshard.jsonl(jsonl_file(n)).dist_shard(**options), lambda value: int(value[1:])
+
+
+EVENS = [(None, 1), ("drop", 1), ("drop", 4), ("pad", 1)]
+
+
+@pytest.mark.parametrize("kind", ["list", "stream", "units", "jsonl"])
+def test_explain_says_what_every_slot_yields(kind):
+    """Over a grid of lengths, layouts (stride, chunks of multiple_of, blocks), even and
+    shuffle: explain's per-slot counts, what is left out or repeated, the repeated
+    position, the block and every slot's first positions are what the slots yield."""
+    checked = Counter()
+    for n in (0, 7, 61):
+        for world, workers in ((1, 1), (2, 1), (2, 2), (3, 2)):
+            for even, multiple in EVENS:
+                for shuffle in ((False,) if kind == "stream" else (False, True)):
+                    options = dict(world_size=world, even=even, multiple_of=multiple, shuffle=shuffle, seed=3)
+                    slots = world * workers
+                    everything = []
+                    for slot in range(slots):
+                        rank, worker = divmod(slot, workers)
+                        with as_worker(worker, workers if workers > 1 else 0):
+                            pipe, position = _source(kind, n, rank=rank, **options)
+                            found = distshard.explain(pipe)
+                            got = [position(x) for x in pipe]
+                        where = f"{kind} n={n} {world}x{workers} {options} slot {slot}: {found}"
+                        assert found.per_slot[slot] == len(got), where
+                        assert found.first_positions[slot] == got[:8], where
+                        text = str(found)
+                        block = re.search(r"contiguous element block \[(\d+), (\d+)\)", text)
+                        if block:
+                            assert got[:int(block[2]) - int(block[1])] == list(range(int(block[1]), int(block[2]))), where
+                        everything += got
+                        repeat = re.search(r"this slot repeats position (\d+)", text)
+                        if repeat:
+                            assert got[-1] == int(repeat[1]), where
+                        checked[found.layout] += 1
+                    counts = Counter(everything)
+                    assert found.left_out == n - len(counts), where
+                    assert found.repeated == len(everything) - len(counts), where
+                    assert all(c == 1 for c in counts.values()) or even == "pad", where
+                    if even == "drop" and not shuffle:
+                        assert set(range(n)) - set(counts) == set(range(n - found.left_out, n)), where
+    layouts = {"list": {"stride", "chunks"}, "stream": {"stride", "chunks"}, "units": {"blocks"}, "jsonl": {"blocks"}}
+    assert set(checked) == layouts[kind]
+
+
+def test_explain_of_the_issue_s_example():
+    """N = 61, W = 2, b = 4: 28 a slot, 5 left out, positions in whole batches."""
+    text = str(distshard.explain(IterableWrapper(range(61)).dist_shard(rank=0, world_size=2, even="drop",
+                                                                        multiple_of=4)))
+    assert "per slot: [28, 28]" in text and "leaves out the last 5 positions" in text
+    assert "s0: 0, 1, 2, 3, 8, 9, 10, 11 ...; s1: 4, 5, 6, 7, 12, 13, 14, 15 ..." in text

@@ -17,8 +17,10 @@ from torch.utils.data.graph import DataPipeGraph
 from torch.utils.data.graph_settings import _is_sharding_datapipe
 
 from .context import ShardContext
+from .engine import SlotRun, layout_of, shuffle_order
 from .graph import pipe_graph
 from .plan import block_range, dropped_count, pad_position, padded_count, slot_count
+from .readers import RandomAccessReader, Reader, StreamReader
 
 if TYPE_CHECKING:
     from .datapipe import DistShardIterDataPipe
@@ -52,6 +54,11 @@ class Explanation:
     sections: list[tuple[str, list[str]]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     total: int | None = None
+    per_slot: list[int] | None = None  # what every slot yields this epoch, when the length is known
+    left_out: int | None = None  # positions no slot yields (even="drop", with multiple_of)
+    repeated: int | None = None  # elements yielded twice (even="pad")
+    layout: str | None = None  # how positions go to slots: stride, chunks, blocks or units
+    first_positions: dict[int, list[int]] = field(default_factory=dict)  # slot -> its first positions
     reads_per_element: float | None = None
     decodes_per_element: float | None = None
     parts: list["Explanation"] = field(default_factory=list)
@@ -170,6 +177,79 @@ def explain(pipeline: Any) -> Explanation:
     return whole
 
 
+_SHOWN_SLOTS, _SHOWN_POSITIONS = 16, 8
+
+
+class _Positions(RandomAccessReader):
+    """``reader`` as a run sees it, yielding the positions it reads instead of the
+    elements: the engine itself says where positions go, in every layout."""
+
+    def __init__(self, reader: RandomAccessReader) -> None:
+        self.reader, self.mode, self.prefers_blocks = reader, reader.mode, reader.prefers_blocks
+
+    def length(self) -> int:
+        return self.reader.length()
+
+    def identity(self) -> str:
+        return self.reader.identity()
+
+    def order(self, seed: int) -> Any:
+        return self.reader.order(seed)
+
+    def read(self, positions: Any, shuffled: bool = False) -> Any:
+        return iter(positions)
+
+
+def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Explanation) -> list[str]:
+    """The plan of an epoch of ``total`` positions: counts, what ``even`` leaves out or
+    repeats, the layout, and the first positions of every slot, as the engine runs them."""
+    S, even, multiple, shuffled = ctx.num_slots, pipe.even, pipe.multiple_of, pipe.global_shuffle
+    reader: Reader = pipe.reader()
+    positions: Reader = _Positions(reader) if isinstance(reader, RandomAccessReader) else \
+        StreamReader(lambda: range(total), "positions", reader.identity())
+    layout = out.layout = layout_of(positions, shuffled, multiple)
+    counts = out.per_slot = [slot_count(s, S, total, even, multiple) for s in range(S)]
+    shown = counts if S <= _SHOWN_SLOTS else counts[:_SHOWN_SLOTS] + ["..."]
+    lines = [f"N = {total} positions over {S} slots; per slot: {shown}; this slot: {counts[ctx.slot]}"]
+    out.left_out, out.repeated = dropped_count(S, total, even, multiple), padded_count(S, total, even)
+    whole = f" with multiple_of={multiple} (every slot a multiple of {multiple})" if multiple > 1 else ""
+    order = " of the permuted order" if shuffled else ""
+    if even == "drop":
+        lines.append(f"even='drop'{whole} leaves out the last {out.left_out} positions{order}" if out.left_out
+                     else f"even='drop'{whole} leaves nothing out: N is a multiple of the slot count")
+    seed = pipe.base_seed(ctx)
+    permute = shuffle_order(reader, seed, pipe.epoch) if shuffled else (lambda v: v)  # type: ignore[arg-type]
+    if even == "pad":
+        if layout == "blocks":
+            start, stop = block_range(ctx.slot, S, total, even)
+            pad = None if not total or total % S == 0 or ctx.slot < total % S else (start if stop > start else ctx.slot % total)
+        else:
+            pad = pad_position(ctx.slot, S, total)
+        lines.append(f"even='pad' repeats {out.repeated} elements in all"
+                     + (f"; this slot repeats position {permute(pad)}" if pad is not None else "; none in this slot"))
+    K = ctx.num_workers
+    lines.append({
+        "stride": f"layout: stride: the j-th position{order} goes to slot j % {S}",
+        "chunks": f"layout: whole batches of {multiple}: chunk c (the positions{order} [c*{multiple}, "
+                  f"(c+1)*{multiple})) goes to rank c % {ctx.world_size}, worker (c // {ctx.world_size}) % {K}, "
+                  "so the ranks' batches of one step are consecutive positions",
+        "blocks": "layout: a contiguous block per slot" + (" of the permuted order" if shuffled else ""),
+    }[layout])
+    if layout == "blocks":
+        start, stop = block_range(ctx.slot, S, total, even, multiple)
+        lines.append(f"this slot reads the contiguous {'visit' if shuffled else 'element'} block [{start}, {stop})")
+    for slot in range(min(S, _SHOWN_SLOTS)):
+        rank, worker = divmod(slot, K)
+        run = SlotRun(positions, ctx=ShardContext(rank, ctx.world_size, worker, K, ctx.source), even=even,
+                      shuffle=shuffled, epoch=pipe.epoch, seed=seed, multiple=multiple)
+        out.first_positions[slot] = [p for _, p in zip(range(_SHOWN_POSITIONS), run)]
+    listed = "; ".join(f"s{slot}: {', '.join(map(str, first))}" + (" ..." if counts[slot] > len(first) else "")
+                       for slot, first in out.first_positions.items())
+    lines.append(f"first positions per slot{' (permuted)' if shuffled else ''}: {listed}"
+                 + (" ..." if S > _SHOWN_SLOTS else ""))
+    return lines
+
+
 def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None) -> Explanation:
     """The :class:`Explanation` of one ``dist_shard`` pipe; ``pipeline``, if given,
     is the whole pipeline, whose pipes after ``pipe`` are checked too (see
@@ -195,7 +275,9 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
     except TypeError:
         total = None
     out.total = total
-    plan_lines = [f"mode: {pipe.mode}; even={pipe.even!r}; shuffle={pipe.global_shuffle}; "
+    plan_lines = [f"mode: {pipe.mode}; even={pipe.even!r}; "
+                  + (f"multiple_of={pipe.multiple_of}; " if pipe.multiple_of > 1 else "")
+                  + f"shuffle={pipe.global_shuffle}; "
                   f"epoch={pipe.epoch}; seed={'given: ' + str(pipe.seed) if pipe.seed is not None else 'None (0, or the DataLoader shared seed when synced)'}"]
     if total is None:
         plan_lines.append(
@@ -205,27 +287,7 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
                "pad": f"every slot yields ceil(N / {S}), repeating fewer than {S} elements"}[pipe.even]
         )
     else:
-        counts = [slot_count(s, S, total, pipe.even) for s in range(S)]
-        shown = counts if S <= 16 else counts[:16] + ["..."]
-        plan_lines.append(f"N = {total} positions over {S} slots; per slot: {shown}; this slot: {counts[ctx.slot]}")
-        if pipe.even == "drop":
-            dropped = dropped_count(S, total, "drop")
-            plan_lines.append(f"even='drop' leaves out the last {dropped} positions" if dropped else
-                              "even='drop' leaves nothing out: N is a multiple of the slot count")
-        elif pipe.even == "pad":
-            pad = pad_position(ctx.slot, S, total)
-            plan_lines.append(
-                f"even='pad' repeats {padded_count(S, total, 'pad')} elements in all"
-                + (f"; this slot repeats position {pad}" if pad is not None else "; none in this slot")
-            )
-        if pipe.mode == "sized_units" and not pipe.global_shuffle:
-            start, stop = block_range(ctx.slot, S, total, pipe.even)
-            plan_lines.append(f"this slot reads the contiguous element block [{start}, {stop})")
-        elif pipe.mode == "element":
-            sample = min(total, 2 * S, 16)
-            where = ", ".join(f"{p}->s{p % S}" for p in range(sample))
-            plan_lines.append(f"positions -> slots{' (visit order, then permuted)' if pipe.global_shuffle else ''}: {where}"
-                              + (" ..." if total > sample else ""))
+        plan_lines.extend(_plan(pipe, ctx, total, out))
     out.sections.append(("plan", plan_lines))
 
     reads: list[str] = []
