@@ -48,7 +48,7 @@ SCRIPT = Path(__file__).parent / "integration_scripts" / "accelerate_train.py"
 N, BATCH, WORKERS, WORLD, EPOCHS = 203, 4, 2, 2, 2
 KEPT_PER_SLOT = N // (WORLD * WORKERS) // BATCH * BATCH   # 50 -> 48: dist_shard(even="drop", multiple_of=4)
 WAIT = 150  # seconds for one launch (all its cases)
-CASES = ["working", "prepare_no_dispatch", "prepare_default"]  # prepare_default last (see the script)
+CASES = ["working", "prepare_no_dispatch", "prepare_no_dispatch_recipe", "prepare_default"]  # default last
 
 
 @dataclass
@@ -179,6 +179,19 @@ def test_prepare_with_dispatch_batches_false_is_refused_on_every_rank(torchrun):
     for result in ranks:
         assert result["prepared"] == "DataLoaderShard"
         check_refused(result, "IterableDatasetShard")
+
+
+def test_prepare_with_dispatch_batches_false_and_the_recipes_loader_fails_in_accelerate(torchrun):
+    """With the recipe's own DataLoader(batch_size=None), Accelerate's IterableDatasetShard
+    multiplies None by the world size before it reads the pipeline: its TypeError comes
+    first, on every rank, before any batch; len() carries distshard's refusal as its cause
+    (docs/integrations.md says exactly this)."""
+    for result in torchrun.case("prepare_no_dispatch_recipe"):
+        assert result["prepared"] == "DataLoaderShard"
+        assert result["error"].startswith("TypeError") and "'NoneType' and 'int'" in result["error"], result
+        assert result["batches_before_error"] == 0 and result["ids"] == [[]], result
+        assert result["len_error"].startswith("TypeError"), result
+        assert result["len_cause"].startswith("RuntimeError: Accelerate's IterableDatasetShard"), result
 
 
 def test_prepare_with_defaults_is_refused_before_any_batch(torchrun):

@@ -80,6 +80,12 @@ PHASES = [
      "recipe": True, "max_steps": CKPT_STEP, "save_every": CKPT_STEP},
     {"name": "no_multiple_of_resume", "workers": 2, "shard": "drop", "stateful": True, "seed": SEED,
      "recipe": True, "resume": "no_multiple_of_save"},
+    # persistent_workers=True: every epoch reaches the workers, also after a resume
+    {"name": "persistent", "workers": 2, "seed": SEED, "persistent": True},
+    {"name": "ckpt_persistent_save", "workers": 2, "stateful": True, "seed": SEED, "recipe": True,
+     "persistent": True, "max_steps": CKPT_STEP, "save_every": CKPT_STEP},
+    {"name": "ckpt_persistent_resume", "workers": 2, "stateful": True, "seed": SEED, "recipe": True,
+     "persistent": True, "resume": "ckpt_persistent_save"},
     # last, as it ends the run: Lightning alone hands rank 0's position to rank 1
     {"name": "resume_without_recipe", "workers": 2, "stateful": True, "seed": SEED,
      "resume": "ckpt_save"},
@@ -387,6 +393,31 @@ def test_resume_mid_epoch_through_lightnings_checkpoint(fit):
         assert len(batches(save[rank], "train", 0)) == CKPT_STEP
         assert [b["batch_idx"] for b in batches(resume[rank], "train", 0)] == list(range(CKPT_STEP, 24))
         assert end(resume[rank])["global_step"] == 2 * 24
+    for epoch in range(2):
+        expected = shares(order(N, SEED, epoch), 2, per_slot, BATCH)
+        assert violations(_resumed_epoch(save, resume, epoch), expected) == [], f"epoch {epoch}"
+
+
+def test_persistent_workers_train_each_epoch_in_its_own_order(fit):
+    """persistent_workers=True: the workers keep their copy of the pipeline across
+    epochs, and set_epoch in on_train_epoch_start still reaches them."""
+    phase = fit.phase("persistent")
+    per_slot = kept(N, 2)
+    for epoch in range(2):
+        expected = shares(order(N, SEED, epoch), 2, per_slot, BATCH)
+        trained = {rank: ids(phase[rank], "train", epoch) for rank in range(WORLD)}
+        assert violations(trained, expected) == [], f"epoch {epoch}"
+    assert ids(phase[0], "train", 0) != ids(phase[0], "train", 1)
+
+
+def test_resume_mid_epoch_with_persistent_workers(fit):
+    """The resumed run trains the rest of epoch 0, then epoch 1 in the same
+    persistent workers: both epochs exactly."""
+    save, resume = fit.phase("ckpt_persistent_save"), fit.phase("ckpt_persistent_resume")
+    per_slot = kept(N, 2)
+    for rank in range(WORLD):
+        assert end(save[rank])["error"] is None and end(resume[rank])["error"] is None
+        assert [b["batch_idx"] for b in batches(resume[rank], "train", 0)] == list(range(CKPT_STEP, 24))
     for epoch in range(2):
         expected = shares(order(N, SEED, epoch), 2, per_slot, BATCH)
         assert violations(_resumed_epoch(save, resume, epoch), expected) == [], f"epoch {epoch}"

@@ -551,9 +551,18 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def __len__(self) -> int:
         """This worker's count inside a DataLoader worker; else this rank's count,
         over the workers of the DataLoader that iterates (or asks ``len()`` of)
-        this pipe, or 1 if none did yet. After loading a slot's own state: still the
-        whole epoch's count (as StatefulDataLoader's ``len``), of which the loader
-        yields what is left; after a merged state: the share of what was left."""
+        this pipe, or 1 if none did yet.
+
+        After ``load_state_dict``: with a slot's own state (same ranks and workers),
+        still that slot's whole share of the epoch, deliberately (as a
+        StatefulDataLoader's ``len`` over a sampler), of which iteration yields only
+        what is left: a trainer that restores its batch counter and stops at
+        ``len(loader)`` (Lightning) then stops at the epoch's real end. With a merged
+        state (``merge_states``, any ranks and workers): the new run's share of what
+        was left."""
+        refusal = frameworks.refusal_for_iteration()  # Accelerate's IterableDatasetShard asks len() too
+        if refusal is not None:
+            raise RuntimeError(refusal)
         total = self._total()
         ctx = self.context()
         resume = self._pending()

@@ -47,8 +47,8 @@ def refusal_for_loader() -> str | None:
 
 
 def refusal_for_iteration() -> str | None:
-    """Called when the pipe starts yielding (in the process that iterates it):
-    why the code iterating it would lose data, or ``None``."""
+    """Called when the pipe starts yielding (in the process that iterates it), and
+    when its ``len()`` is asked: why the code iterating it would lose data, or ``None``."""
     for owner in callers(16, skip=3):
         if _is(owner, _RESHARD):
             return ("Accelerate's IterableDatasetShard (what accelerator.prepare() wraps an iterable "

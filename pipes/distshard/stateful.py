@@ -67,6 +67,10 @@ class StatefulPipeline(IterableDataset):
         return iter(self.pipeline)
 
     def __len__(self) -> int:
+        """``len()`` of the pipeline (see ``DistShardIterDataPipe.__len__``): after
+        loading a slot's own state, still that slot's whole share of the epoch (of which
+        the loader yields what is left, as Lightning expects); after a merged state,
+        the new run's share of what was left."""
         return len(self.pipeline)
 
     def set_epoch(self, epoch: int) -> "StatefulPipeline":

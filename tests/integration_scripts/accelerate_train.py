@@ -13,6 +13,11 @@ Usage: ``accelerate_train.py OUT_DIR CASE [CASE ...]``. Every rank writes
   ``accelerator.prepare(DataLoader(unbatched_pipeline, batch_size=4, num_workers=2))``
   (Accelerate wraps the dataset in its ``IterableDatasetShard``), then iterate:
   distshard must raise ``RuntimeError`` before the first batch, on every rank.
+* ``prepare_no_dispatch_recipe``: the same with the recipe's own loader,
+  ``DataLoader(batched_pipeline, batch_size=None, num_workers=2)``: Accelerate's
+  ``IterableDatasetShard`` gets ``batch_size=None`` and fails on its own before it
+  reads the pipeline (``len()`` records distshard's refusal as the cause of torch's
+  ``TypeError``).
 * ``prepare_default``: ``accelerator.prepare(DataLoader(pipeline, batch_size=None,
   num_workers=2))`` with Accelerate's defaults (a ``DataLoaderDispatcher``), then
   iterate: distshard must raise ``RuntimeError`` before the first batch. Only rank 0
@@ -83,10 +88,17 @@ def refused(accelerator, loader) -> dict:
     """Prepare ``loader`` with ``accelerator`` and train on it: record what happens."""
     model, optimizer = model_and_optimizer(accelerator)
     result = {"ids": [[]], "steps": [0], "error": None, "batches_before_error": 0,
-              "prepared": None}
+              "prepared": None, "len_error": None, "len_cause": None}
     try:
         prepared = accelerator.prepare(loader)
         result["prepared"] = type(prepared).__name__
+        if accelerator.distributed_type != "NO" and type(prepared).__name__ == "DataLoaderShard":
+            try:
+                len(prepared)
+            except Exception as exc:
+                result["len_error"] = f"{type(exc).__name__}: {exc}"
+                cause = exc.__cause__
+                result["len_cause"] = None if cause is None else f"{type(cause).__name__}: {cause}"
         for batch in prepared:
             result["ids"][0].extend(batch.tolist())
             step(accelerator, model, optimizer, batch)
@@ -124,10 +136,12 @@ def main() -> int:
         if case == "prepare_default":
             accelerator = Accelerator(cpu=True, kwargs_handlers=kwargs)
             result = refused(accelerator, DataLoader(batched(), batch_size=None, num_workers=2))
-        elif case == "prepare_no_dispatch":
+        elif case in ("prepare_no_dispatch", "prepare_no_dispatch_recipe"):
             accelerator = Accelerator(cpu=True, kwargs_handlers=kwargs,
                                       dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
-            result = refused(accelerator, DataLoader(elements(), batch_size=BATCH, num_workers=2))
+            loader = DataLoader(elements(), batch_size=BATCH, num_workers=2) if case == "prepare_no_dispatch" \
+                else DataLoader(batched(), batch_size=None, num_workers=2)
+            result = refused(accelerator, loader)
         elif case == "working":
             accelerator = Accelerator(cpu=True, kwargs_handlers=kwargs)
             try:

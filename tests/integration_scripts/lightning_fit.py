@@ -186,13 +186,14 @@ def run_phase(config: dict, phase: dict) -> bool:
     workers = phase.get("workers", 0)
     shard = phase.get("shard", "multiple_of")
     pipe = train_pipeline(phase.get("n_train", config["n_train"]), shard, phase.get("seed"))
+    persistent = {"persistent_workers": True} if phase.get("persistent") else {}  # workers live across epochs
     if phase.get("stateful"):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         pipe = distshard.StatefulPipeline(pipe)
-        train_loader = StatefulDataLoader(pipe, batch_size=None, num_workers=workers)
+        train_loader = StatefulDataLoader(pipe, batch_size=None, num_workers=workers, **persistent)
     else:
-        train_loader = DataLoader(pipe, batch_size=None, num_workers=workers)
+        train_loader = DataLoader(pipe, batch_size=None, num_workers=workers, **persistent)
     val_loader = None
     if phase.get("val", True):
         val_loader = DataLoader(val_pipeline(config["n_val"], config["val_first"]),
