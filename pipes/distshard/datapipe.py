@@ -292,8 +292,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._apply_epoch(epoch)
         if get_worker_info() is None:
             self._mailbox.post_epoch(epoch)
-        else:
-            self._started_in = None  # set here, in the worker: this copy knows its epoch
+        else:  # set here, in the worker: this copy knows its epoch
+            self._started_in = self._resumed_here = None
         return self
 
     def _apply_epoch(self, epoch: int) -> None:

@@ -6,7 +6,7 @@ the workers. With ``persistent_workers=True`` those copies live across epochs, a
 nothing torch sends at an epoch start says which epoch it is: a DataPipe gets a
 random shared seed (``set_seed``), an ``IterableDataset`` (``StatefulPipeline``)
 only a new ``iter()``. So every ``dist_shard`` pipe carries a :class:`Mailbox`, a
-cell of three integers in shared memory: ``set_epoch`` in the loader's process
+cell of five integers in shared memory: ``set_epoch`` in the loader's process
 writes the epoch there, and a worker's copy reads it when a new iterator starts
 (never in the middle of one: an iteration keeps the epoch it started with).
 Nothing is allocated per epoch: a cell is a slot of a small shared file mapped once
@@ -15,7 +15,7 @@ per process (one descriptor per process, whatever the number of pipes).
 Rules, so that exactly the right copies hear each other:
 
 * Only DataLoader workers read a mailbox; any other process applies ``set_epoch``
-  to its own copy directly. A worker never writes one.
+  to its own copy directly. A worker writes only the ``resumed`` note below.
 * A cell is written only by the process that created it. A copy that reaches a
   process by fork, or by the pickling that starts a process (spawn, forkserver),
   keeps its sender's cell, so a worker hears the process that started it. Before
