@@ -119,7 +119,7 @@ def test_a_factory_that_returns_no_pipeline_is_told_what_to_return():
     ("tests.builds:no_such_function", "'tests.builds' has no attribute 'no_such_function'", True),
 ])
 def test_a_factory_that_cannot_be_loaded_is_reported_once(factory, words, started):
-    done = _check(factory, "--world-size", "3", "--timeout", "60")
+    done = _check(factory, "--world-size", "2", "--timeout", "60")  # three processes, one report
     assert done.returncode == 2, done.stdout + done.stderr
     assert (done.stdout + done.stderr).count(words) == 1, done.stdout + done.stderr
     assert ("checking" in done.stderr) == started  # a missing module: nothing was started
