@@ -24,8 +24,16 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from . import context as _context
 from . import frameworks
 from .engine import SlotRun, remaining_share
-from .graph import Pushdown, check_no_sharding, pipeline_of, plan_pushdown, random_pipes, upstream_pipes
-from .plan import Even, check_even, check_multiple, mix_seed
+from .graph import (
+    Pushdown,
+    check_no_sharding,
+    pipeline_of,
+    plan_pushdown,
+    random_access,
+    random_pipes,
+    upstream_pipes,
+)
+from .plan import CARRY, Even, check_even, check_multiple, mix_seed
 from .readers import (
     Reader,
     SequenceReader,
@@ -37,7 +45,7 @@ from .readers import (
     unit_sizes,
 )
 from .readers.sequence import DEEPCOPY_WARNING
-from .state import check_fits, fresh_state, validate_state
+from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
 
 if TYPE_CHECKING:
     from .explaining import Explanation
@@ -93,8 +101,12 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             ``"drop"`` makes every slot yield exactly ``N // num_slots`` (the last
             ``N % num_slots`` elements are dropped); ``"pad"`` makes every slot yield
             exactly ``ceil(N / num_slots)``, repeating elements from the start of the
-            epoch. Use ``"drop"`` or ``"pad"`` under DDP so that no rank waits in a
-            collective for a batch that never comes.
+            epoch; ``"carry"`` drops and repeats nothing: the epochs form one stream,
+            every slot yields the same count each epoch and an epoch's tail (fewer
+            than ``num_slots * multiple_of`` elements) opens the next epoch (random
+            access or units with ``sizes`` only). Use ``"drop"``, ``"pad"`` or
+            ``"carry"`` under DDP so that no rank waits in a collective for a batch
+            that never comes.
         seed: base seed of upstream randomness and of ``shuffle=True``. ``None``
             means 0, or, under torch's DataLoader with ``torch.distributed``
             initialized (or a single rank), the seed the DataLoader shares with every
@@ -118,6 +130,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             multiple of this (the batch size of a ``.batch()`` after the shard), so
             every batch is full, every rank runs the same number of steps, and
             ``len()`` of the batched pipeline (what Lightning stops at) is exact.
+            With ``even="carry"`` the same, and what does not fill a round of whole
+            batches opens the next epoch instead of being dropped.
 
     Example:
         >>> import distshard
@@ -165,6 +179,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if self.sizes is not None and expand is None:
             raise ValueError("sizes= counts the elements of each unit and needs expand=; "
                              "pass expand=fn that yields a unit's elements, or drop sizes=")
+        if self.even == CARRY and (expand is None and not self._can_shuffle() or
+                                   expand is not None and self.sizes is None):
+            what = ("units without sizes=" if expand is not None else
+                    f"a stream ({type(source_datapipe).__name__}, no random access)")
+            raise ValueError(
+                f"even='carry' cannot read {what}: the start of every epoch is the tail of the epoch before, "
+                "so a slot reads the previous epoch's elements at their positions, and a stream would have to "
+                "be read through the previous epoch again. Use a random-access source (IterableWrapper over a "
+                "list/range/MapDataPipe with only .map() in between, a distshard file source or mix), units "
+                "with sizes=, or even='drop' / 'pad'"
+            )
         if expand is not None and self.sizes is None and (self.even is not None or shuffle):
             what = f"even={self.even!r}" if self.even is not None else "shuffle=True"
             raise ValueError(
@@ -198,6 +223,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._random_pipes: list | None = None  # per process, never pickled
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
+        self._carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
         self._progress: SlotRun | None = None  # the current iteration
 
     def _can_shuffle(self) -> bool:
@@ -328,12 +354,31 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 return self._loader_seed
         return 0
 
-    def _seed_upstream(self, base: int) -> None:
+    def _seed_upstream(self, base: int, epoch: int | None = None) -> None:
+        """Seed the upstream random pipes for ``epoch`` (this pipe's by default)."""
         if self._random_pipes is None:
             self._random_pipes = random_pipes(self.source_datapipe)
         salt = stable_digest(self.chain_identity())
+        epoch = self._epoch if epoch is None else epoch
         for index, pipe in enumerate(self._random_pipes):
-            pipe.set_seed(mix_seed(base, self._epoch, index, int(salt, 16)))
+            pipe.set_seed(mix_seed(base, epoch, index, int(salt, 16)))
+
+    def _epoch_readers(self, base: int) -> Callable[[int], Reader]:
+        """``even="carry"``: the reader of another epoch's stream, built with the
+        upstream seeded for that epoch (random-access views are fixed when made, so
+        the current epoch's reader does not change), then seeded back."""
+        made: dict[int, Reader] = {}
+
+        def reader_for(epoch: int) -> Reader:
+            if epoch not in made:
+                self._seed_upstream(base, epoch)
+                try:
+                    made[epoch] = self.reader()
+                finally:
+                    self._seed_upstream(base)
+            return made[epoch]
+
+        return reader_for
 
     # -- how the source is read ---------------------------------------------------
     def read_plan(self) -> Pushdown:
@@ -375,7 +420,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return SizedUnitsReader(units, self._unit_sizes(units), self.expand)
         plan = self.read_plan()
         if plan.sequence is not None:
-            return SequenceReader(plan.sequence, plan.copy_elements)
+            # a fresh view: one made by a source with randomness (mix, weighted_sample) is
+            # fixed when made, so it must be made after this epoch's seeding
+            sequence, _ = random_access(plan.base)
+            return SequenceReader(sequence, plan.copy_elements)
         base = plan.base
         return StreamReader(lambda: _unwrapped(base), type(base).__name__,
                             f"stream:{self.chain_identity()}")
@@ -436,7 +484,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._check_against(resume, reader)
         # raises before anything is consumed if the state is for another slot
         run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.global_shuffle,
-                      epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of)
+                      epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of,
+                      carry=self._carry, epoch_reader=self._epoch_readers(seed) if self.even == CARRY else None)
         self._progress = run
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
@@ -463,7 +512,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         pending = self._pending()
         if pending is not None:
             return dict(pending)
-        return fresh_state(self._epoch, self.mode, self.even)
+        carry = self._carry if self._carry is not None and self._carry[1] <= self._epoch else None
+        return fresh_state(self._epoch, self.mode, self.even, carry)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (a slot's or a merged state).
@@ -471,11 +521,18 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         The state resumes its own epoch: a fresh pipe takes the state's epoch; after
         ``set_epoch(e)`` a state of another epoch is discarded. A state taken after
         a slot's last element resumes with nothing left of that epoch for that slot.
+        Under ``even="carry"`` a state also says where the epochs after its own begin
+        (after an elastic resume their number alone no longer does): that stays with
+        the pipe, also when the state's epoch is discarded for a later one.
         Raises ``ValueError`` for a malformed state or one from another pipeline
         (other options, other data), leaving this pipe exactly as it was.
         """
         found = validate_state(state)
         self._check_against(found, self.reader() if self._cheap_reader() else None)
+        if self.even == CARRY:
+            check_carry_load(found, self._carry, get_worker_info() is not None)
+            if not (self._epoch_set and found["epoch"] > self._epoch):
+                self._carry = carry_base_after(found)
         if self._epoch_set and found["epoch"] != self._epoch:
             return  # a state of another epoch than the one set: void (see set_epoch)
         self._epoch, self._resume, self._progress = found["epoch"], found, None
@@ -529,7 +586,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
         if resume is not None and resume["slot"] is not None and resume["slot"] != slot:
             resume = None  # another slot's state: that copy will refuse it when iterated
-        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of)
+        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of,
+                               self._carry, self._epoch)
 
     # -- seeing it -------------------------------------------------------------------
     def explain(self, pipeline: IterDataPipe | None = None) -> "Explanation":
