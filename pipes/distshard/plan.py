@@ -788,3 +788,18 @@ def carry_left(base: Remaining, first: int, epoch: int, length: int, layout: str
         inner = left_after_round_robin(taken, num_slots)
     pieces = [(lo + a, lo + b) for a, b in inner.clip(count).intervals]  # type: ignore[operator]
     return base.compose(Remaining([*pieces, (hi, None)])), epoch, False
+
+
+def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: int) -> tuple[int, dict[int, int], int]:
+    """What epoch ``epoch`` takes and leaves, for ``explain()``: ``(positions it takes,
+    {earlier epoch: how many of its elements it takes}, how many of its own elements it
+    leaves to the next epoch)``."""
+    lo, hi = carry_window(base, first, epoch, length, unit)
+    earlier: dict[int, int] = {}
+    for start, stop in base.compose(Remaining([(lo, hi)])).intervals:
+        for e in range(start // length if length else 0, min(epoch, -(-stop // length) if length else 0)):
+            inside = min(stop, (e + 1) * length) - max(start, e * length)  # type: ignore[operator]
+            if inside > 0:
+                earlier[e] = earlier.get(e, 0) + inside
+    below_end = (epoch + 1) * length - carry_consumed(base)  # base positions before the epoch's end
+    return hi - lo, earlier, max(0, below_end - hi)

@@ -392,9 +392,10 @@ def check_carry_load(found: Mapping[str, Any], base: tuple[list, int] | None, in
     round of elements: raise before anything is yielded instead."""
     if not in_worker or found["even"] != CARRY or found["slot"] is None:
         return
-    unit, epoch = found["num_slots"] * found["multiple_of"], max(found["epoch"], found["carry_from"])
-    theirs = _rebased((found["remaining"], found["carry_from"]), epoch, found["length"], unit)
-    ours = _rebased(base or FRESH_CARRY, epoch, found["length"], unit)
+    unit = found["num_slots"] * found["multiple_of"]
+    after = carry_base_after(found)  # where the epochs after the state's go on from
+    theirs = _rebased(after, after[1], found["length"], unit)
+    ours = _rebased(base or FRESH_CARRY, after[1], found["length"], unit)
     if theirs != ours:
         raise ValueError(
             "this even='carry' state comes from a run whose epoch boundaries an elastic resume moved, and it is "
