@@ -510,10 +510,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if progress is not None and progress.epoch == self._epoch:
             return progress.state()
         pending = self._pending()
+        if self.even == CARRY and (pending is None or pending["slot"] is None) and self._cheap_reader():
+            # under carry a state says where its run's epoch ends (that depends on the slot count), so
+            # one taken before the first element is that of the run this copy would start here
+            ctx = self.context()
+            seed = pending["seed"] if pending is not None and pending["seed"] is not None else self.base_seed(ctx)
+            return SlotRun(self.reader(), ctx=ctx, even=self.even, shuffle=self.global_shuffle,
+                           epoch=self._epoch, seed=seed, resume=pending, multiple=self.multiple_of,
+                           carry=self._carry).state()
         if pending is not None:
             return dict(pending)
-        carry = self._carry if self._carry is not None and self._carry[1] <= self._epoch else None
-        return fresh_state(self._epoch, self.mode, self.even, carry)
+        return fresh_state(self._epoch, self.mode, self.even, self._carry)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (a slot's or a merged state).

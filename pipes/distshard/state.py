@@ -53,7 +53,10 @@ FRESH_CARRY: tuple[list, int] = ([[0, None]], 0)  # the base of a carry pipe no 
 def fresh_state(epoch: int, mode: str, even: Any, carry: tuple[list, int] | None = None) -> dict[str, Any]:
     """The state of an epoch nobody has consumed anything of yet; under ``even="carry"``
     with the base (``remaining``, ``carry_from``) the pipe counts from (``carry``)."""
-    base, first = (carry or FRESH_CARRY) if even == CARRY else ([[0, None]], None)
+    if even != CARRY:
+        base, first = [[0, None]], None
+    else:  # a base opening a later epoch does not apply to this one
+        base, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
     return {
         KEY: VERSION, "epoch": epoch, "seed": None, "mode": mode, "even": even,
         "layout": None, "shuffle": None, "length": None, "source": None, "multiple_of": 1, "workers": None,
