@@ -304,3 +304,48 @@ def test_explain_says_what_carry_takes_and_leaves():
     pipe = build("list", 0, 8)
     pipe.set_epoch(2)  # epoch 0 ends at 16 of 23, epoch 1 at 40 of 46: it leaves 6 to epoch 2
     assert "opens with 6 from the tail of epoch 1" in str(pipe.explain())
+
+
+def test_stateful_dataloader_workers_keep_the_boundaries_an_elastic_resume_moved():
+    """After an elastic resume, a job resumed from a StatefulDataLoader state (each
+    worker its own) gives the state to the pipeline too, so every later epoch's
+    workers know where epochs begin; without that its workers refuse the state."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    streams = epoch_streams("list", 3)
+    concatenated = [x for stream in streams for x in stream]
+    read = concatenated[:3 * (N // 3)]  # epoch 0, run by 3 slots
+    states = []
+    for slot in range(3):
+        pipe = build("list", slot, 3)
+        pipe.set_epoch(1)
+        read += list(islice(iter(pipe), min(slot, 1)))
+        states.append(pipe.state_dict())
+    merged = distshard.merge_states(states)  # 23 read: 2 ranks x 2 workers end epoch 1 at 43, not 44
+
+    def loader(pipeline):
+        return StatefulDataLoader(pipeline, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                                  timeout=30)
+
+    saved = []
+    for rank in range(2):
+        pipeline = distshard.StatefulPipeline(build("list", rank, 2))
+        pipeline.load_state_dict(merged)
+        it = iter(running := loader(pipeline))
+        read += list(islice(it, 3))
+        saved.append(running.state_dict())
+        del it
+    unaware = loader(distshard.StatefulPipeline(build("list", 0, 2)))
+    unaware.load_state_dict(saved[0])
+    with pytest.raises(ValueError, match="into the pipeline in the main process"):
+        next(iter(unaware))
+    for rank in range(2):  # the job restarts with the same layout from what each rank saved
+        pipeline = distshard.StatefulPipeline(build("list", rank, 2))
+        pipeline.load_state_dict(saved[rank])  # keeps the boundaries: the workers resume the progress
+        resumed = loader(pipeline)
+        resumed.load_state_dict(saved[rank])
+        read += list(resumed)
+        pipeline.set_epoch(2)
+        read += list(resumed)  # new workers, copied from the pipeline here
+    assert Counter(read) == Counter(concatenated[:len(read)])
+    assert 3 * N - len(read) < 4

@@ -309,6 +309,8 @@ def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[]
         if state is not None:
             with stage(load_stage):
                 if run.resume == "own" and loader is not None:
+                    if spec.even == "carry":  # README "carry": the pipeline keeps the boundaries too
+                        pipeline.load_state_dict(state)
                     loader.load_state_dict(state)
                 else:
                     pipeline.load_state_dict(state)
@@ -320,9 +322,9 @@ def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[]
     return fresh
 
 
-def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tuple[list, bool, dict]:
+def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tuple[list, bool, dict, bool]:
     """Dry-run the unit to learn its share ``L``, then take ``choose(L)`` elements
-    from a fresh copy; return (elements, at the end of its share, state)."""
+    from a fresh copy; return (elements, at the end of its share, state, the iterator was exhausted)."""
     try:
         target, _ = fresh()
         it = iter(target)
@@ -339,7 +341,7 @@ def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tu
             state = jsonable(state_dict())
     finally:
         shutdown(it)
-    return elements, exhausted or len(elements) == share, state
+    return elements, exhausted or len(elements) == share, state, exhausted
 
 
 # -- the model -------------------------------------------------------------------------------
@@ -403,6 +405,7 @@ def run_history(spec: Spec, data, kinds: list[str], epoch_tags: bool = True) -> 
     if carry:
         evens = ["carry"]  # carry and the other modes refuse each other's states (test_carry.py)
     history: Counter = Counter()  # carry: everything consumed, all epochs
+    finished_loader = False  # a unit of the last run was a loader that saw its iterator end
     for epoch in range(data.draw(st.integers(1, 4 if carry else 2), label="epochs")):
         record = Epoch()
         tags: set = set()  # the tags of a "tagged" source's elements this epoch
@@ -413,6 +416,9 @@ def run_history(spec: Spec, data, kinds: list[str], epoch_tags: bool = True) -> 
             resume = None
             if states is not None:
                 same = previous == (kind, world, workers, spec.even)
+                # a StatefulDataLoader saved after its iterator ended starts a new iteration (torchdata):
+                # its own state resumes the next epoch, not the same one
+                same = same and not (finished_loader and index > 0)
                 resume = "own" if same and data.draw(st.booleans()) else "merged"
             if resume == "merged" and data.draw(st.booleans(), label="new even"):
                 spec = replace(spec, even=data.draw(st.sampled_from(evens)))
@@ -422,6 +428,7 @@ def run_history(spec: Spec, data, kinds: list[str], epoch_tags: bool = True) -> 
                 left = (epoch + 1) * sum(universe.values()) - sum(history.values()) if carry else None
                 record.start_split(universe, run.num_slots, spec.even, spec.multiple, left)
             loaded = states or [None] * len(run.units)
+            finished_loader = False
             try:
                 if resume == "merged":
                     with stage("merge"):
@@ -432,9 +439,10 @@ def run_history(spec: Spec, data, kinds: list[str], epoch_tags: bool = True) -> 
                 for unit, (rank, worker) in enumerate(run.units):
                     fresh = make_unit(spec, run, rank, epoch, loaded[unit])
                     with as_worker(worker, run.workers) if worker >= 0 else contextlib.nullcontext():
-                        elements, at_end, state = run_unit(fresh, choice(data, index == runs - 1),
+                        elements, at_end, state, exhausted = run_unit(fresh, choice(data, index == runs - 1),
                                                            first_stage)
                     log.append(f"  unit {unit}: {len(elements)} elements, at end: {at_end}")
+                    finished_loader = finished_loader or (exhausted and kind != "plain" and kind != "node")
                     if carry:
                         history.update(elements)
                     else:
@@ -601,7 +609,7 @@ def test_a_state_of_another_pipeline_is_refused(spec, data):
             with as_worker(worker, workers):
                 def some(share):
                     return data.draw(st.integers(min(1, share), max(1, share))) if share else 0
-                elements, at_end, state = run_unit(make_unit(spec, run, rank, 0, None), some, "iterate")
+                elements, at_end, state, _ = run_unit(make_unit(spec, run, rank, 0, None), some, "iterate")
             states.append(state)
             progress.append((len(elements), at_end))
     except Refused as refused:

@@ -544,6 +544,19 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return  # a state of another epoch than the one set: void (see set_epoch)
         self._epoch, self._resume, self._progress = found["epoch"], found, None
 
+    def load_carry_base(self, states: Sequence[dict[str, Any]]) -> None:
+        """``even="carry"``: keep where the epochs after ``states``' begin, from the slot
+        states of one run that a DataLoader's workers will resume (this process does
+        not iterate them): the workers' copies and every later epoch's then know the
+        boundaries an elastic resume moved. ``ValueError`` if they are not one run's."""
+        found = [validate_state(state) for state in states]
+        runs = {(s["epoch"], repr(s["remaining"]), s["carry_from"], s["num_slots"], s["multiple_of"]) for s in found}
+        if self.even != CARRY or len(runs) != 1 or any(s["slot"] is None for s in found):
+            raise ValueError("load_carry_base takes the slot states of one run of a dist_shard(even='carry')")
+        for state in found:
+            self._check_against(state, None)
+        self._carry = carry_base_after(found[0])
+
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,
         which is cheap too unless sizes are computed from the files)."""

@@ -403,7 +403,8 @@ def check_carry_load(found: Mapping[str, Any], base: tuple[list, int] | None, in
         raise ValueError(
             "this even='carry' state comes from a run whose epoch boundaries an elastic resume moved, and it is "
             "loaded in a DataLoader worker, whose copy of the pipeline forgets them when the next epoch's workers "
-            "start: later epochs would skip or repeat elements. Merge the states of every rank "
-            "(distshard.merge_states or gather_states) and load the merged state into the pipeline "
-            "(pipeline.load_state_dict) before creating the loader"
+            "start: later epochs would skip or repeat elements. Load the same state into the pipeline in the "
+            "main process too (StatefulPipeline.load_state_dict(state) before loader.load_state_dict(state)), "
+            "or merge every rank's states (distshard.merge_states / gather_states) and load the merged state "
+            "into the pipeline"
         )
