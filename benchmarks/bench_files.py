@@ -274,12 +274,12 @@ VARIANTS = [
     Variant("distshard_shuffle", "distshard.webdataset, shuffle=True", "dev",
             'dp = distshard.webdataset(urls).dist_shard(even="drop", shuffle=True).map(decode)',
             distshard=True),
-    Variant("distshard_drop_epochs", "distshard.webdataset, even='drop', 3 epochs", "dev",
+    Variant("distshard_drop_epochs", "distshard.webdataset, even='drop', 4 epochs", "dev",
             'dp = distshard.webdataset(urls).dist_shard(even="drop", multiple_of=32).map(decode)',
-            distshard=True, epochs=3),
-    Variant("distshard_carry_epochs", "distshard.webdataset, even='carry', 3 epochs", "dev",
+            distshard=True, epochs=4),
+    Variant("distshard_carry_epochs", "distshard.webdataset, even='carry', 4 epochs", "dev",
             'dp = distshard.webdataset(urls).dist_shard(even="carry", multiple_of=32).map(decode)',
-            distshard=True, epochs=3),
+            distshard=True, epochs=4),
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 

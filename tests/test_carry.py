@@ -190,19 +190,26 @@ def test_merged_states_resume_on_any_layout_and_the_next_epochs_go_on_exactly():
     assert 4 * N - len(read) < 3  # the last tail is less than a round of the new layout
 
 
+def stopped_in_epoch_1(slots, take):
+    """Epoch 0 run whole by ``slots`` slots, epoch 1 stopped after ``take(slot)``
+    elements of each: the epochs' concatenated streams, what was read, the merged state."""
+    streams = epoch_streams("list", 3)
+    concatenated = [x for stream in streams for x in stream]
+    read = concatenated[:slots * (N // slots)]
+    states = []
+    for slot in range(slots):
+        pipe = build("list", slot, slots)
+        pipe.set_epoch(1)
+        read += list(islice(iter(pipe), take(slot)))
+        states.append(pipe.state_dict())
+    return concatenated, read, distshard.merge_states(states)
+
+
 def test_a_state_taken_after_an_epoch_moves_the_next_epochs_start_not_its_progress():
     """Epoch 1 resumed elastically ends where the new layout's rounds end; a fresh pipe
     that loads a state of it and is set to epoch 2 starts there, not at the formula."""
-    streams = epoch_streams("list", 3)
-    concatenated = [x for stream in streams for x in stream]
-    read = concatenated[:4 * (N // 4)]  # epoch 0, run by 4 slots
-    states = []
-    for slot in range(4):
-        pipe = build("list", slot, 4)
-        pipe.set_epoch(1)
-        read += list(islice(iter(pipe), slot % 3))
-        states.append(pipe.state_dict())
-    merged = distshard.merge_states(states)  # 23 of the 46 left: the 3 slots take 21, leave 2
+    concatenated, read, merged = stopped_in_epoch_1(4, lambda slot: slot % 3)
+    # 23 of the 46 left: 3 slots take 21, leave 2
     ends = []
     for rank in range(3):
         pipe = build("list", rank, 3)
@@ -312,16 +319,8 @@ def test_stateful_dataloader_workers_keep_the_boundaries_an_elastic_resume_moved
     workers know where epochs begin; without that its workers refuse the state."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    streams = epoch_streams("list", 3)
-    concatenated = [x for stream in streams for x in stream]
-    read = concatenated[:3 * (N // 3)]  # epoch 0, run by 3 slots
-    states = []
-    for slot in range(3):
-        pipe = build("list", slot, 3)
-        pipe.set_epoch(1)
-        read += list(islice(iter(pipe), min(slot, 1)))
-        states.append(pipe.state_dict())
-    merged = distshard.merge_states(states)  # 23 read: 2 ranks x 2 workers end epoch 1 at 43, not 44
+    concatenated, read, merged = stopped_in_epoch_1(3, lambda slot: min(slot, 1))
+    # 23 read: 2 ranks x 2 workers end epoch 1 at 43, not at 44 (the formula's)
 
     def loader(pipeline):
         return StatefulDataLoader(pipeline, batch_size=None, num_workers=2, multiprocessing_context="fork",
