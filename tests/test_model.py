@@ -640,11 +640,13 @@ GLOO_CASES = [
     (Spec("shuffled", n=41, even="drop", seed=5), (2, 2, 7), (3, 1)),
     (Spec("units", unit_sizes=(5, 0, 7, 3, 9, 4), sized=True, shuffle=True, even="pad", seed=1),
      (2, 2, 6), (1, 2)),
+    # the merged state keeps the carried tail: 3 ranks in whole batches of 2 take what fits of it
+    (Spec("tagged", n=41, shuffle=True, even="carry", multiple=2, seed=5), (2, 2, 7), (3, 1)),
 ]
 
 
 @pytest.mark.parametrize("spec, first, second", GLOO_CASES,
-                         ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2"])
+                         ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2", "tagged-carry-2x2-3x1"])
 def test_elastic_resume_on_real_groups_is_exact(spec, first, second):
     world, workers, take = first
     outcomes = run_on_group(gloo_run, world_size=world, args=(spec, workers, take), timeout=60)
@@ -652,14 +654,22 @@ def test_elastic_resume_on_real_groups_is_exact(spec, first, second):
     merged = outcomes[0].value[1]
     assert all(o.value[1] == merged for o in outcomes)  # every rank got the same merge
     universe = Counter(spec.universe())
+    n, carry = sum(universe.values()), spec.even == "carry"
     epoch = Epoch()
-    epoch.start_split(universe, world * max(1, workers), spec.even)
+    epoch.start_split(universe, world * max(1, workers), spec.even, spec.multiple, n if carry else None)
     for rank, outcome in enumerate(outcomes):
-        epoch.add(rank, outcome.value[0], len(outcome.value[0]) < take)
+        elements = outcome.value[0] if carry else [untag(x)[0] for x in outcome.value[0]]
+        epoch.add(rank, elements, len(outcome.value[0]) < take)
+    first_outcomes = outcomes
     world2, workers2 = second
     outcomes = run_on_group(gloo_run, world_size=world2, args=(spec, workers2, None, merged), timeout=60)
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
-    epoch.start_split(universe, world2 * max(1, workers2), spec.even)
+    consumed = sum(len(o.value[0]) for o in first_outcomes)
+    epoch.start_split(universe, world2 * max(1, workers2), spec.even, spec.multiple, n - consumed if carry else None)
     for rank, outcome in enumerate(outcomes):
-        epoch.add(rank, outcome.value[0], True)
-    check_epoch(universe, epoch, f"{spec}: {first} -> {second}")
+        epoch.add(rank, outcome.value[0] if carry else [untag(x)[0] for x in outcome.value[0]], True)
+    if carry:
+        history = Counter(x for o in (*first_outcomes, *outcomes) for x in o.value[0])
+        check_carry_epoch(universe, 0, epoch, history, True, f"{spec}: {first} -> {second}")
+    else:
+        check_epoch(universe, epoch, f"{spec}: {first} -> {second}")
