@@ -31,8 +31,8 @@ from .plan import (
     CARRY,
     Remaining,
     carry_after,
-    carry_consumed,
     carry_left,
+    carry_window,
     left_after_blocks,
     left_after_chunks,
     left_after_round_robin,
@@ -374,8 +374,6 @@ def carry_base_after(found: Mapping[str, Any]) -> tuple[list, int]:
 
 def _rebased(base: tuple[list, int], epoch: int, length: int, unit: int) -> list | None:
     """``base`` as it opens ``epoch`` (``None`` if it opens a later epoch)."""
-    from .plan import carry_window
-
     pairs, first = base
     if first > epoch:
         return None
