@@ -240,6 +240,7 @@ class Variant:
     code: str  # what the user writes (shown in the README)
     extra_lines: int = 0  # helper code the user writes besides ``code``
     distshard: bool = False
+    epochs: int = 1  # > 1: the even='drop' / 'carry' rows, run over several epochs (a table of their own)
 
     @property
     def lines(self) -> int:
@@ -273,6 +274,12 @@ VARIANTS = [
     Variant("distshard_shuffle", "distshard.webdataset, shuffle=True", "dev",
             'dp = distshard.webdataset(urls).dist_shard(even="drop", shuffle=True).map(decode)',
             distshard=True),
+    Variant("distshard_drop_epochs", "distshard.webdataset, even='drop', 4 epochs", "dev",
+            'dp = distshard.webdataset(urls).dist_shard(even="drop", multiple_of=32).map(decode)',
+            distshard=True, epochs=4),
+    Variant("distshard_carry_epochs", "distshard.webdataset, even='carry', 4 epochs", "dev",
+            'dp = distshard.webdataset(urls).dist_shard(even="carry", multiple_of=32).map(decode)',
+            distshard=True, epochs=4),
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 
@@ -331,6 +338,11 @@ def build(key: str, manifest: dict[str, Any], decode: Decode, rank: int, mds: st
 
         webdataset = getattr(distshard, "webdataset", distshard.sources.webdataset)  # until it is exported
         return webdataset(urls).dist_shard(even="drop", shuffle=key == "distshard_shuffle").map(decode)
+    if key in ("distshard_drop_epochs", "distshard_carry_epochs"):
+        import distshard
+
+        even = "carry" if key == "distshard_carry_epochs" else "drop"
+        return distshard.webdataset(urls).dist_shard(even=even, multiple_of=BATCH).map(decode)
     raise ValueError(f"unknown variant {key!r}")
 
 
@@ -345,6 +357,7 @@ def rchar() -> int:
 
 
 _BASE: dict[str, float] = {}
+_EPOCH = 0  # the epoch a rank runs (its forked workers inherit it)
 
 
 def worker_init(_: int) -> None:
@@ -359,8 +372,9 @@ def _report(outdir: str, rank: int, yielded: int) -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     record = {"rank": rank, "worker": worker, "yielded": yielded,
               "decodes": _DECODES - _BASE.get("decodes", 0), "rchar": rchar() - _BASE.get("rchar", 0),
-              "cpu_s": time.process_time() - _BASE.get("cpu", 0), "maxrss_kib": usage.ru_maxrss}
-    (Path(outdir) / f"r{rank}-w{worker}-p{os.getpid()}.json").write_text(json.dumps(record))
+              "cpu_s": time.process_time() - _BASE.get("cpu", 0), "maxrss_kib": usage.ru_maxrss,
+              "epoch": _EPOCH}
+    (Path(outdir) / f"r{rank}-w{worker}-e{_EPOCH}-p{os.getpid()}.json").write_text(json.dumps(record))
 
 
 class _Reporting:
@@ -396,7 +410,7 @@ def _cpu(usage: resource.struct_rusage) -> float:
 
 
 def rank_main(rank: int, world_size: int, key: str, manifest: dict[str, Any], iters: int,
-              outdir: str, mds: str | None, timeout: float) -> dict[str, Any]:
+              outdir: str, mds: str | None, timeout: float, epochs: int = 1) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
@@ -422,13 +436,22 @@ def rank_main(rank: int, world_size: int, key: str, manifest: dict[str, Any], it
         out["error"] = out["error"] or "another rank failed to build its pipeline"
         return out
     out["rank_rchar"] = rchar() - rchar0
+    global _EPOCH
     iterator = None
     try:
         loader = DataLoader(pipe, batch_size=BATCH, num_workers=NUM_WORKERS, multiprocessing_context="fork",
                             worker_init_fn=worker_init, timeout=timeout)
-        iterator = iter(loader)
-        for batch in iterator:
-            out["keys"].extend(batch["__key__"] if isinstance(batch, dict) else batch)
+        for epoch in range(epochs):
+            if epochs > 1:
+                import distshard
+
+                distshard.set_epoch(pipe, epoch)
+            _EPOCH = epoch
+            iterator = iter(loader)
+            for batch in iterator:
+                out["keys"].extend(batch["__key__"] if isinstance(batch, dict) else batch)
+            iterator._shutdown_workers()
+            iterator = None
     except BaseException:  # noqa: BLE001
         out["error"] = traceback.format_exc()
     finally:
@@ -465,9 +488,10 @@ def run_variant(key: str, manifest: dict[str, Any], iters: int, mds: str | None,
     """In the ``--run`` process: one gloo group, one variant; a summary."""
     from distshard.verify import run_on_group
 
+    epochs = BY_KEY[key].epochs
     with tempfile.TemporaryDirectory(prefix="bench_files-") as outdir:
-        outcomes = run_on_group(rank_main, world_size=WORLD_SIZE, timeout=timeout,
-                                args=(key, manifest, iters, outdir, mds, timeout))
+        outcomes = run_on_group(rank_main, world_size=WORLD_SIZE, timeout=timeout * epochs,
+                                args=(key, manifest, iters, outdir, mds, timeout, epochs))
     errors = [f"rank {o.rank}: {o.error or o.value.get('error')}" for o in outcomes
               if o.error or o.value is None or o.value.get("error")]
     values = [o.value for o in outcomes if o.value is not None and "wall_s" in o.value]
@@ -475,9 +499,14 @@ def run_variant(key: str, manifest: dict[str, Any], iters: int, mds: str | None,
     got = Counter(k for v in values for k in v["keys"])
     expected = Counter(manifest["keys"])
     slots = {(w["rank"], w["worker"]): w["yielded"] for w in workers}
+    epochs_part: dict[str, Any] = {}
+    if epochs > 1:
+        epochs_part = _epochs_summary(key, got, manifest["keys"], workers, epochs)
+        expected = Counter({k: epochs for k in manifest["keys"]})
     return {
+        **epochs_part,
         "errors": errors,
-        "complete": len(values) == WORLD_SIZE and len(workers) == NUM_SLOTS,
+        "complete": len(values) == WORLD_SIZE and len(workers) == NUM_SLOTS * epochs,
         "per_slot": [slots.get((r, w)) for r in range(WORLD_SIZE) for w in range(NUM_WORKERS)],
         "duplicates": sum((got - expected).values()),
         "missing": sum((expected - got).values()),
@@ -490,6 +519,50 @@ def run_variant(key: str, manifest: dict[str, Any], iters: int, mds: str | None,
         "rss_mib": (sum(v["rank_maxrss_kib"] for v in values) + sum(w["maxrss_kib"] for w in workers)) / 1024,
         "reads": next((v.get("reads") for v in values if v.get("reads")), ""),
     }
+
+
+def _epochs_summary(key: str, got: Counter, keys: list[str], workers: list[dict[str, Any]],
+                    epochs: int) -> dict[str, Any]:
+    """The even='drop' / 'carry' rows: per-slot counts of every epoch, and what was
+    delivered against the epochs' concatenated streams (each the keys in file order)."""
+    n, unit = len(keys), NUM_SLOTS * BATCH  # multiple_of=BATCH: rounds of whole batches
+    if key == "distshard_carry_epochs":  # epoch e takes [U floor(eN/U), U floor((e+1)N/U)) of the concatenation
+        wanted = Counter(keys[g % n] for g in range(unit * (epochs * n // unit)))
+    else:
+        wanted = Counter(k for _ in range(epochs) for k in keys[:n // unit * unit])
+    per_epoch: dict[int, list[int]] = {}
+    for record in workers:
+        per_epoch.setdefault(record["epoch"], []).append(record["yielded"])
+    every = Counter({k: epochs for k in keys})
+    delivered = sum(got.values())
+    left = epochs * n - delivered if key == "distshard_carry_epochs" else 0
+    return {"per_epoch_slots": {e: sorted(c) for e, c in sorted(per_epoch.items())},
+            "equal_slots": len(per_epoch) == epochs and all(len(c) == NUM_SLOTS and len(set(c)) == 1
+                                                            for c in per_epoch.values()),
+            "delivered": delivered, "exact": got == wanted, "left_for_next_epoch": left,
+            "dropped": sum((every - got).values()) - left, "padded": sum((got - every).values())}
+
+
+def epochs_table(rows: list[dict[str, Any]]) -> str:
+    """The even='drop' / 'carry' rows over several epochs, CPU against drop's."""
+    drop = next((row for row in rows if row["key"] == "distshard_drop_epochs" and "cpu_s" in row), None)
+    lines = ["| pipeline | per-slot counts by epoch | equal slots | delivered | dropped | padded | left for the "
+             "next epoch | exact | CPU s | CPU / drop's |", "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for row in rows:
+        variant = BY_KEY[row["key"]]
+        if "epochs_runs" not in row:
+            lines.append(f"| `{variant.code}` | not run: {(row.get('errors') or [row.get('skipped')])[0]} |"
+                         + " |" * 8)
+            continue
+        last = row["epochs_runs"][-1]
+        counts = " / ".join(str(c[0]) if len(set(c)) == 1 else f"{min(c)}–{max(c)}"
+                            for c in last["per_epoch_slots"].values())
+        ratio = f"{row['cpu_s'] / drop['cpu_s']:.3f}×" if drop else "—"
+        exact = all(r["exact"] and r["equal_slots"] for r in row["epochs_runs"])
+        lines.append(f"| `{variant.code}` | {counts} | {'✓' if last['equal_slots'] else '✗'} | {last['delivered']} "
+                     f"| {last['dropped']} | {last['padded']} | {last['left_for_next_epoch']} | {'✓' if exact else '✗'} "
+                     f"| {row['cpu_s']:.1f} | {ratio} |")
+    return "\n".join(lines)
 
 
 # -- the parent: generate, run every variant in rounds, tabulate --------------------------------------
@@ -551,6 +624,11 @@ def summarize(variant: Variant, runs: list[dict[str, Any]], manifest: dict[str, 
     row: dict[str, Any] = {"key": variant.key, "label": variant.label, "lines": variant.lines, "runs": runs,
                            "errors": [e for r in runs for e in r.get("errors", [])]}
     if not good:
+        return row
+    if variant.epochs > 1:
+        row.update(epochs_runs=[{k: r[k] for k in ("per_epoch_slots", "equal_slots", "delivered", "exact",
+                                                   "left_for_next_epoch", "dropped", "padded")} for r in good],
+                   cpu_s=_median([r["cpu_s"] for r in good]), cpu_runs=[r["cpu_s"] for r in good])
         return row
     allowed_drop = n % NUM_SLOTS if variant.distshard else 0
     once = all(r["duplicates"] == 0 and r["missing"] <= allowed_drop for r in good)
@@ -665,14 +743,27 @@ def orchestrate(args: argparse.Namespace) -> int:
                 print(f"#   round {r + 1}/{rounds}: {variant.key} done in {time.perf_counter() - started:.0f}s",
                       file=sys.stderr, flush=True)
         rows = [summarize(v, results[v.key], manifest) for v in chosen]
-        print(table(rows))
+        one_epoch = [row for row in rows if BY_KEY[row["key"]].epochs == 1]
+        several = [row for row in rows if BY_KEY[row["key"]].epochs > 1]
+        if one_epoch:
+            print(table(one_epoch))
+        if several:
+            print(f"\n{BY_KEY[several[0]['key']].epochs} epochs, batch {BATCH}, multiple_of={BATCH} (rounds of "
+                  f"{NUM_SLOTS * BATCH} samples), {n:,} samples an epoch:\n")
+            print(epochs_table(several))
+            print("\ndropped: samples of the epochs' streams never delivered (under carry not counting the last "
+                  "epoch's tail, which opens the next epoch); padded: deliveries beyond one a sample an epoch; "
+                  "exact: the delivered multiset is the concatenated streams' prefix (carry) or every epoch but its "
+                  "last N mod 256 (drop), with equal counts on the 8 slots every epoch. Target: carry's CPU ≤ "
+                  "1.05× drop's, equal slots, 0 dropped, 0 padded.")
         mosaic = next((row for row in rows if row["key"] == "mosaic" and "read_ratio" in row), None)
         own = (f" (its MDS copy, {mds_bytes / 2**20:.1f} MiB: {mosaic['read_ratio'] * total / mds_bytes:.2f}× of it; "
                "Mosaic repeats a few samples so that ranks have equal counts)") if mosaic and mds_bytes else ""
-        print(f"\nread / data: rchar over the dataset's {total / 2**20:.1f} MiB of tar files; Mosaic reads "
-              f"its own format{own}. distshard builds its index cold in the measured job. Targets for "
-              "distshard: read ≤ 1.10×, CPU ≤ webdataset's, shuffle=True CPU ≤ 1.2× the unshuffled run, "
-              "equal per-slot counts, one user line.")
+        if one_epoch:
+            print(f"\nread / data: rchar over the dataset's {total / 2**20:.1f} MiB of tar files; Mosaic reads "
+                  f"its own format{own}. distshard builds its index cold in the measured job. Targets for "
+                  "distshard: read ≤ 1.10×, CPU ≤ webdataset's, shuffle=True CPU ≤ 1.2× the unshuffled run, "
+                  "equal per-slot counts, one user line.")
         if args.json:
             write_json(args.json, {"environment": environment(), "samples": n, "bytes": total, "mds_bytes": mds_bytes,
                                    "decode_s": cost, "rows": rows})

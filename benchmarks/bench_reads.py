@@ -425,9 +425,11 @@ class _Report(IterDataPipe):
         finally:
             info = get_worker_info()
             worker = -1 if info is None else info.id
+            shards = distshard.datapipe.shards_in(self.source_datapipe)
             record = {"rank": self.rank, "worker": worker, "pid": os.getpid(),
                       "decodes": _DECODES - decodes0, "yielded": yielded,
-                      "iter_cpu_s": time.process_time() - cpu0}
+                      "iter_cpu_s": time.process_time() - cpu0,
+                      "epoch": shards[0].epoch if shards else 0}
             path = Path(self.outdir) / f"r{self.rank}-w{worker}-p{os.getpid()}-{time.monotonic_ns()}.json"
             path.write_text(json.dumps(record))
 
@@ -630,6 +632,121 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# -- even="carry" against even="drop", over several epochs ----------------------------------------
+
+CARRY_EPOCHS = 3
+CARRY_ROUNDS = 5
+CARRY_SOURCES = {
+    "fast_path": "IterableWrapper(list(range(N))).map(decode).dist_shard(even=...)",
+    "units_seq_uneven": "IterableWrapper(units).dist_shard(expand=seq, sizes=uneven, even=...)",
+}
+
+
+def build_epochs_pipe(source: str, even: str, n: int, iters: int, units: int) -> IterDataPipe:
+    decode = Decode(iters)
+    if source == "fast_path":
+        return IterableWrapper(list(range(n))).map(decode).dist_shard(even=even)
+    sizes = unit_sizes(n, units, uneven=True)
+    return IterableWrapper(list(range(units))).dist_shard(
+        expand=ExpandSequence(unit_bounds(sizes), decode), sizes=sizes, even=even)
+
+
+def epochs_rank_main(rank: int, world_size: int, source: str, even: str, n: int, iters: int, units: int,
+                     epochs: int, outdir: str, timeout: float) -> dict[str, Any]:
+    """One rank: ``epochs`` epochs (``set_epoch``, a fresh 2-worker DataLoader iterator
+    each), CPU of the rank and its joined workers over all of them."""
+    mydir = Path(outdir) / f"rank{rank}"
+    mydir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"rank": rank, "values": [], "error": None}
+    pipe = _Report(build_epochs_pipe(source, even, n, iters, units), str(mydir), rank)
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        loader = DataLoader(pipe, batch_size=None, num_workers=NUM_WORKERS, multiprocessing_context="fork",
+                            timeout=timeout)
+        for epoch in range(epochs):
+            distshard.set_epoch(pipe, epoch)
+            iterator = iter(loader)
+            out["values"].append(list(iterator))
+            iterator._shutdown_workers()  # joined: RUSAGE_CHILDREN sees them
+            del iterator
+    except BaseException:  # noqa: BLE001 - reported
+        out["error"] = traceback.format_exc()
+    out["cpu_s"] = (_cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(self0)
+                    + _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children0))
+    out["workers"] = [json.loads(p.read_text()) for p in sorted(mydir.glob("*.json"))]
+    return out
+
+
+def run_epochs(source: str, even: str, n: int, iters: int, units: int, epochs: int,
+               timeout: float) -> dict[str, Any]:
+    """One gloo group running ``epochs`` epochs; what was consumed against the epochs'
+    concatenated streams (each epoch ``0 .. n-1``)."""
+    with tempfile.TemporaryDirectory(prefix="bench_reads-epochs-") as outdir:
+        outcomes = run_on_group(epochs_rank_main, world_size=WORLD_SIZE, timeout=timeout * epochs,
+                                args=(source, even, n, iters, units, epochs, outdir, timeout))
+    errors = [f"rank {o.rank}: {o.error or o.value['error']}" for o in outcomes
+              if o.error or o.value is None or o.value["error"]]
+    values = [o.value for o in outcomes if o.value is not None]
+    got = Counter(x for v in values for epoch in v["values"] for x in epoch)
+    frontier = epochs * n - (epochs * n % NUM_SLOTS if even == "carry" else 0)
+    if even == "carry":  # epoch e takes [S floor(eN/S), S floor((e+1)N/S)) of the concatenation
+        expected = Counter(g % n for g in range(NUM_SLOTS * (epochs * n // NUM_SLOTS)))
+    else:  # every epoch drops its own last N mod S
+        expected = Counter(x for _ in range(epochs) for x in range(n - n % NUM_SLOTS))
+    per_epoch: dict[int, list[int]] = {}
+    for record in (w for v in values for w in v["workers"]):
+        per_epoch.setdefault(record["epoch"], []).append(record["yielded"])
+    return {
+        "errors": errors,
+        "cpu_s": sum(v["cpu_s"] for v in values),
+        "per_epoch_slots": {e: sorted(c) for e, c in sorted(per_epoch.items())},
+        "equal_slots": all(len(c) == NUM_SLOTS and len(set(c)) == 1 for c in per_epoch.values())
+        and len(per_epoch) == epochs,
+        "delivered": sum(got.values()),
+        "dropped": sum((Counter(x for _ in range(epochs) for x in range(n)) - got).values()) - (epochs * n - frontier),
+        "padded": sum((got - Counter(x for _ in range(epochs) for x in range(n))).values()),
+        "exact": not errors and got == expected,
+        "left_for_next_epoch": epochs * n - sum(got.values()) if even == "carry" else 0,
+    }
+
+
+def carry_rows(n: int, iters: int, units: int, epochs: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
+    """``even="drop"`` and ``even="carry"`` of each source, alternating, ``rounds`` times."""
+    rows = []
+    for source in CARRY_SOURCES:
+        runs: dict[str, list[dict[str, Any]]] = {"drop": [], "carry": []}
+        for r in range(rounds):
+            for even in (("drop", "carry") if r % 2 == 0 else ("carry", "drop")):
+                runs[even].append(run_epochs(source, even, n, iters, units, epochs, timeout))
+                print(f"  {source} even={even} round {r + 1}: CPU {runs[even][-1]['cpu_s']:.2f} s",
+                      file=sys.stderr, flush=True)
+        drop_cpu = statistics.median(run["cpu_s"] for run in runs["drop"])
+        for even in ("drop", "carry"):
+            last = runs[even][-1]
+            cpu = statistics.median(run["cpu_s"] for run in runs[even])
+            rows.append({**last, "source": source, "even": even, "cpu_s": cpu, "cpu_vs_drop": cpu / drop_cpu,
+                         "cpu_per_delivered_ms": 1e3 * cpu / last["delivered"],
+                         "all_exact": all(run["exact"] and run["equal_slots"] for run in runs[even]),
+                         "cpu_runs": [run["cpu_s"] for run in runs[even]]})
+    return rows
+
+
+def carry_table(rows: list[dict[str, Any]], n: int, epochs: int) -> str:
+    lines = ["| source | even | per-slot counts, epochs 0.." + str(epochs - 1) + " | equal slots | delivered "
+             "| dropped | padded | left for epoch " + str(epochs) + " | exact | CPU s (median) | CPU / drop's "
+             "| CPU ms / delivered |", "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for row in rows:
+        counts = " / ".join(str(c[0]) if len(set(c)) == 1 else f"{min(c)}–{max(c)}"
+                            for c in row["per_epoch_slots"].values())
+        lines.append(
+            f"| `{CARRY_SOURCES[row['source']].replace('...', repr(row['even']))}` | {row['even']} | {counts} "
+            f"| {'✓' if row['equal_slots'] else '✗'} | {row['delivered']} | {row['dropped']} | {row['padded']} "
+            f"| {row['left_for_next_epoch']} | {'✓' if row['all_exact'] else '✗'} | {row['cpu_s']:.2f} "
+            f"| {row['cpu_vs_drop']:.3f}× | {row['cpu_per_delivered_ms']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--n", type=int, default=None,
@@ -643,6 +760,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"smoke run: N={QUICK_N}")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write the raw numbers to PATH")
+    parser.add_argument("--carry", action="store_true",
+                        help=f"only the even='carry' vs even='drop' rows: {CARRY_EPOCHS} epochs of N + 3 "
+                             f"elements (a tail every epoch), {CARRY_ROUNDS} alternating rounds")
     args = parser.parse_args(None if argv is None else list(argv))
     n = args.n if args.n is not None else (QUICK_N if args.quick else DEFAULT_N)
     if args.units < 1 or n < args.units:
@@ -660,6 +780,26 @@ def main(argv: Iterable[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     iters, cost = calibrate(DECODE_TARGET_S)
     ideal = n * cost
+    if args.carry:
+        epochs_n = n + 3  # not a multiple of S: every epoch has a tail to drop or carry
+        rows = carry_rows(epochs_n, iters, args.units, CARRY_EPOCHS, CARRY_ROUNDS, args.timeout)
+        print(f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
+              f"N={epochs_n:,} per epoch, {CARRY_EPOCHS} epochs, S={NUM_SLOTS} ({WORLD_SIZE} ranks × "
+              f"{NUM_WORKERS} fork workers, gloo), decode = {cost * 1e3:.3f} ms CPU, {CARRY_ROUNDS} rounds "
+              f"alternating drop / carry (medians), 1-min load average {load_before:.1f} before / "
+              f"{os.getloadavg()[0]:.1f} after, {time.perf_counter() - started:.0f} s")
+        print()
+        print(carry_table(rows, epochs_n, CARRY_EPOCHS))
+        print()
+        print("dropped: elements of the epochs' streams never delivered (for carry: not counting the last "
+              "epoch's tail, which opens the next epoch: 'left for epoch E'); padded: deliveries beyond one per "
+              "element of a stream; exact: the multiset delivered over all epochs is the concatenated streams' "
+              "prefix (carry) or every epoch but its last N mod S (drop). CPU: user+sys of the 4 ranks and their "
+              "workers over all epochs. Target: carry's CPU ≤ 1.05× drop's, equal slots, 0 dropped, 0 padded.")
+        if args.json is not None:
+            write_json(args.json, {**environment(), "n": epochs_n, "epochs": CARRY_EPOCHS,
+                                   "decode_cost_s": cost, "rows": rows})
+        return 0
     rows = []
     for variant in variants:
         row = run_variant(variant, n, iters, args.units, args.timeout, cost)

@@ -403,3 +403,57 @@ def mix_figure(streams: dict[str, list], weights: dict[str, float], batch: int, 
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False, bbox_to_anchor=(0.5, 0.955))
     fig.suptitle(title, x=0.125, ha="left", fontsize=12, fontweight="bold", y=0.995)
     return fig
+
+
+# -- even="carry": the epochs as one stream ---------------------------------------------
+EPOCH_COLOURS = ["#3b75af", "#ef8636", "#2a9d8f", "#9467bd", "#8c564b", "#e377c2"]
+
+
+def carry_figure(runs: dict[str, dict[str, list[tuple[int, int]]]], n: int, epochs: int, title: str):
+    """One panel per run (``{label: {slot label: [(position in the epochs' concatenated
+    streams, epoch that yielded it), ...]}}``): x is the position in the concatenation
+    (dotted lines where each epoch's own stream begins), one row per slot, a cell's
+    colour the epoch in which the slot yielded it; grey cells in the last row are
+    positions no slot yielded. An outlined cell lies in an earlier epoch's stream than
+    the epoch that yielded it: a tail carried into the next epoch."""
+    total = n * epochs
+    heights = [len(rows) + 1.6 for rows in runs.values()]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.3 + 0.33 * sum(heights)),
+                             gridspec_kw={"height_ratios": heights, "hspace": 0.42})
+    for ax, (label, rows) in zip(axes, runs.items()):
+        yielded = Counter(g for cells in rows.values() for g, _ in cells)
+        for y, cells in enumerate(rows.values()):
+            for g, epoch in cells:
+                colour = EPOCH_COLOURS[epoch % len(EPOCH_COLOURS)]
+                _cell(ax, g, y, colour, height=0.78)
+                if g < epoch * n:  # an element of an earlier epoch's stream
+                    ax.add_patch(Rectangle((g, y - 0.39), 1, 0.78, facecolor="none", edgecolor="black", linewidth=1.3))
+        missing = [g for g in range(total) if g not in yielded]
+        for g in missing:
+            _cell(ax, g, len(rows), DROPPED, hatch="///", height=0.78)
+        for epoch in range(epochs + 1):
+            ax.axvline(epoch * n, color="black", linestyle=":", linewidth=1.1)
+        for epoch in range(epochs):
+            ax.text(epoch * n + n / 2, -0.75, f"epoch {epoch}'s stream", ha="center", va="bottom", fontsize=9,
+                    color=EPOCH_COLOURS[epoch % len(EPOCH_COLOURS)])
+        counts = ["/".join(map(str, sorted({sum(1 for _, e in cells if e == epoch) for cells in rows.values()})))
+                  for epoch in range(epochs)]
+        twice = sum(c - 1 for c in yielded.values() if c > 1)
+        ax.set_title(f"{label}: per slot {', '.join(counts)} in epochs 0..{epochs - 1}; "
+                     f"{len(missing)} never yielded, {twice} yielded twice", loc="left", fontsize=11, pad=16)
+        ax.set_yticks(range(len(rows) + 1), [*rows, "no slot"])
+        ax.set_ylim(len(rows) + 0.6, -0.9)
+        ax.set_xlim(-0.5, total + 0.5)
+        ax.set_xticks([e * n for e in range(epochs + 1)], [f"{e}·N" for e in range(epochs + 1)])
+        ax.tick_params(axis="y", length=0, labelsize=8.5)
+        ax.spines[["top", "right", "left"]].set_visible(False)
+    axes[-1].set_xlabel(f"position in the epochs' streams laid end to end (N = {n} an epoch)")
+    handles = [Patch(facecolor=EPOCH_COLOURS[e % len(EPOCH_COLOURS)], label=f"yielded in epoch {e}")
+               for e in range(epochs)]
+    handles += [Patch(facecolor="white", edgecolor="black", label="an earlier epoch's element"),
+                Patch(facecolor=DROPPED, hatch="///", label="never yielded")]
+    fig.subplots_adjust(top=0.86)
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 0.955),
+               fontsize=9)
+    fig.suptitle(title, x=0.125, ha="left", fontsize=12, fontweight="bold", y=0.995)
+    return fig

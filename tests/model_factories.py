@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import distshard
@@ -18,8 +19,9 @@ import distshard
 # element mode: "list" (random access), "list+map" (random access, 1:1 map before the
 # shard), "stream" (an object with only __iter__), "shuffled" (upstream .shuffle());
 # unit mode: "units"; a distshard file source: "jsonl"; a random-access mix of two
-# lists: "mix" (stop="first_exhausted", so no element repeats)
-SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix")
+# lists: "mix" (stop="first_exhausted", so no element repeats); a random-access source
+# whose elements change with the epoch (as weighted_sample's draws do): "tagged"
+SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix", "tagged")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "mix") or (self.units and self.sized)
+        return self.source in ("list", "list+map", "jsonl", "mix", "tagged") or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -103,11 +105,66 @@ def mixed(n: int):
                          {"a": 2, "b": 1}, stop="first_exhausted")
 
 
+class Tagged(IterDataPipe):
+    """A random-access source whose elements change with the epoch: element ``i`` of
+    the view made after ``set_seed(s)`` is ``"e{i}@<s>"``, and ``dist_shard`` hands every
+    epoch its own seed, so an element says which epoch's stream it came from."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n, self.seed = n, 0
+
+    def set_seed(self, seed: int) -> "Tagged":
+        self.seed = int(seed)
+        return self
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        view = self.__distshard_sequence__()
+        return iter([view[i] for i in range(self.n)])
+
+    def __distshard_sequence__(self) -> "TaggedView":
+        return TaggedView(self.n, self.seed)
+
+
+class TaggedView:
+    """:class:`Tagged`'s elements as seeded when the view was made."""
+
+    distshard_blocks = False
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.tag = n, f"{seed % 2**32:08x}"
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> str:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return f"e{i}@{self.tag}"
+
+    def distshard_identity(self) -> str:
+        return f"tagged:{self.n}"
+
+
+def untag(element: Any) -> tuple[Any, str | None]:
+    """``("e3", tag)`` for a :class:`Tagged` element, ``(element, None)`` otherwise."""
+    if isinstance(element, str) and "@" in element:
+        name, tag = element.split("@")
+        return name, tag
+    return element, None
+
+
+def _options(spec: Spec, rank: int | None, world_size: int | None) -> dict[str, Any]:
+    return dict(rank=rank, world_size=world_size, even=spec.even, seed=spec.seed, shuffle=spec.shuffle,
+                multiple_of=spec.multiple if spec.even in ("drop", "carry") else 1)
+
+
 def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The ``dist_shard`` pipe of ``spec``; rank and world_size explicit unless None."""
-    options: dict[str, Any] = dict(rank=rank, world_size=world_size, even=spec.even,
-                                   seed=spec.seed, shuffle=spec.shuffle,
-                                   multiple_of=spec.multiple if spec.even == "drop" else 1)
+    options = _options(spec, rank, world_size)
     if spec.units:
         units = IterableWrapper(list(range(len(spec.unit_sizes))))
         sizes = list(spec.unit_sizes) if spec.sized else None
@@ -126,6 +183,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = distshard.jsonl(jsonl_file(spec.n))
     elif spec.source == "mix":
         source = mixed(spec.n)
+    elif spec.source == "tagged":
+        source = Tagged(spec.n)
     else:
         raise ValueError(f"unknown source {spec.source!r}")
     return source.dist_shard(**options)
@@ -137,9 +196,7 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
 
     from distshard import DistShardNode
 
-    options: dict[str, Any] = dict(rank=rank, world_size=world_size, even=spec.even,
-                                   seed=spec.seed, shuffle=spec.shuffle,
-                                   multiple_of=spec.multiple if spec.even == "drop" else 1)
+    options = _options(spec, rank, world_size)
     if spec.units:
         sizes = list(spec.unit_sizes) if spec.sized else None
         return DistShardNode(list(range(len(spec.unit_sizes))), expand=Expand(spec.unit_sizes, spec.expand_list),
@@ -153,6 +210,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(distshard.jsonl(jsonl_file(spec.n)), **options)
     if spec.source == "mix":
         return DistShardNode(mixed(spec.n), **options)
+    if spec.source == "tagged":  # the node seeds nothing: the same elements every epoch
+        return DistShardNode(Tagged(spec.n), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 

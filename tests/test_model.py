@@ -53,7 +53,7 @@ import distshard
 from distshard.verify import run_on_group
 
 from .helpers import as_worker
-from .model_factories import SOURCES, Spec, build, build_node, gloo_run
+from .model_factories import SOURCES, Spec, build, build_node, gloo_run, untag
 
 # -- what the library may refuse, and must refuse --------------------------------------
 
@@ -89,6 +89,12 @@ REFUSALS = [
     Refusal("an epoch's end resumed in DataLoader workers, then the epoch again",
             frozenset({"iterate-own"}), RuntimeError, r"started after the one that resumed it",
             lambda s: True),
+    # README "carry": "a stream (and units without sizes) is refused at construction"
+    Refusal("even='carry' without random access", frozenset({"construct"}), ValueError,
+            r"even='carry'.*previous epoch", lambda s: s.even == "carry" and not s.random_access),
+    # README "carry": "a worker refuses a slot's own state whose boundaries an elastic resume moved"
+    Refusal("a carry state with moved boundaries loaded in a worker", frozenset({"load-own", "iterate-own"}),
+            ValueError, r"merge_states", lambda s: s.even == "carry"),
 ]
 CONSTRUCT = [r for r in REFUSALS if "construct" in r.stages]
 
@@ -141,10 +147,11 @@ class Epoch:
     consumed: Counter = field(default_factory=Counter)
     splits: list[Split] = field(default_factory=list)
 
-    def start_split(self, universe: Counter, num_slots: int, even: str | None, multiple: int = 1) -> None:
+    def start_split(self, universe: Counter, num_slots: int, even: str | None, multiple: int = 1,
+                    left: int | None = None) -> None:
         after = bool(self.splits) and self.splits[-1].complete
-        left = len(set(universe) - set(self.consumed))
-        self.splits.append(Split(num_slots, even, left, after, multiple if even == "drop" else 1))
+        left = len(set(universe) - set(self.consumed)) if left is None else left
+        self.splits.append(Split(num_slots, even, left, after, multiple if even in ("drop", "carry") else 1))
 
     def add(self, unit: int, elements: list, at_end: bool) -> None:
         self.consumed.update(elements)
@@ -182,6 +189,53 @@ def check_epoch(universe: Counter, epoch: Epoch, where: str) -> None:
         if split.even is not None and split.complete:
             assert len(set(split.totals.values())) == 1, \
                 f"{where}: split {index} (even={split.even!r}) yielded unequal counts {dict(split.totals)}"
+
+
+# -- even="carry": the epochs as one stream ---------------------------------------------------
+
+
+def check_carry_epoch(universe: Counter, epoch_index: int, epoch: Epoch, history: Counter,
+                      epoch_tags: bool, where: str) -> None:
+    """The contract of ``even="carry"`` at the end of epoch ``epoch_index``, from the
+    whole history (``history``: every element consumed so far, as yielded):
+
+    * every split that reached its end yielded the same count on every unit;
+    * the last split took whole rounds (``U`` = its slots x multiple_of) of what was
+      left of the epochs' one stream up to this epoch's end, and left less than a
+      round: exactly ``left % U`` are still to come (or all ``left`` if the split
+      before it had ended the epoch already);
+    * nothing foreign, and nothing read twice: an element of a source whose elements
+      say their epoch (``epoch_tags``) is consumed at most once, any other at most
+      once an epoch, and never more than ``epoch_index + 1`` epochs' streams are touched.
+    """
+    last = epoch.splits[-1]
+    assert last.complete, where
+    n = sum(universe.values())
+    unit = last.num_slots * last.multiple
+    missing = (epoch_index + 1) * n - sum(history.values())
+    allowed = {last.left % unit} | ({last.left} if last.after_complete else set())
+    assert missing in allowed, f"{where}: {missing} of the epochs so far still to come, expected {sorted(allowed)}"
+    per_unit = last.num_slots // len(last.totals)
+    if missing == last.left % unit and not (last.after_complete and missing == last.left):
+        expected = {last.left // unit * unit // last.num_slots * per_unit}
+        assert set(last.totals.values()) == expected, \
+            f"{where}: the last split yielded {dict(last.totals)}, expected {expected} per unit"
+    for index, split in enumerate(epoch.splits):
+        if split.complete:
+            assert len(set(split.totals.values())) == 1, \
+                f"{where}: split {index} yielded unequal counts {dict(split.totals)}"
+    names = Counter()
+    for element, count in history.items():
+        names[untag(element)[0]] += count
+    foreign = set(names) - set(universe)
+    assert not foreign, f"{where}: foreign elements {sorted(foreign)[:8]}"
+    over = sorted(k for k, c in names.items() if c > epoch_index + 1)
+    assert not over, f"{where}: {over[:8]} consumed more often than there were epochs"
+    if epoch_tags:
+        twice = sorted(k for k, c in history.items() if c > 1 and untag(k)[1] is not None)
+        assert not twice, f"{where}: {twice[:8]} consumed twice"
+        tags = {untag(element)[1] for element in history} - {None}
+        assert len(tags) <= epoch_index + 1, f"{where}: elements of {len(tags)} epochs' streams"
 
 
 # -- running one unit (a slot, or a rank of a loader) ----------------------------------------
@@ -267,6 +321,8 @@ def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[]
         if state is not None:
             with stage(load_stage):
                 if run.resume == "own" and loader is not None:
+                    if spec.even == "carry":  # README "carry": the pipeline keeps the boundaries too
+                        pipeline.load_state_dict(state)
                     loader.load_state_dict(state)
                 else:
                     pipeline.load_state_dict(state)
@@ -310,6 +366,8 @@ class PersistentUnit:
         if self.state is not None:
             with stage(self.load_stage):
                 if self.run.resume == "own":
+                    if self.spec.even == "carry":  # README "carry": the pipeline keeps the boundaries too
+                        distshard.StatefulPipeline(pipe).load_state_dict(self.state)
                     loader.load_state_dict(self.state)
                 else:  # a merged state, into the loader's copy before its workers start
                     distshard.StatefulPipeline(pipe).load_state_dict(self.state)
@@ -340,7 +398,8 @@ def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tu
         share = None  # the real run will meet the same refusal
     take = choose(share)
     target, state_dict = fresh()
-    it = iter(target)
+    with stage(first_stage):  # a loader's workers may refuse their state as they start
+        it = iter(target)
     try:
         elements, exhausted = consume(it, take, first_stage)
         with stage("checkpoint"):
@@ -404,18 +463,25 @@ def choice(data, final: bool) -> Callable[[int | None], int]:
     return choose
 
 
-def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] = (1, 2)) -> None:
-    """Draw and run a history of ``epochs`` (at least, at most) epochs; check every
-    epoch, or that a refusal is documented."""
+def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] | None = None,
+                epoch_tags: bool = True) -> None:
+    """Draw and run a history of ``epochs`` (at least, at most; default 1-2, 1-4 for
+    carry) epochs; check every epoch, or that a refusal is documented. ``epoch_tags``:
+    a "tagged" source's elements say their epoch (the DataPipe seeds it)."""
     universe = Counter(spec.universe())
     log: list[str] = []
     states: list | None = None  # every unit's state at the last checkpoint
     previous: tuple | None = None  # (kind, world, workers, even) of the last run
     evens = [None] if spec.units and not spec.sized else [None, "drop", "pad"]
+    carry = spec.even == "carry"
+    if carry:
+        evens = ["carry"]  # carry and the other modes refuse each other's states (test_carry.py)
+    history: Counter = Counter()  # carry: everything consumed, all epochs
     kept: list | None = None  # persistent loaders of the previous epoch's last run, one per unit
     try:
-        for epoch in range(data.draw(st.integers(*epochs), label="epochs")):
+        for epoch in range(data.draw(st.integers(*(epochs or ((1, 4) if carry else (1, 2)))), label="epochs")):
             record = Epoch()
+            tags: set = set()  # the tags of a "tagged" source's elements this epoch
             # torch's DataLoader over the DataPipe cannot checkpoint: an epoch it goes on in is one run
             runs = 1 if kept and kept[0].run.kind.startswith("dlp") else data.draw(st.integers(1, 3), label="runs")
             for index in range(runs):
@@ -437,7 +503,8 @@ def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] = (1
                     run = Run(kind, world, workers, resume, data.draw(st.booleans()))
                 log.append(f"epoch {epoch}: {run}, even={spec.even!r}" + (" (same workers)" if going_on else ""))
                 if index == 0 or resume == "merged":
-                    record.start_split(universe, run.num_slots, spec.even, spec.multiple)
+                    left = (epoch + 1) * sum(universe.values()) - sum(history.values()) if carry else None
+                    record.start_split(universe, run.num_slots, spec.even, spec.multiple, left)
                 loaded = states or [None] * len(run.units)
                 persistent: list = []
                 try:
@@ -457,6 +524,10 @@ def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] = (1
                         with as_worker(worker, run.workers) if worker >= 0 else contextlib.nullcontext():
                             elements, at_end, state = run_unit(fresh, choice(data, final), first_stage)
                         log.append(f"  unit {unit}: {len(elements)} elements, at end: {at_end}")
+                        if carry:
+                            history.update(elements)
+                        else:
+                            elements = untag_epoch(elements, tags, epoch_tags, log)
                         record.add(unit, elements, at_end)
                         states.append(state)
                 except Refused as refused:
@@ -471,15 +542,33 @@ def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] = (1
                 if run.kind.startswith("dlp"):
                     states = None  # nothing to resume from: the next epoch starts afresh
                 previous = (run.kind, run.world, run.workers, spec.even)
-            check_epoch(universe, record, f"{spec}, epoch {epoch}\n" + "\n".join(log))
+            where = f"{spec}, epoch {epoch}\n" + "\n".join(log)
+            if carry:
+                check_carry_epoch(universe, epoch, record, history, epoch_tags, where)
+            else:
+                check_epoch(universe, record, where)
     finally:
         for unit in kept or []:
             unit.close()
 
 
-def check_model(spec: Spec, data, kinds: list[str], build_spec=build, epochs: tuple[int, int] = (1, 2)) -> None:
+def untag_epoch(elements: list, tags: set, epoch_tags: bool, log: list[str]) -> list:
+    """A "tagged" source's elements without their tag; every element of one epoch
+    must come from that epoch's stream (one tag an epoch)."""
+    out = []
+    for element in elements:
+        name, tag = untag(element)
+        if tag is not None:
+            tags.add(tag)
+        out.append(name)
+    assert not epoch_tags or len(tags) <= 1, f"elements of several epochs' streams in one epoch: {tags}\n" + \
+        "\n".join(log)
+    return out
+
+
+def check_model(spec: Spec, data, kinds: list[str], build_spec=build, epochs: tuple[int, int] | None = None) -> None:
     if check_construction(spec, build_spec):
-        run_history(spec, data, kinds, epochs)
+        run_history(spec, data, kinds, epochs, epoch_tags=build_spec is build)
 
 
 # ~10 ms an example when it passes; shrinking a failure takes longer
@@ -549,6 +638,43 @@ def test_every_history_with_spawned_persistent_workers_is_exact_or_refused(spec,
     check_model(spec, data, ["sdlp-spawn", "dlp-spawn"], epochs=(2, 2))
 
 
+# -- even="carry": histories over several epochs, resumed elastically in between -------------
+
+
+@st.composite
+def carry_specs(draw) -> Spec:
+    """Pipelines with even="carry": mostly random-access sources (a stream is refused
+    at construction), with multiple_of, shuffle=True, and short epochs (N from 0, also
+    below the slot count, so a tail may span several epochs)."""
+    source = draw(st.sampled_from([*SOURCES, "tagged", "tagged", "list", "units"]))
+    common = dict(source=source, shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2**20)),
+                  multiple=draw(st.sampled_from([1, 1, 2, 3])), even="carry")
+    if source != "units":
+        return Spec(n=draw(st.integers(0, 30)), **common)
+    return Spec(unit_sizes=tuple(draw(st.lists(st.integers(0, 6), max_size=8))),
+                sized=draw(st.booleans().map(lambda b: b or draw(st.booleans()))), expand_list=True, **common)
+
+
+@settings(MODEL_SETTINGS, max_examples=250)
+@given(spec=carry_specs(), data=st.data())
+def test_every_carry_history_is_exact_or_refused(spec, data):
+    """Up to 4 epochs of 1-3 runs each, slots in-process and StatefulDataLoader without
+    workers, every run on its own layout, resumed from each slot's own state or merged."""
+    check_model(spec, data, ["plain", "plain", "sdl0"])
+
+
+@settings(MODEL_SETTINGS, max_examples=80)
+@given(spec=carry_specs(), data=st.data())
+def test_every_carry_history_through_the_nodes_front_end_is_exact_or_refused(spec, data):
+    check_model(spec, data, ["node"], build_spec=build_node)
+
+
+@settings(MODEL_SETTINGS, max_examples=5, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(spec=carry_specs(), data=st.data())
+def test_every_carry_history_is_exact_or_refused_with_real_workers(spec, data):
+    check_model(spec, data, ["sdl2", "plain"])
+
+
 # -- a state loaded into another pipeline ----------------------------------------------------
 
 
@@ -559,7 +685,8 @@ def _other(spec: Spec, change: str, data) -> Spec | None:
     if change == "even":
         if spec.units and not spec.sized:
             return None
-        return replace(spec, even=data.draw(st.sampled_from([e for e in (None, "drop", "pad") if e != spec.even])))
+        evens = (None, "drop", "pad", "carry") if spec.random_access else (None, "drop", "pad")
+        return replace(spec, even=data.draw(st.sampled_from([e for e in evens if e != spec.even])))
     if change == "length":
         if spec.units and spec.sized and spec.unit_sizes:
             sizes = list(spec.unit_sizes)
@@ -629,11 +756,13 @@ GLOO_CASES = [
     (Spec("shuffled", n=41, even="drop", seed=5), (2, 2, 7), (3, 1)),
     (Spec("units", unit_sizes=(5, 0, 7, 3, 9, 4), sized=True, shuffle=True, even="pad", seed=1),
      (2, 2, 6), (1, 2)),
+    # the merged state keeps the carried tail: 3 ranks in whole batches of 2 take what fits of it
+    (Spec("tagged", n=41, shuffle=True, even="carry", multiple=2, seed=5), (2, 2, 7), (3, 1)),
 ]
 
 
 @pytest.mark.parametrize("spec, first, second", GLOO_CASES,
-                         ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2"])
+                         ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2", "tagged-carry-2x2-3x1"])
 def test_elastic_resume_on_real_groups_is_exact(spec, first, second):
     world, workers, take = first
     outcomes = run_on_group(gloo_run, world_size=world, args=(spec, workers, take), timeout=60)
@@ -641,14 +770,22 @@ def test_elastic_resume_on_real_groups_is_exact(spec, first, second):
     merged = outcomes[0].value[1]
     assert all(o.value[1] == merged for o in outcomes)  # every rank got the same merge
     universe = Counter(spec.universe())
+    n, carry = sum(universe.values()), spec.even == "carry"
     epoch = Epoch()
-    epoch.start_split(universe, world * max(1, workers), spec.even)
+    epoch.start_split(universe, world * max(1, workers), spec.even, spec.multiple, n if carry else None)
     for rank, outcome in enumerate(outcomes):
-        epoch.add(rank, outcome.value[0], len(outcome.value[0]) < take)
+        elements = outcome.value[0] if carry else [untag(x)[0] for x in outcome.value[0]]
+        epoch.add(rank, elements, len(outcome.value[0]) < take)
+    first_outcomes = outcomes
     world2, workers2 = second
     outcomes = run_on_group(gloo_run, world_size=world2, args=(spec, workers2, None, merged), timeout=60)
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
-    epoch.start_split(universe, world2 * max(1, workers2), spec.even)
+    consumed = sum(len(o.value[0]) for o in first_outcomes)
+    epoch.start_split(universe, world2 * max(1, workers2), spec.even, spec.multiple, n - consumed if carry else None)
     for rank, outcome in enumerate(outcomes):
-        epoch.add(rank, outcome.value[0], True)
-    check_epoch(universe, epoch, f"{spec}: {first} -> {second}")
+        epoch.add(rank, outcome.value[0] if carry else [untag(x)[0] for x in outcome.value[0]], True)
+    if carry:
+        history = Counter(x for o in (*first_outcomes, *outcomes) for x in o.value[0])
+        check_carry_epoch(universe, 0, epoch, history, True, f"{spec}: {first} -> {second}")
+    else:
+        check_epoch(universe, epoch, f"{spec}: {first} -> {second}")

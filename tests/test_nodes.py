@@ -17,6 +17,7 @@ import distshard
 import distshard.nodes
 from distshard.nodes import DistShardNode
 from distshard.plan import EVEN_MODES, slot_count, slot_positions
+from distshard.state import VERSION
 
 from .helpers import as_worker
 
@@ -204,7 +205,7 @@ def test_state_format():
     state = shard.state_dict()
     assert state["distshard_node"] == 2
     inner = state["shard"]
-    assert (inner["distshard"], inner["taken"], inner["slot"], inner["num_slots"], inner["even"]) == (2, 0, 1, 4, "pad")
+    assert (inner["distshard"], inner["taken"], inner["slot"], inner["num_slots"], inner["even"]) == (VERSION, 0, 1, 4, "pad")
     assert inner["node_source"] == {"_num_yielded": 0} and inner["layout"] == "stride"
     take(shard, 2)
     state = shard.state_dict()

@@ -28,8 +28,9 @@ KERNEL = "distshard-test"
 CELL_TIMEOUT = 120
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # the pictures the notebook draws (figures.show(fig, name)): the slot map, the recipe
-# comparison, the elastic resume timeline and the running shares of a weighted mix
-FIGURES = {"slot_map", "recipes", "resume", "mix"}
+# comparison, the elastic resume timeline, the running shares of a weighted mix and the
+# timeline of even="carry" across epochs
+FIGURES = {"slot_map", "recipes", "resume", "mix", "carry"}
 MIN_WIDTH, MIN_HEIGHT = 800, 300  # pixels: readable, not thumbnails
 
 # Inserted before the first cell of the in-memory copy (never saved): proves which
@@ -157,6 +158,12 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     mixed = re.search(r"^distshard\.mix +worst deviation per global batch of 256: (.*)$", everything, re.M)
     assert mixed and all(float(part.split()[1]) <= 1 for part in mixed.group(1).split(", ")), everything
     # nothing written where the notebook runs
+    # 7. even="carry": 4 epochs of 30 draws on 8 slots, against even="drop"
+    assert "drop: per-slot counts by epoch [[3], [3], [3], [3]]; 24 of the 120 draws never yielded" in everything
+    assert "carry: per-slot counts by epoch [[3], [4], [4], [4]]; 0 of the 120 draws never yielded, 0 yielded twice" \
+        in everything
+    assert "carry: every draw of the 4 epochs yielded exactly once: True" in everything
+    assert "carry: draws of epoch e's stream yielded in epoch e + 1: [6, 4, 2]" in everything
     assert not any(workdir.iterdir())
 
 

@@ -234,3 +234,116 @@ def test_chunk_layout_partitions_whole_rounds_and_merges_exactly(world, workers,
         assert list(chunk_positions(rank, world, worker, workers, total, multiple, count)) == owned[slot][count:]
         assert list(select_chunks(iter(range(total)), rank, world, worker, workers, multiple, count)) == \
             owned[slot][count:]
+
+
+# -- even="carry": the epochs as one stream ---------------------------------------------------
+
+from distshard.plan import (  # noqa: E402
+    carry_after,
+    carry_left,
+    carry_reads,
+    carry_window,
+    slot_runs,
+)
+
+carry_layouts = st.sampled_from(["stride", "blocks", "chunks"])
+
+
+def _carry_run(base, first, epoch, n, world, workers, multiple, layout, taken=None):
+    """Every slot's (epoch, position) reads of one carry run, the first ``taken[slot]`` of each."""
+    num_slots = world * workers
+    lo, hi = carry_window(base, first, epoch, n, num_slots * multiple)
+    window = base.compose(Remaining([(lo, hi)]))
+    reads = []
+    for rank in range(world):
+        for worker in range(workers):
+            runs = slot_runs(layout, rank, world, worker, workers, hi - lo, multiple)
+            mine = [(e, p) for e, positions in carry_reads(window, n, runs) for p in positions]
+            reads.append(mine if taken is None else mine[:taken[rank * workers + worker]])
+    return reads
+
+
+@settings(max_examples=150)
+@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 1, 2, 3]), st.integers(0, 40),
+       st.integers(1, 5), carry_layouts)
+def test_carry_epochs_take_whole_rounds_of_one_stream(world, workers, multiple, n, epochs, layout):
+    """Epoch e takes [U floor(eN/U), U floor((e+1)N/U)) of the concatenated streams, every
+    slot the same multiple of multiple_of, each epoch's tail opening the next."""
+    layout = "stride" if layout == "chunks" and multiple == 1 else layout
+    unit = world * workers * multiple
+    seen = []
+    for epoch in range(epochs):
+        assert carry_window(Remaining(), 0, epoch, n, unit) == (unit * (epoch * n // unit),
+                                                                unit * ((epoch + 1) * n // unit))
+        reads = _carry_run(Remaining(), 0, epoch, n, world, workers, multiple, layout)
+        counts = {len(mine) for mine in reads}
+        assert len(counts) == 1 and counts.pop() % multiple == 0
+        for mine in reads:
+            assert all(e <= epoch for e, _ in mine)  # never ahead of its own epoch's stream
+            assert mine == sorted(mine)  # the carried tail first, then the epoch's own
+            seen.extend(mine)
+    frontier = unit * (epochs * n // unit)
+    assert sorted(seen) == [divmod(g, n) for g in range(frontier)] if n else not seen
+
+
+@settings(max_examples=100)
+@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2, 3]), st.integers(1, 40),
+       st.integers(0, 6), carry_layouts, st.data())
+def test_carry_resume_skips_in_constant_time(world, workers, multiple, n, epoch, layout, data):
+    layout = "stride" if layout == "chunks" and multiple == 1 else layout
+    unit = world * workers * multiple
+    lo, hi = carry_window(Remaining(), 0, epoch, n, unit)
+    rank, worker = data.draw(st.integers(0, world - 1)), data.draw(st.integers(0, workers - 1))
+    full = [p for run in slot_runs(layout, rank, world, worker, workers, hi - lo, multiple) for p in run]
+    skip = data.draw(st.integers(0, len(full)))
+    runs = list(slot_runs(layout, rank, world, worker, workers, hi - lo, multiple, skip))
+    assert [p for run in runs for p in run] == full[skip:]
+    assert len(runs) <= max(1, len(full) // multiple + 1)  # ranges, not positions
+
+
+@settings(max_examples=150)
+@given(st.integers(0, 30), st.data())
+def test_carry_merge_then_any_layout_goes_on_exactly(n, data):
+    """A history of carry runs, each with its own layout (world, workers, multiple_of,
+    stride / blocks / chunks), interrupted at random and merged (carry_left), crossing
+    epoch ends (rebased as a slot's state does, or counting on from the same base with
+    the same round size, as a pipe does from one epoch to the next): what is left is
+    always exactly what nobody read, every complete run's slots yield the same count,
+    and the tail left at an epoch's end is less than a round of the run that ended it."""
+    base, first, epoch = Remaining(), 0, 0
+    seen: list = []
+    kept = None  # (world, workers, multiple) the next run must keep: the base was not rebased
+    for _ in range(data.draw(st.integers(1, 8))):
+        world, workers = kept[:2] if kept else (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
+        multiple = kept[2] if kept else data.draw(st.sampled_from([1, 1, 2]))
+        layout = data.draw(carry_layouts)
+        layout = "stride" if layout == "chunks" and multiple == 1 else layout
+        num_slots, kept = world * workers, None
+        unit = num_slots * multiple
+        lo, hi = carry_window(base, first, epoch, n, unit)
+        share = (hi - lo) // num_slots
+        if data.draw(st.booleans()):  # the run ends its epoch
+            reads = _carry_run(base, first, epoch, n, world, workers, multiple, layout)
+            assert {len(mine) for mine in reads} <= {share}
+            seen.extend(r for mine in reads for r in mine)
+            if data.draw(st.booleans()):
+                base, first = carry_after(base, first, epoch, n, unit), epoch + 1
+            else:
+                kept = (world, workers, multiple)
+            epoch += 1
+            assert all(e < epoch for e, _ in seen)  # nothing read ahead
+            assert len(seen) > epoch * n - unit  # the tail is less than a round
+            lo = carry_window(base, first, epoch, n, unit)[0]
+        else:
+            taken = [data.draw(st.integers(0, share)) for _ in range(num_slots)]
+            reads = _carry_run(base, first, epoch, n, world, workers, multiple, layout, taken)
+            seen.extend(r for mine in reads for r in mine)
+            base, first, finished = carry_left(base, first, epoch, n, layout, taken, world, workers, multiple)
+            assert finished == all(t == share for t in taken)
+            epoch += finished
+            lo = 0
+        # what is left is exactly what nobody read: nothing lost, nothing read twice
+        bound = (epoch + 2) * n
+        left = base.compose(Remaining([(lo, None)]))
+        assert len(set(seen)) == len(seen)
+        assert sorted(set(range(bound)) - {e * n + p for e, p in seen}) == list(left.stream(range(bound)))

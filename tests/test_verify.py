@@ -168,3 +168,13 @@ def test_the_group_listens_on_loopback_only(workers):
     for o in outcomes:
         assert o.value, "found no listening socket: the check would prove nothing"
         assert all(vf.is_loopback(address) for address in o.value), (o.rank, o.value)
+
+
+def test_verify_checks_carry_over_the_epochs_as_one_stream():
+    report = distshard.verify(vf.carry_shuffled, world_size=2, num_workers=2, epochs=3, timeout=TIMEOUT)
+    assert report.ok, report.summary()
+    assert report.received == 68 and report.carried == 3 * 23 - 68  # 4 slots: 4 * floor(69 / 4)
+    assert "carried into the next: 1" in report.summary()
+    # what a pipe that drops every epoch's tail would show instead: 3 missing an epoch, not 1 at the end
+    dropped = dataclasses.replace(report, missing_count=3 * 3, missing={"s22": 3, "s21": 3, "s20": 3})
+    assert dropped.violated and "VIOLATED" in dropped.summary()

@@ -226,3 +226,12 @@ def fds_over_wrappers(rank, world_size, wrappers):
         assert steps == 3 and guarded.unused_per_rank == list(range(world_size)), (steps, guarded.unused_per_rank)
         counts.append(_open_fds())
     return counts[0], counts[-1]
+
+
+# -- even="carry": the epochs as one stream ----------------------------------------------------
+
+
+def carry_shuffled():
+    """23 strings an epoch, shuffle=True and a fixed seed: 4 slots leave a tail every epoch."""
+    return IterableWrapper([f"s{i}" for i in range(23)]).dist_shard(even="carry", shuffle=True, seed=4)
+

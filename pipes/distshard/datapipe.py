@@ -25,10 +25,18 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from . import context as _context
 from . import frameworks
 from .engine import SlotRun, remaining_share
+from .graph import (
+    Pushdown,
+    check_no_sharding,
+    pipeline_of,
+    plan_pushdown,
+    random_access,
+    random_pipes,
+    upstream_pipes,
+)
 from .mailbox import Mailbox
-from .options import check_epoch, check_flag, check_options, random_access_needed
-from .graph import Pushdown, check_no_sharding, pipeline_of, plan_pushdown, random_pipes, upstream_pipes
-from .plan import Even, mix_seed
+from .options import carry_refused, check_epoch, check_flag, check_options, random_access_needed
+from .plan import CARRY, Even, mix_seed
 from .readers import (
     Reader,
     SequenceReader,
@@ -39,7 +47,7 @@ from .readers import (
     unit_sizes,
 )
 from .readers.sequence import DEEPCOPY_WARNING
-from .state import check_fits, fresh_state, validate_state
+from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
 
 if TYPE_CHECKING:
     from .explaining import Explanation
@@ -85,8 +93,12 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             ``"drop"`` makes every slot yield exactly ``N // num_slots`` (the last
             ``N % num_slots`` elements are dropped); ``"pad"`` makes every slot yield
             exactly ``ceil(N / num_slots)``, repeating elements from the start of the
-            epoch. Use ``"drop"`` or ``"pad"`` under DDP so that no rank waits in a
-            collective for a batch that never comes.
+            epoch; ``"carry"`` drops and repeats nothing: the epochs form one stream,
+            every slot yields the same count each epoch and an epoch's tail (fewer
+            than ``num_slots * multiple_of`` elements) opens the next epoch (random
+            access or units with ``sizes`` only). Use ``"drop"``, ``"pad"`` or
+            ``"carry"`` under DDP so that no rank waits in a collective for a batch
+            that never comes.
         seed: base seed of upstream randomness and of ``shuffle=True``. ``None``
             means 0, or, under torch's DataLoader with ``torch.distributed``
             initialized (or a single rank), the seed the DataLoader shares with every
@@ -110,6 +122,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             multiple of this (the batch size of a ``.batch()`` after the shard), so
             every batch is full, every rank runs the same number of steps, and
             ``len()`` of the batched pipeline (what Lightning stops at) is exact.
+            With ``even="carry"`` the same, and what does not fill a round of whole
+            batches opens the next epoch instead of being dropped.
 
     Example:
         >>> import distshard
@@ -146,6 +160,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
         self.global_shuffle = options.shuffle  # not "shuffle": that name is the .shuffle() functional
         self.pushdown = check_flag("pushdown", pushdown)
+        if self.even == CARRY and self.expand is None and not self._can_shuffle():
+            raise carry_refused(
+                f"a stream ({type(source_datapipe).__name__}, no random access)",
+                "Use a random-access source (IterableWrapper over a list/range/MapDataPipe with only .map() in "
+                "between, a distshard file source or mix), units with sizes=, or even='drop' / 'pad'")
         if shuffle and not self._can_shuffle():
             raise random_access_needed(
                 type(source_datapipe).__name__, "use IterableWrapper over a list/range/MapDataPipe with only "
@@ -169,6 +188,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._random_pipes: list | None = None  # per process, never pickled
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
+        self._carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
         self._progress: SlotRun | None = None  # the current iteration
 
     def __dir__(self) -> list[str]:
@@ -361,12 +381,31 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 return self._loader_seed
         return 0
 
-    def _seed_upstream(self, base: int) -> None:
+    def _seed_upstream(self, base: int, epoch: int | None = None) -> None:
+        """Seed the upstream random pipes for ``epoch`` (this pipe's by default)."""
         if self._random_pipes is None:
             self._random_pipes = random_pipes(self.source_datapipe)
         salt = stable_digest(self.chain_identity())
+        epoch = self._epoch if epoch is None else epoch
         for index, pipe in enumerate(self._random_pipes):
-            pipe.set_seed(mix_seed(base, self._epoch, index, int(salt, 16)))
+            pipe.set_seed(mix_seed(base, epoch, index, int(salt, 16)))
+
+    def _epoch_readers(self, base: int) -> Callable[[int], Reader]:
+        """``even="carry"``: the reader of another epoch's stream, built with the
+        upstream seeded for that epoch (random-access views are fixed when made, so
+        the current epoch's reader does not change), then seeded back."""
+        made: dict[int, Reader] = {}
+
+        def reader_for(epoch: int) -> Reader:
+            if epoch not in made:
+                self._seed_upstream(base, epoch)
+                try:
+                    made[epoch] = self.reader()
+                finally:
+                    self._seed_upstream(base)
+            return made[epoch]
+
+        return reader_for
 
     # -- how the source is read ---------------------------------------------------
     def read_plan(self) -> Pushdown:
@@ -408,7 +447,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return SizedUnitsReader(units, self._unit_sizes(units), self.expand)
         plan = self.read_plan()
         if plan.sequence is not None:
-            return SequenceReader(plan.sequence, plan.copy_elements)
+            # a fresh view: one made by a source with randomness (mix, weighted_sample) is
+            # fixed when made, so it must be made after this epoch's seeding
+            sequence, _ = random_access(plan.base)
+            return SequenceReader(sequence, plan.copy_elements)
         base = plan.base
         return StreamReader(lambda: _unwrapped(base), type(base).__name__,
                             f"stream:{self.chain_identity()}")
@@ -472,7 +514,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._check_against(resume, reader)
         # raises before anything is consumed if the state is for another slot
         run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.global_shuffle,
-                      epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of)
+                      epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of,
+                      carry=self._carry, epoch_reader=self._epoch_readers(seed) if self.even == CARRY else None)
         self._progress = run
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
@@ -497,9 +540,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if progress is not None and progress.epoch == self._epoch:
             return progress.state()
         pending = self._pending()
+        if self.even == CARRY and (pending is None or pending["slot"] is None) and self._cheap_reader():
+            # under carry a state says where its run's epoch ends (that depends on the slot count), so
+            # one taken before the first element is that of the run this copy would start here
+            ctx = self.context()
+            seed = pending["seed"] if pending is not None and pending["seed"] is not None else self.base_seed(ctx)
+            return SlotRun(self.reader(), ctx=ctx, even=self.even, shuffle=self.global_shuffle,
+                           epoch=self._epoch, seed=seed, resume=pending, multiple=self.multiple_of,
+                           carry=self._carry).state()
         if pending is not None:
             return dict(pending)
-        return fresh_state(self._epoch, self.mode, self.even)
+        return fresh_state(self._epoch, self.mode, self.even, self._carry)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (a slot's or a merged state).
@@ -507,11 +558,18 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         The state resumes its own epoch: a fresh pipe takes the state's epoch; after
         ``set_epoch(e)`` a state of another epoch is discarded. A state taken after
         a slot's last element resumes with nothing left of that epoch for that slot.
+        Under ``even="carry"`` a state also says where the epochs after its own begin
+        (after an elastic resume their number alone no longer does): that stays with
+        the pipe, also when the state's epoch is discarded for a later one.
         Raises ``ValueError`` for a malformed state or one from another pipeline
         (other options, other data), leaving this pipe exactly as it was.
         """
         found = validate_state(state)
         self._check_against(found, self.reader() if self._cheap_reader() else None)
+        if self.even == CARRY:
+            check_carry_load(found, self._carry, get_worker_info() is not None)
+            if not (self._epoch_set and found["epoch"] > self._epoch):
+                self._carry = carry_base_after(found)
         if self._epoch_set and found["epoch"] != self._epoch:
             return  # a state of another epoch than the one set: void (see set_epoch)
         self._epoch, self._resume, self._progress = found["epoch"], found, None
@@ -520,6 +578,19 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         elif not self._mailbox.own:  # a worker: StatefulDataLoader resumes it here
             self._resumed_here = found["epoch"]
             self._mailbox.post_resumed(found["epoch"])  # workers started after this one do not have it
+
+    def load_carry_base(self, states: Sequence[dict[str, Any]]) -> None:
+        """``even="carry"``: keep where the epochs after ``states``' begin, from the slot
+        states of one run that a DataLoader's workers will resume (this process does
+        not iterate them): the workers' copies and every later epoch's then know the
+        boundaries an elastic resume moved. ``ValueError`` if they are not one run's."""
+        found = [validate_state(state) for state in states]
+        runs = {(s["epoch"], repr(s["remaining"]), s["carry_from"], s["num_slots"], s["multiple_of"]) for s in found}
+        if self.even != CARRY or len(runs) != 1 or any(s["slot"] is None for s in found):
+            raise ValueError("load_carry_base takes the slot states of one run of a dist_shard(even='carry')")
+        for state in found:
+            self._check_against(state, None)
+        self._carry = carry_base_after(found[0])
 
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,
@@ -579,7 +650,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
         if resume is not None and resume["slot"] is not None and resume["slot"] != slot:
             resume = None  # another slot's state: that copy will refuse it when iterated
-        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of)
+        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of,
+                               self._carry, self._epoch)
 
     # -- seeing it -------------------------------------------------------------------
     def explain(self, pipeline: IterDataPipe | None = None) -> "Explanation":

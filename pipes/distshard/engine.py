@@ -15,6 +15,12 @@ epoch, what nobody consumed after an elastic resume) among the slots:
 With ``shuffle=True`` a visit index ``v`` reads position ``order(v)`` of a seeded
 permutation of ``[0, N)``; ``remaining`` and ``taken`` are always counted in visit
 indices, so states merge the same way shuffled or not.
+
+Under ``even="carry"`` the run splits a *window* of the epochs' concatenated streams
+instead (``plan.carry_window``: what epoch ``e`` takes of a base, which may begin with
+the tail of epoch ``e - 1``); a global position ``g`` is visit index ``g % N`` of epoch
+``g // N``'s stream, read through that epoch's reader (``epoch_reader``: the front-end
+builds a reader seeded for another epoch) and in that epoch's shuffle order.
 """
 
 from __future__ import annotations
@@ -24,20 +30,27 @@ from typing import Any, Callable, Iterator
 
 from .context import ShardContext
 from .plan import (
+    CARRY,
     Even,
     Remaining,
     block_positions,
+    carry_reads,
+    carry_share,
+    carry_window,
     chunk_positions,
     mix_seed,
     select_chunks,
     select_stream,
     slot_count,
     slot_positions,
+    slot_runs,
 )
 from .readers import RandomAccessReader, Reader, StreamReader, WholeUnitsReader
-from .state import check_slot, fresh_state
+from .state import FRESH_CARRY, check_slot, fresh_state
 
-__all__ = ["SlotRun", "layout_of", "salt_of", "shuffle_order", "remaining_share"]
+__all__ = ["SlotRun", "carry_run_base", "layout_of", "salt_of", "shuffle_order", "remaining_share"]
+
+EpochReader = Callable[[int], RandomAccessReader]  # the reader of another epoch's stream (carry)
 
 
 def salt_of(reader: Reader) -> int:
@@ -64,8 +77,20 @@ def layout_of(reader: Reader, shuffle: bool, multiple: int = 1) -> str:
     return "chunks" if multiple > 1 else "stride"
 
 
+def carry_run_base(resume: dict | None, carry: tuple[list, int] | None, epoch: int) -> tuple[Remaining, int]:
+    """The base a carry run of ``epoch`` splits: the resumed state's, else the one the
+    pipe keeps (``carry``, from an earlier state), else the fresh one; a base that
+    opens a later epoch than ``epoch`` does not apply to it (then: fresh)."""
+    if resume is not None:
+        pairs, first = resume["remaining"], resume["carry_from"]
+    else:
+        pairs, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
+    return Remaining((a, b) for a, b in pairs), first
+
+
 def remaining_share(reader_length: int | None, resume: dict | None, slot: int, num_slots: int,
-                    even: Even, multiple: int = 1) -> int:
+                    even: Even, multiple: int = 1, carry: tuple[list, int] | None = None,
+                    epoch: int = 0) -> int:
     """How many elements ``slot`` yields over the run that ``resume`` belongs to
     (``None``: a fresh epoch); needs a known length.
 
@@ -76,6 +101,9 @@ def remaining_share(reader_length: int | None, resume: dict | None, slot: int, n
     """
     if reader_length is None:
         raise TypeError("the share of a stream is not known before reading it")
+    if even == CARRY:
+        base, first = carry_run_base(resume, carry, epoch)
+        return 0 if first > epoch else carry_share(base, first, epoch, reader_length, num_slots, multiple)
     count = reader_length
     if resume is not None:
         count = Remaining((a, b) for a, b in resume["remaining"]).clip(reader_length).length()
@@ -93,8 +121,10 @@ class SlotRun:
     state or a merged one) or ``None``."""
 
     def __init__(self, reader: Reader, *, ctx: ShardContext, even: Even, shuffle: bool,
-                 epoch: int, seed: int, resume: dict[str, Any] | None = None, multiple: int = 1) -> None:
+                 epoch: int, seed: int, resume: dict[str, Any] | None = None, multiple: int = 1,
+                 carry: tuple[list, int] | None = None, epoch_reader: EpochReader | None = None) -> None:
         self.reader, self.ctx, self.even, self.shuffle = reader, ctx, even, shuffle
+        self.epoch_reader = epoch_reader
         self.multiple = multiple
         self.epoch, self.seed = epoch, seed
         self.layout = layout_of(reader, shuffle, multiple)
@@ -104,12 +134,21 @@ class SlotRun:
         self.taken = 0
         self.finished = False
         self.count: int | None = None  # visit indices this run splits, when known
+        self.carry_from: int | None = None
         if resume is not None:
             self.remaining = Remaining((a, b) for a, b in resume["remaining"])
             if resume["slot"] is not None:
                 check_slot(resume, ctx.slot, ctx.num_slots, _where(ctx))
                 self.taken, self.finished = resume["taken"], resume["finished"]
-        if self.length is not None:
+        if even == CARRY:
+            self.remaining, self.carry_from = carry_run_base(resume, carry, epoch)
+            if self.carry_from > epoch:  # a state taken once its epoch was over: nothing left of it
+                self.finished = True
+            elif self.length is not None:
+                lo, hi = carry_window(self.remaining, self.carry_from, epoch, self.length,
+                                      ctx.num_slots * multiple)
+                self.count = hi - lo
+        elif self.length is not None:
             self.count = self.remaining.clip(self.length).length()
 
     def state(self) -> dict[str, Any]:
@@ -119,7 +158,7 @@ class SlotRun:
             source=self.identity, remaining=self.remaining.to_list(), total=self.count,
             multiple_of=self.multiple, workers=self.ctx.num_workers,
             num_slots=self.ctx.num_slots, slot=self.ctx.slot, taken=self.taken,
-            finished=self.finished,
+            finished=self.finished, carry_from=self.carry_from,
         )
         return state
 
@@ -138,7 +177,7 @@ class SlotRun:
                 raise ValueError("a merged state cannot be resumed in unit mode without sizes=")
             return reader.select(ctx.slot, ctx.num_slots, self.taken)
         if isinstance(reader, RandomAccessReader):
-            return self._read_positions(reader)
+            return self._read_carry(reader) if self.even == CARRY else self._read_positions(reader)
         assert isinstance(reader, StreamReader)
         stream = self.remaining.stream(reader.stream())
         if self.layout == "chunks":
@@ -180,3 +219,31 @@ class SlotRun:
         if check is not None and ctx.slot == 0 and self.taken == 0 and remaining.is_full:
             check()
         return reader.read(positions, shuffled=self.shuffle)
+
+    def _read_carry(self, reader: RandomAccessReader) -> Iterator[Any]:
+        """This slot's share of the epoch's window: whole rounds of the epochs' one
+        stream, the tail of the epoch before first, each epoch read through its own
+        reader and in its own shuffle order."""
+        ctx, length = self.ctx, reader.length()
+        lo, hi = carry_window(self.remaining, self.carry_from, self.epoch, length,  # type: ignore[arg-type]
+                              ctx.num_slots * self.multiple)
+        share = (hi - lo) // ctx.num_slots
+        if self.taken > share:
+            raise ValueError(
+                f"the loaded state says slot {ctx.slot} of {ctx.num_slots} yielded {self.taken} elements, but "
+                f"every slot's share of epoch {self.epoch} is {share}: it comes from other data or was altered"
+            )
+        window = self.remaining.compose(Remaining([(lo, hi)]))
+        runs = slot_runs(self.layout, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, hi - lo,
+                         self.multiple, self.taken)
+        check = getattr(reader, "check_empty_units", None)
+        if check is not None and ctx.slot == 0 and self.taken == 0:
+            check()
+        for epoch, positions in carry_reads(window, length, runs):
+            source = reader if epoch == self.epoch or self.epoch_reader is None else self.epoch_reader(epoch)
+            if source.length() != length:
+                raise ValueError(f"epoch {epoch}'s stream has {source.length()} elements and epoch "
+                                 f"{self.epoch}'s {length}: even='carry' needs the same length every epoch")
+            if self.shuffle:
+                positions = map(shuffle_order(source, self.seed, epoch), positions)
+            yield from source.read(positions, shuffled=self.shuffle)

@@ -250,6 +250,30 @@ def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Exp
     return lines
 
 
+def _carry_lines(pipe: "DistShardIterDataPipe", total: int, S: int, out: Explanation) -> list[str]:
+    """What ``even="carry"`` takes from the epochs before this one and leaves to the next."""
+    from .engine import carry_run_base
+    from .plan import carry_summary
+
+    epoch, unit = pipe.epoch, S * pipe.multiple_of
+    base, first = carry_run_base(pipe._pending(), pipe._carry, epoch)
+    if first > epoch:
+        return [f"even='carry': the loaded state was taken after epoch {epoch} ended: nothing left of it here"]
+    count, earlier, left = carry_summary(base, first, epoch, total, unit)
+    out.per_slot, out.left_out, out.repeated = [count // S] * S, 0, 0
+    taken = ", ".join(f"{n} from the tail of epoch {e}" for e, n in sorted(earlier.items())) or "nothing earlier"
+    lines = [
+        f"N = {total} positions an epoch; even='carry': the epochs form one stream, cut into whole rounds of "
+        f"{unit} ({S} slots x multiple_of {pipe.multiple_of}); epoch {epoch} takes {count} positions of it, "
+        f"{count // S} per slot, nothing dropped or repeated",
+        f"epoch {epoch} opens with {taken}, and leaves {left} of epoch {epoch}'s elements to epoch {epoch + 1}",
+    ]
+    if (base.to_list(), first) != ([[0, None]], 0):
+        lines.append("its boundaries come from a loaded state (an elastic resume moves them): keep loading states "
+                     "into the pipeline (merge_states) so later epochs know them")
+    return lines
+
+
 def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None) -> Explanation:
     """The :class:`Explanation` of one ``dist_shard`` pipe; ``pipeline``, if given,
     is the whole pipeline, whose pipes after ``pipe`` are checked too (see
@@ -284,8 +308,11 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
             "stream length unknown: each slot finds its share while streaming; "
             + {None: "slot counts will differ by at most 1",
                "drop": f"every slot yields N // {S}, the last N % {S} are dropped",
-               "pad": f"every slot yields ceil(N / {S}), repeating fewer than {S} elements"}[pipe.even]
+               "pad": f"every slot yields ceil(N / {S}), repeating fewer than {S} elements",
+               "carry": "even='carry' needs the length (it reads at positions)"}[pipe.even]
         )
+    elif pipe.even == "carry":
+        plan_lines += _carry_lines(pipe, total, S, out)
     else:
         plan_lines.extend(_plan(pipe, ctx, total, out))
     out.sections.append(("plan", plan_lines))

@@ -14,13 +14,14 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, TypeVar
 
+from torch.utils.data import get_worker_info
 from torchdata.nodes.base_node import BaseNode
 
 from . import context as _context
 from .engine import SlotRun
 from .graph import is_positional
-from .options import check_epoch, check_options, random_access_needed
-from .plan import Even
+from .options import carry_refused, check_epoch, check_options, random_access_needed
+from .plan import CARRY, Even
 from .readers import (
     Reader,
     SequenceReader,
@@ -29,7 +30,16 @@ from .readers import (
     WholeUnitsReader,
     unit_sizes,
 )
-from .state import KEY, check_fits, check_slot, find_states, merge_states, validate_state
+from .state import (
+    KEY,
+    carry_base_after,
+    check_carry_load,
+    check_fits,
+    check_slot,
+    find_states,
+    merge_states,
+    validate_state,
+)
 
 T = TypeVar("T")
 
@@ -63,7 +73,8 @@ class DistShardNode(BaseNode[T]):
     Args:
         source: a ``BaseNode`` (a stream), or a random-access sequence.
         rank, world_size: as for ``.dist_shard()``: both or neither.
-        even: ``None``, ``"drop"`` or ``"pad"``, as for ``.dist_shard()``.
+        even: ``None``, ``"drop"``, ``"pad"`` or ``"carry"`` (a sequence or units
+            with sizes listed in a sequence), as for ``.dist_shard()``.
         seed: base seed of ``shuffle=True`` (``None``: 0).
         shuffle: visit positions in a seeded permutation (random access or units
             with ``sizes`` only).
@@ -122,6 +133,11 @@ class DistShardNode(BaseNode[T]):
         self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
         self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
         self.shuffle = options.shuffle
+        if self.even == CARRY and isinstance(source, BaseNode):
+            raise carry_refused(
+                f"a node ({type(source).__name__}): a stream",
+                "Pass a random-access sequence (a list, distshard.positional(...), a distshard file source), "
+                "units in a list with sizes=, or use even='drop' / 'pad'")
         if shuffle and expand is None and self._sequence is None:
             raise random_access_needed(
                 type(source).__name__, "pass a sequence (list, range, tensor, distshard.positional(...), a "
@@ -134,6 +150,7 @@ class DistShardNode(BaseNode[T]):
         self._source_start: Any = None
         self._source_fresh = False  # the source was just reset for this epoch
         self._run: Optional[SlotRun] = None
+        self._carry: Optional[tuple] = None  # even="carry": the base a loaded state moved epochs to
         self._it: Optional[Iterator[T]] = None
 
     # -- who am I -----------------------------------------------------------------
@@ -178,12 +195,16 @@ class DistShardNode(BaseNode[T]):
             self._check(resume)
             check_slot(resume, ctx.slot, ctx.num_slots,
                        f"rank {ctx.rank} of {ctx.world_size}, worker {ctx.worker_id} of {ctx.num_workers}")
+            if self.even == CARRY and initial_state is not None:
+                check_carry_load(resume, self._carry, get_worker_info() is not None)
         listing = self.mode == "sized_units" and isinstance(self.source, BaseNode)  # reads the source
         if resume is not None and not listing:
             self._check(resume, self._reader())
         super().reset(initial_state)
         if resume is not None:
             self._epoch = resume["epoch"]
+            if self.even == CARRY:
+                self._carry = carry_base_after(resume)
         self._pending, self._epoch_set, self._started = None, False, True
         if isinstance(self.source, BaseNode):
             if resume is not None and "node_source" in resume:
@@ -196,7 +217,8 @@ class DistShardNode(BaseNode[T]):
         if resume is not None and listing:
             self._check(resume, reader)
         self._run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.shuffle,
-                            epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of)
+                            epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of,
+                            carry=self._carry)
         self._it = iter(self._run)
 
     def next(self) -> T:
@@ -221,6 +243,10 @@ class DistShardNode(BaseNode[T]):
         if len(found) > 1 and isinstance(self.source, BaseNode):
             merged.setdefault("node_source", next((s["node_source"] for s in found if "node_source" in s), None))
         self._check(merged)
+        if self.even == CARRY:
+            check_carry_load(merged, self._carry, get_worker_info() is not None)
+            if not (self._epoch_set and merged["epoch"] > self._epoch):
+                self._carry = carry_base_after(merged)
         if self._epoch_set and merged["epoch"] != self._epoch:
             return
         self._epoch, self._pending = merged["epoch"], merged

@@ -15,10 +15,11 @@ from typing import Any, Callable, Sequence
 
 from . import context as _context
 from .mailbox import EPOCH_LIMIT
-from .plan import Even, check_even, check_multiple
+from .plan import CARRY, Even, check_even, check_multiple
 from .readers import check_sizes
 
-__all__ = ["ShardOptions", "check_epoch", "check_flag", "check_options", "check_seed", "random_access_needed"]
+__all__ = ["ShardOptions", "carry_refused", "check_epoch", "check_flag", "check_options", "check_seed",
+           "random_access_needed"]
 
 Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]
 
@@ -80,6 +81,9 @@ def check_options(*, rank: object, world_size: object, even: object, seed: objec
     if checked_sizes is not None and expand is None:
         raise ValueError("sizes= counts the elements of each unit and needs expand=; "
                          "pass expand=fn that yields a unit's elements, or drop sizes=")
+    if checked_even == CARRY and expand is not None and checked_sizes is None:
+        raise carry_refused("units without sizes=", "pass sizes= (the element count of each unit), or use "
+                            "even='drop' / 'pad'")
     if expand is not None and checked_sizes is None and (checked_even is not None or shuffle):
         what = f"even={checked_even!r}" if checked_even is not None else "shuffle=True"
         raise ValueError(
@@ -97,3 +101,13 @@ def random_access_needed(source: str, fix: str) -> ValueError:
     """The error for ``shuffle=True`` over ``source``, which has no random access;
     ``fix`` says what the front-end can be given instead."""
     return ValueError(f"shuffle=True needs random access to the stream, but it comes from {source}: {fix}")
+
+
+def carry_refused(what: str, fix: str) -> ValueError:
+    """The error for ``even="carry"`` over ``what``, which cannot be read at its
+    positions; ``fix`` says what the front-end can be given instead."""
+    return ValueError(
+        f"even='carry' cannot read {what}: the start of every epoch is the tail of the epoch before, "
+        "so a slot reads the previous epoch's elements at their positions, and a stream would have to "
+        f"be read through the previous epoch again. {fix}"
+    )

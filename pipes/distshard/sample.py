@@ -75,9 +75,13 @@ class WeightedSampleIterDataPipe(IterDataPipe):
         self._epoch = int(epoch)
         return self
 
-    def draw(self, t: int) -> int:
-        """The element index of draw ``t``."""
-        base = mix_seed(self.seed or 0, self._received or 0, self._epoch)
+    def draw_seed(self) -> int:
+        """The seed of this epoch's draws, from the seeds as they are now."""
+        return mix_seed(self.seed or 0, self._received or 0, self._epoch)
+
+    def draw(self, t: int, seed: int | None = None) -> int:
+        """The element index of draw ``t`` (of the draws seeded by ``seed``, by default now's)."""
+        base = self.draw_seed() if seed is None else seed
         u = mix_seed(base, t) / float(1 << 63)  # uniform in [0, 1)
         index = bisect.bisect_right(self.cumulative, u * self.cumulative[-1])
         return min(index, len(self.cumulative) - 1)
@@ -98,12 +102,15 @@ class WeightedSampleIterDataPipe(IterDataPipe):
 
 
 class _Draws:
-    """The epoch's draws as a positional sequence (seeded when created)."""
+    """The epoch's draws as a positional sequence, seeded when created: seeding the
+    pipe again (another epoch) changes the views made after, never this one, so
+    ``dist_shard(even="carry")`` can read an earlier epoch's draws next to the current's."""
 
     distshard_blocks = False
 
     def __init__(self, pipe: WeightedSampleIterDataPipe) -> None:
         self.pipe = pipe
+        self._seed = pipe.draw_seed()
         self._identity = (f"weighted:{pipe.samples}:{len(pipe.cumulative)}:{pipe._digest}:"
                           + pipe._reader.identity())
 
@@ -113,7 +120,7 @@ class _Draws:
     def __getitem__(self, t: int) -> Any:
         if not 0 <= t < self.pipe.samples:
             raise IndexError(f"draw {t} is outside [0, {self.pipe.samples})")
-        element = next(self.pipe._reader.read([self.pipe.draw(t)]))
+        element = next(self.pipe._reader.read([self.pipe.draw(t, self._seed)]))
         return self.pipe._apply(element) if self.pipe._apply is not None else element
 
     def distshard_identity(self) -> str:

@@ -14,6 +14,12 @@ A state identifies the run it came from: ``mode``, ``shuffle``, ``seed``, ``even
 (a short identity of the data) are checked on load and merge, so a state from
 another pipeline, or one whose data changed, is refused instead of resuming at
 the wrong positions.
+
+Under ``even="carry"`` the epochs form one stream, and a state's ``remaining`` is a
+*base* in global positions (``epoch * N + position``, see ``plan.py``) that opens the
+epoch ``carry_from``: the part of the concatenated stream not consumed yet, ending in
+an open interval. Everything else is as above; ``carry_from`` is ``None`` for the
+other modes, so a state of a carry run and one of another run never fit each other.
 """
 
 from __future__ import annotations
@@ -21,29 +27,41 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from .plan import (
-    EVEN_MODES,
+    ALL_EVEN_MODES,
+    CARRY,
     Remaining,
+    carry_after,
+    carry_left,
+    carry_window,
     left_after_blocks,
     left_after_chunks,
     left_after_round_robin,
     slot_count,
 )
 
-VERSION = 2
+VERSION = 3  # 3: carry_from (even="carry")
 KEY = "distshard"  # the marker (and version) key of a slot or merged state
 MODES = ("element", "units", "sized_units")  # what the positions are
 LAYOUTS = ("stride", "blocks", "units", "chunks")  # how a run laid its positions out over slots
 
-__all__ = ["VERSION", "check_fits", "check_slot", "fresh_state", "validate_state", "merge_states", "find_states"]
+__all__ = ["VERSION", "carry_base_after", "check_carry_load", "check_fits", "check_slot", "fresh_state",
+           "validate_state", "merge_states", "find_states"]
+
+FRESH_CARRY: tuple[list, int] = ([[0, None]], 0)  # the base of a carry pipe no state moved: epoch 0 at 0
 
 
-def fresh_state(epoch: int, mode: str, even: Any) -> dict[str, Any]:
-    """The state of an epoch nobody has consumed anything of yet."""
+def fresh_state(epoch: int, mode: str, even: Any, carry: tuple[list, int] | None = None) -> dict[str, Any]:
+    """The state of an epoch nobody has consumed anything of yet; under ``even="carry"``
+    with the base (``remaining``, ``carry_from``) the pipe counts from (``carry``)."""
+    if even != CARRY:
+        base, first = [[0, None]], None
+    else:  # a base opening a later epoch does not apply to this one
+        base, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
     return {
         KEY: VERSION, "epoch": epoch, "seed": None, "mode": mode, "even": even,
         "layout": None, "shuffle": None, "length": None, "source": None, "multiple_of": 1, "workers": None,
-        "remaining": [[0, None]], "total": None, "num_slots": None, "slot": None,
-        "taken": 0, "finished": False,
+        "remaining": [list(pair) for pair in base], "total": None, "num_slots": None, "slot": None,
+        "taken": 0, "finished": False, "carry_from": first,
     }
 
 
@@ -102,8 +120,8 @@ def validate_state(state: object) -> dict[str, Any]:
         raise _fail(f"slot={slot} is outside [0, num_slots={num_slots})")
     if state["mode"] not in MODES:
         raise _fail(f"mode={state['mode']!r} is not one of {MODES}")
-    if state["even"] not in EVEN_MODES:
-        raise _fail(f"even={state['even']!r} is not one of {EVEN_MODES}")
+    if state["even"] not in ALL_EVEN_MODES:
+        raise _fail(f"even={state['even']!r} is not one of {ALL_EVEN_MODES}")
     if not isinstance(state["finished"], bool):
         raise _fail(f"finished={state['finished']!r} must be True or False")
     remaining = state["remaining"]
@@ -125,9 +143,30 @@ def validate_state(state: object) -> dict[str, Any]:
         raise _fail("a merged state (no slot) must have taken=0")
     if slot is not None and state["layout"] is None:
         raise _fail("a slot's state must say its layout")
+    if (state["even"] == CARRY) != (state["carry_from"] is not None):
+        raise _fail(f"carry_from={state['carry_from']!r} must be an int with even='carry' and None otherwise")
+    if state["even"] == CARRY:
+        _check_carry(state, intervals)
     out = dict(state)
     out["remaining"] = intervals.to_list()
     return out
+
+
+def _check_carry(state: Mapping, base: Remaining) -> None:
+    """A carry state's base: open-ended, opening an epoch no later than the one after
+    the state's, never past the end of that epoch's own stream."""
+    first = _int(state, "carry_from")
+    if first > state["epoch"] + 1:  # type: ignore[operator]
+        raise _fail(f"carry_from={first} is after the epoch after the state's ({state['epoch']})")
+    if not base.intervals or base.intervals[-1][1] is not None:
+        raise _fail("under even='carry' remaining must end in an open interval [start, None]")
+    if state["layout"] == "units":
+        raise _fail("even='carry' has no units layout")
+    if state["slot"] is not None and state["length"] is None:
+        raise _fail("a carry slot state must record its epoch's length")
+    if state["length"] is not None and base.intervals[-1][0] > (first + 1) * state["length"]:  # type: ignore[operator]
+        raise _fail(f"remaining starts its open end at {base.intervals[-1][0]}, past the end of epoch {first}'s "
+                    f"stream ({(first + 1) * state['length']}): it was altered or comes from other data")
 
 
 def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any, multiple_of: int,
@@ -146,6 +185,12 @@ def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any,
 
     if found["mode"] != mode:
         raise refuse("mode", found["mode"], mode)
+    if (found["even"] == CARRY) != (even == CARRY):  # one stream of epochs or each epoch to itself
+        raise ValueError(
+            f"the state was saved with even={found['even']!r} but this {what} has even={even!r}: under "
+            "even='carry' positions count through the epochs as one stream, otherwise within each epoch, so "
+            "neither state means anything to the other; load it into a pipeline with the even it was saved with"
+        )
     if found["shuffle"] is not None and found["shuffle"] != shuffle:
         raise refuse("shuffle", found["shuffle"], shuffle)
     if found["slot"] is not None and found["even"] != even:
@@ -161,7 +206,14 @@ def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any,
         )
     if found["source"] is not None and source is not None and found["source"] != source:
         raise refuse("source", found["source"], source)
-    if length is not None:
+    if length is not None and found["even"] == CARRY:
+        first, start = found["carry_from"], found["remaining"][-1][0]
+        if start > (first + 1) * length:
+            raise ValueError(
+                f"the state's remaining positions open at {start}, beyond the end of epoch {first}'s stream "
+                f"({(first + 1) * length}) with {length} elements an epoch: it comes from other data or was altered"
+            )
+    elif length is not None:
         for start, stop in found["remaining"]:
             end = stop if stop is not None else start
             if end > length:
@@ -236,6 +288,10 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         raise ValueError("merge_states found no distshard state in what was given")
     common = {key: _agree(found, key, optional=key in ("seed", "total", "length", "source", "shuffle"))
               for key in ("epoch", "mode", "remaining", "seed", "total", "length", "source", "shuffle")}
+    if len({s["even"] == CARRY for s in found}) > 1:
+        raise ValueError("some states come from a run with even='carry' and others not: they count positions "
+                         "differently (through the epochs or within one) and cannot be merged")
+    common["carry_from"] = _agree(found, "carry_from", False)
     sized = [s for s in found if s["slot"] is not None]
     blank = len(found) - len(sized)  # states of slots that consumed nothing yet (no slot known)
     first = dict(found[0], **common)
@@ -264,6 +320,15 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         raise ValueError(f"{len(found)} states for {num_slots} slots: some appear twice")
     merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=multiple,
                   workers=None)
+    if even == CARRY:
+        if workers is None or num_slots % workers:
+            raise _fail(f"workers={workers} does not divide num_slots={num_slots}")
+        taken = [by_slot[slot]["taken"] if slot in by_slot else 0 for slot in range(num_slots)]
+        base, opens, finished = carry_left(Remaining((a, b) for a, b in common["remaining"]), common["carry_from"],
+                                           common["epoch"], common["length"], layout, taken,
+                                           num_slots // workers, workers, multiple)
+        merged.update(remaining=base.to_list(), carry_from=opens, total=None, finished=finished)
+        return merged
     if all(s["finished"] for s in by_slot.values()) and not absent:
         merged.update(remaining=[], total=0, finished=True)
         return merged
@@ -298,3 +363,53 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         left = left.clip(outer.index(count - 1) + 1) if count else Remaining([])
     merged.update(remaining=left.to_list(), total=left.length(), finished=False)
     return merged
+
+
+# -- carry: the base a pipe keeps from one epoch to the next ------------------------------------
+
+
+def carry_base_after(found: Mapping[str, Any]) -> tuple[list, int]:
+    """The base (``remaining``, ``carry_from``) that the epochs after ``found``'s go on
+    from: a slot's state moves it to where its run ends, so the next epoch starts
+    there whatever layout it runs with; a merged (or blank) state is a base already."""
+    base, first = Remaining((a, b) for a, b in found["remaining"]), found["carry_from"]
+    if found["slot"] is None or first > found["epoch"]:
+        return base.to_list(), first
+    unit = found["num_slots"] * found["multiple_of"]
+    return carry_after(base, first, found["epoch"], found["length"], unit).to_list(), found["epoch"] + 1
+
+
+def _rebased(base: tuple[list, int], epoch: int, length: int, unit: int) -> list | None:
+    """``base`` as it opens ``epoch`` (``None`` if it opens a later epoch)."""
+    pairs, first = base
+    if first > epoch:
+        return None
+    remaining = Remaining((a, b) for a, b in pairs)
+    lo, _ = carry_window(remaining, first, epoch, length, unit)
+    return remaining.compose(Remaining([(lo, None)])).to_list()
+
+
+def check_carry_load(found: Mapping[str, Any], base: tuple[list, int] | None, in_worker: bool) -> None:
+    """Refuse a carry slot state loaded in a DataLoader worker whose base is not the
+    one the pipe brought from the main process.
+
+    A worker's pipe is a copy: what it learns from a state is gone when the next
+    epoch's workers are copied from the main process again. The epochs' boundaries
+    after an elastic resume live in the base (no later epoch can find them from its
+    number alone), so such a load would make a later epoch skip or repeat up to a
+    round of elements: raise before anything is yielded instead."""
+    if not in_worker or found["even"] != CARRY or found["slot"] is None:
+        return
+    unit = found["num_slots"] * found["multiple_of"]
+    after = carry_base_after(found)  # where the epochs after the state's go on from
+    theirs = _rebased(after, after[1], found["length"], unit)
+    ours = _rebased(base or FRESH_CARRY, after[1], found["length"], unit)
+    if theirs != ours:
+        raise ValueError(
+            "this even='carry' state comes from a run whose epoch boundaries an elastic resume moved, and it is "
+            "loaded in a DataLoader worker, whose copy of the pipeline forgets them when the next epoch's workers "
+            "start: later epochs would skip or repeat elements. Load the same state into the pipeline in the "
+            "main process too (StatefulPipeline.load_state_dict(state) before loader.load_state_dict(state)), "
+            "or merge every rank's states (distshard.merge_states / gather_states) and load the merged state "
+            "into the pipeline"
+        )

@@ -91,6 +91,11 @@ class StatefulPipeline(IterableDataset):
                 "no distshard state found in what was passed to load_state_dict; pass what "
                 "StatefulPipeline.state_dict() or distshard.merge_states() returned"
             )
+        if len(found) > 1 and _some_slots_of_a_carry_run(found, self.shard):
+            # this rank's StatefulDataLoader state: its workers resume their own states; the
+            # pipeline here keeps where even='carry''s later epochs begin (see dist_shard's README)
+            self.shard.load_carry_base(found)
+            return
         self.shard.load_state_dict(found[0] if len(found) == 1 else merge_states(found))
 
 
@@ -106,3 +111,11 @@ def gather_states(state: Any, group: Any = None) -> dict[str, Any]:
     states: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(states, state, group=group)
     return merge_states(states)
+
+
+def _some_slots_of_a_carry_run(found: list[dict[str, Any]], shard: DistShardIterDataPipe) -> bool:
+    """Whether ``found`` are slot states of a carry run that do not cover all its slots
+    (one rank's workers), as opposed to every slot's (to merge)."""
+    if shard.even != "carry" or any(s["slot"] is None for s in found):
+        return False
+    return len({s["slot"] for s in found}) < found[0]["num_slots"]

@@ -438,9 +438,10 @@ def _estimated_reads(shards: list, num_slots: int) -> str:
 
 def _reference(
     build: Callable[[], IterDataPipe], epochs: int, num_slots: int
-) -> tuple[list[Counter], str | None, dict[str, str], str]:
-    """The unsharded stream of every epoch (keys counted), the ``even`` of its
-    dist_shard, a readable name for every key, and how the pipeline reads."""
+) -> tuple[list[Counter], tuple[str | None, int], dict[str, str], str]:
+    """The unsharded stream of every epoch (keys counted), the ``even`` and
+    ``multiple_of`` of its dist_shard, a readable name for every key, and how the
+    pipeline reads."""
     with _context.forced_distributed(0, 1):
         pipe = _build(build)
         shards = shards_in(pipe)
@@ -492,6 +493,7 @@ class VerifyReport:
     missing_count: int = 0
     allowed_duplicates: int = 0  # even="pad" repeats these many per epoch
     allowed_missing: int = 0  # even="drop" drops these many per epoch
+    carried: int = 0  # even="carry": the last epoch's tail, which the next epoch yields first
     seconds: float = 0.0
     error: str | None = None  # tracebacks and reasons, one block per failed process
     reasons: list[str] = field(default_factory=list)  # one line per failed process
@@ -518,7 +520,7 @@ class VerifyReport:
         what ``even`` allows, or unequal slots under ``even``), error or not."""
         if self.duplicate_count != self.allowed_duplicates * self.epochs:
             return True
-        if self.error is None and self.missing_count != self.allowed_missing * self.epochs:
+        if self.error is None and self.missing_count != self.allowed_missing * self.epochs + self.carried:
             return True
         return self.even is not None and not self.slots_equal and self.error is None
 
@@ -555,7 +557,9 @@ class VerifyReport:
             f"  per slot: {self.per_slot}",
             f"  duplicates: {self.duplicate_count} (allowed by even: {self.allowed_duplicates * self.epochs})"
             + (f" e.g. {_examples(self.duplicates)}" if self.duplicates else ""),
-            f"  missing: {self.missing_count} (allowed by even: {self.allowed_missing * self.epochs})"
+            f"  missing: {self.missing_count} (allowed by even: {self.allowed_missing * self.epochs}"
+            + (f"; the last epoch's tail, carried into the next: {self.carried}" if self.even == "carry" else "")
+            + ")"
             + (f" e.g. {_examples(self.missing)}" if self.missing else ""),
         ]
         lines += [f"  violation: {why}" for why in self.violations]
@@ -688,7 +692,12 @@ def verify(
         report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
         report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
         report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
-        for got_epoch, want in zip(received, references):
+        pairs = list(zip(received, references))
+        if report.even == "carry":  # the epochs are one stream: compare everything, less the last tail
+            unit, total = report.num_slots * multiple, per_epoch * epochs
+            report.allowed_missing, report.carried = 0, total - unit * (total // unit)
+            pairs = [(sum(received, Counter()), sum(references, Counter()))]
+        for got_epoch, want in pairs:
             for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
                 for element_key, n in delta.items():
                     name = labels.get(element_key, f"<not in the reference run #{element_key[:8]}>")
