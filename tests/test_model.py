@@ -67,7 +67,7 @@ class Refusal:
     applies: Callable[[Spec], bool]
 
 
-# The only refusals the contract documents (DESIGN.md "Contract", README). The
+# The only refusals the contract documents (DESIGN.md "Contract", docs/contract.md). The
 # construction ones are mandatory; the others may happen, but only at those stages.
 REFUSALS = [
     # "shuffle=True (random-access sources and units with sizes)"
@@ -84,15 +84,15 @@ REFUSALS = [
     Refusal("shuffle=True in unit mode with an iterator expand",
             frozenset({"iterate", "iterate-own", "iterate-merged"}), TypeError,
             r"not a sequence", lambda s: s.units and s.shuffle and not s.expand_list),
-    # README, Checkpoint: StatefulDataLoader restarts by itself after a state saved at
+    # docs/checkpoint.md: StatefulDataLoader restarts by itself after a state saved at
     # an epoch's end, in workers that do not have the state (only loaders with workers)
     Refusal("an epoch's end resumed in DataLoader workers, then the epoch again",
             frozenset({"iterate-own"}), RuntimeError, r"started after the one that resumed it",
             lambda s: True),
-    # README "carry": "a stream (and units without sizes) is refused at construction"
+    # docs/usage.md "carry": "a stream (and units without sizes) is refused at construction"
     Refusal("even='carry' without random access", frozenset({"construct"}), ValueError,
             r"even='carry'.*previous epoch", lambda s: s.even == "carry" and not s.random_access),
-    # README "carry": "a worker refuses a slot's own state whose boundaries an elastic resume moved"
+    # docs/usage.md "carry": "a worker refuses a slot's own state whose boundaries an elastic resume moved"
     Refusal("a carry state with moved boundaries loaded in a worker", frozenset({"load-own", "iterate-own"}),
             ValueError, r"merge_states", lambda s: s.even == "carry"),
 ]
@@ -321,7 +321,7 @@ def make_unit(spec: Spec, run: Run, rank: int, epoch: int, state) -> Callable[[]
         if state is not None:
             with stage(load_stage):
                 if run.resume == "own" and loader is not None:
-                    if spec.even == "carry":  # README "carry": the pipeline keeps the boundaries too
+                    if spec.even == "carry":  # docs/usage.md "carry": the pipeline keeps the boundaries too
                         pipeline.load_state_dict(state)
                     loader.load_state_dict(state)
                 else:
@@ -366,7 +366,7 @@ class PersistentUnit:
         if self.state is not None:
             with stage(self.load_stage):
                 if self.run.resume == "own":
-                    if self.spec.even == "carry":  # README "carry": the pipeline keeps the boundaries too
+                    if self.spec.even == "carry":  # docs/usage.md "carry": the pipeline keeps the boundaries too
                         distshard.StatefulPipeline(pipe).load_state_dict(self.state)
                     loader.load_state_dict(self.state)
                 else:  # a merged state, into the loader's copy before its workers start

@@ -25,7 +25,7 @@ _ACCELERATE_FIX = (
     "dist_shard already splits the data over ranks and DataLoader workers exactly once. Do not "
     "pass this DataLoader to accelerator.prepare(): prepare the model and optimizer only, iterate "
     "the DataLoader yourself and move each batch with batch.to(accelerator.device) (see the "
-    "README's Accelerate section)"
+    "Accelerate section of docs/integrations.md)"
 )
 
 

@@ -93,7 +93,7 @@ class StatefulPipeline(IterableDataset):
             )
         if len(found) > 1 and _some_slots_of_a_carry_run(found, self.shard):
             # this rank's StatefulDataLoader state: its workers resume their own states; the
-            # pipeline here keeps where even='carry''s later epochs begin (see dist_shard's README)
+            # pipeline here keeps where even='carry''s later epochs begin (docs/usage.md, even="carry")
             self.shard.load_carry_base(found)
             return
         self.shard.load_state_dict(found[0] if len(found) == 1 else merge_states(found))

@@ -1,0 +1,117 @@
+"""What the hidden ``<!-- example setup -->`` blocks of the README and docs/ pages use to
+give their examples real data (``tests/test_docs.py`` runs every example): small files
+written into the current directory, and a one-rank gloo group for the collectives."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from .source_factories import write_shards as _write_shards
+
+
+def write_shards(folder: str, shards: int, per_shard: int, pattern: str | None = None) -> list[str]:
+    """``shards`` WebDataset tar files under ``folder`` (renamed to ``pattern`` if given,
+    e.g. ``"data/shard-{:06d}.tar"``); returns their paths."""
+    urls, _ = _write_shards(Path(folder), shards, per_shard)
+    if pattern is None:
+        return urls
+    named = []
+    for index, url in enumerate(urls):
+        os.replace(url, pattern.format(index))
+        named.append(pattern.format(index))
+    return named
+
+
+def write_jsonl(folder: str, files: int, lines: int) -> list[str]:
+    """``files`` JSON-lines files ``folder/part-NNN.jsonl`` of ``lines`` values each."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    paths = []
+    for f in range(files):
+        path = os.path.join(folder, f"part-{f:03d}.jsonl")
+        with open(path, "w", encoding="utf-8") as out:
+            for i in range(lines):
+                out.write(json.dumps({"text": f"line {i} of file {f}", "label": i % 3}) + "\n")
+        paths.append(path)
+    return paths
+
+
+def write_parquet(paths: list[str], rows: int) -> list[str]:
+    """Parquet files of ``rows`` rows with ``text`` and ``label`` columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for f, path in enumerate(paths):
+        table = pa.table({"text": [f"row {i} of {f}" for i in range(rows)], "label": [i % 3 for i in range(rows)],
+                          "extra": list(range(rows))})
+        pq.write_table(table, path, row_group_size=max(1, rows // 4))
+    return paths
+
+
+def write_tables(folder: str, tables: int, rows: int) -> tuple[Callable[[str], Any], dict[str, int]]:
+    """``tables`` Arrow IPC files ``folder/part-N.arrow``; returns ``open_table`` (a
+    path's rows, as a list) and ``row_counts`` (path -> rows)."""
+    import pyarrow as pa
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for t in range(tables):
+        path = os.path.join(folder, f"part-{t}.arrow")
+        n = rows + t
+        table = pa.table({"row": list(range(n)), "table": [t] * n})
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        counts[path] = n
+    return open_table, counts
+
+
+def open_table(path: str) -> list[dict[str, Any]]:
+    import pyarrow as pa
+
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_file(source).read_all().to_pylist()
+
+
+def one_rank_group() -> int:
+    """A gloo process group of one rank (a FileStore, so nothing listens on a port),
+    standing in for a job's; returns the rank. ``tests/test_docs.py`` destroys it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = tempfile.mkstemp(prefix="distshard-docs-store-")[1]
+        os.unlink(store)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    return dist.get_rank()
+
+
+class LoggedDecode:
+    """``torch.tensor(record)``, noting every record it decoded in a file of its
+    process under ``$DISTSHARD_DOCS_LOG`` (set by the test for every rank it starts),
+    so that :meth:`check` can count what the ranks and their workers decoded."""
+
+    def __init__(self) -> None:
+        self.folder = Path(os.environ.get("DISTSHARD_DOCS_LOG") or tempfile.mkdtemp(prefix="distshard-docs-"))
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, record: int) -> Any:
+        import torch
+
+        with open(self.folder / f"{os.getpid()}.log", "a") as log:
+            log.write(f"{record}\n")
+        return torch.tensor(record)
+
+    def check(self, records: Any, epochs: int, kept: int) -> None:
+        """Each epoch decoded ``kept`` of ``records`` (``even="drop"`` leaves the rest),
+        none twice in an epoch; then forget them (the next run counts afresh)."""
+        wanted = set(records)
+        decoded: dict[int, int] = {}
+        for path in self.folder.glob("*.log"):
+            for line in path.read_text().split():
+                if int(line) in wanted:
+                    decoded[int(line)] = decoded.get(int(line), 0) + 1
+            path.unlink()
+        assert sum(decoded.values()) == epochs * kept, (sum(decoded.values()), epochs, kept)
+        assert max(decoded.values()) <= epochs, "a record was decoded twice in an epoch"
