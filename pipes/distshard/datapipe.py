@@ -127,6 +127,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         ['b', 'd']
     """
 
+    # torch's per-element iterator check asks hasattr(pipe, "_is_child_datapipe"); a
+    # missing attribute goes through IterDataPipe.__getattr__ and a raised
+    # AttributeError, about 1.5 us an element
+    _is_child_datapipe = False
+
     def __init__(
         self,
         source_datapipe: IterDataPipe[T],
@@ -182,7 +187,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if self._explicit is None:
             # Surface a malformed RANK / WORLD_SIZE now rather than in a worker.
             _context.check_environment()
-        check_no_sharding(source_datapipe)
+        upstream = upstream_pipes(source_datapipe)  # one walk (it pickles every pipe's data), here
+        check_no_sharding(source_datapipe, upstream)
         self._sizes_cache: dict[Any, int] = {}  # a sizes callable's answers, asked once per job
         if callable(self.sizes) and not isinstance(self.sizes, Mapping):
             self._count_units()  # before any DataLoader worker copies the pipe
@@ -199,6 +205,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
         self._progress: SlotRun | None = None  # the current iteration
+        # the walk's results, so that DataLoader workers need not walk again: the
+        # random pipes (valid in fork workers; spawn workers find them again) and the
+        # identity (pickled with the pipe)
+        self._random_pipes = random_pipes(source_datapipe, upstream)
+        self.chain_identity(upstream)
 
     def _can_shuffle(self) -> bool:
         if self.expand is not None:
@@ -287,6 +298,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         loader_iter = _iterating_loader()
         if loader_iter is not None:
             self._loader_workers = max(1, int(loader_iter._num_workers))
+        if "numpy" in sys.modules and "numpy.random" not in sys.modules and _forking_loader():
+            # every new worker seeds numpy.random, importing it (about 10 ms of CPU a
+            # worker, every epoch) unless the process it forks from already has it
+            import numpy.random  # noqa: F401
         self._refusal = frameworks.refusal_for_loader()
         return self
 
@@ -349,14 +364,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return "element"
         return "units" if self.sizes is None else "sized_units"
 
-    def chain_identity(self) -> str:
+    def chain_identity(self, upstream: list | None = None) -> str:
         """A process-independent identity of the upstream graph: the pipes' types
         and, for ``IterableWrapper``s, what they wrap (see ``readers.base``)."""
         if self._chain is None:
             parts = []
-            for pipe in upstream_pipes(self.source_datapipe):
+            for pipe in upstream_pipes(self.source_datapipe) if upstream is None else upstream:
                 part = type(pipe).__qualname__
-                if isinstance(pipe, IterableWrapperIterDataPipe):
+                own = getattr(type(pipe), "distshard_identity", None)  # mix, weighted_sample: seeds, weights
+                if callable(own):
+                    part += f"({own(pipe)})"
+                elif isinstance(pipe, IterableWrapperIterDataPipe):
                     data = pipe.iterable
                     size = len(data) if hasattr(data, "__len__") else None
                     sample = (data[0], data[-1]) if type(data) in (list, tuple, range) and data else ()
@@ -576,7 +594,15 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         found = _context.dist_rank_world()
         if found is not None:
             state["_captured"] = found
-        if IterDataPipe.getstate_hook is not None:
+        if IterDataPipe.getstate_hook is not None:  # torch is walking the graph (graph.traverse_dps)
+            if _walk_for_seeds_or_sharding():
+                # The DataLoader walks the graph to seed random pipes and apply sharding
+                # (twice in every worker, at start-up). dist_shard seeds everything
+                # upstream itself and refused upstream sharding at construction, so
+                # those walks end here instead of pickling the upstream data (for
+                # in-memory records most of a worker's start-up, and a copy-on-write
+                # of every page they sit on); every other walk sees the whole graph.
+                state.pop("source_datapipe", None)
             return IterDataPipe.getstate_hook(state)
         return state
 
@@ -584,6 +610,37 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self.__dict__.update(state)
         if self._captured is not None:
             _context.note_captured(self._captured)
+
+
+def _forking_loader() -> bool:
+    """Whether a DataLoader with workers is creating its iterator right now (before
+    it starts them: its ``__init__`` holds the DataLoader as ``loader``)."""
+    from torch.utils.data import DataLoader
+
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        loader = frame.f_locals.get("loader")
+        if isinstance(loader, DataLoader):
+            return loader.num_workers > 0
+        frame = frame.f_back
+    return False
+
+
+_OWN_WALKS = ("apply_random_seed", "apply_sharding")
+
+
+def _walk_for_seeds_or_sharding() -> bool:
+    """Whether this call comes from torch's ``graph_settings.apply_random_seed`` or
+    ``apply_sharding``, which the DataLoader runs in its main process and twice in
+    every worker."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name in _OWN_WALKS and frame.f_globals.get("__name__") == "torch.utils.data.graph_settings":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _torch_split(captured: tuple[int, int] | None) -> tuple[int, int]:
