@@ -521,3 +521,41 @@ def test_weighted_sample_argument_types(options, words):
     options = {"weights": [1, 1], **options}
     with pytest.raises(TypeError, match=words):
         distshard.weighted_sample(IterableWrapper([1, 2]), **options)
+
+
+# -- mixing CPU: DataLoader workers do not walk the sources' data (issue 16, item 4) --------------
+
+_PICKLED = None  # a counter shared with forked DataLoader workers
+
+
+class _CountedRecords(list):
+    """A list that counts how often it is pickled (torch's graph walks pickle every
+    pipe's data: each DataLoader worker walked the whole graph twice at start-up)."""
+
+    def __reduce_ex__(self, protocol):
+        with _PICKLED.get_lock():
+            _PICKLED.value += 1
+        return (_CountedRecords, (list(self),))
+
+
+def test_dataloader_workers_start_without_pickling_the_sources():
+    """torch's DataLoader walks the graph (pickling every pipe's data) to seed random
+    pipes and apply sharding: in its main process and twice in every worker.
+    dist_shard does both for everything upstream itself, so those walks stop at it:
+    the records are pickled once, by dist_shard's own walk at construction."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    global _PICKLED
+    _PICKLED = multiprocessing.get_context("fork").Value("i", 0)
+    web, code = _CountedRecords(f"web{i}" for i in range(300)), _CountedRecords(f"code{i}" for i in range(90))
+    pipe = distshard.mix({"web": IterableWrapper(web), "code": IterableWrapper(code)}, {"web": 3, "code": 1},
+                         samples=256).dist_shard(even="drop", multiple_of=8)
+    built = _PICKLED.value
+    got = [x for batch in DataLoader(pipe, batch_size=8, num_workers=2, collate_fn=list,
+                                     multiprocessing_context="fork") for x in batch]
+    assert Counter(got) == Counter(distshard.mix({"web": IterableWrapper(list(web)),
+                                                  "code": IterableWrapper(list(code))},
+                                                 {"web": 3, "code": 1}, samples=256))
+    assert built == 2 and _PICKLED.value == built  # was 22: 4 more walks in the main process, 4 a worker

@@ -209,6 +209,7 @@ def test_float_costs_and_refused_costs():
         own[source] += c
         cost += c
         assert all(abs(o - cost / 2) <= 2.25 + 1e-9 for o in own)
-    for bad in ([[1], [0, 0]], [[1], [-1, 2]], [[1], []]):
+    assert CostSchedule([(0, [1, 1])], [[3], []]).source_at(0) == (1, 0)  # no elements: its first pick at once
+    for bad in ([[1], [0, 0]], [[1], [-1, 2]]):
         with pytest.raises(ValueError, match="costs of source 1"):
             CostSchedule([(0, [1, 1])], bad)

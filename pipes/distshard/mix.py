@@ -162,9 +162,9 @@ def _check_costs(key: Any, costs: object) -> list:
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"cost[{key!r}][{index}]={value!r}; costs must be finite and non-negative")
         out.append(value)
-    if not any(out):
-        raise ValueError(f"the costs of source {key!r} are all 0 (or it has none): it would take every position "
-                         "of its phases; give its elements their costs, or drop it")
+    if out and not any(out):
+        raise ValueError(f"the costs of source {key!r} are all 0: it would take every position of its phases; "
+                         "give its elements their costs, or drop it")
     return out
 
 

@@ -262,7 +262,8 @@ class CostSchedule:
 
     ``phases``: ``[(start, weights), ...]`` as for :class:`PhasedSchedule` (one phase
     ``[(0, weights)]`` without phases); ``costs[i]``: the cost of each element of
-    source ``i`` (non-negative numbers, not all 0). The schedule is simulated on
+    source ``i`` (non-negative numbers, not all 0; ``[]`` for a source without
+    elements, whose first pick then comes at once: the end of a ``first_exhausted`` mix). The schedule is simulated on
     demand, position by position, and tabulated.
     """
 
@@ -273,14 +274,15 @@ class CostSchedule:
         if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in zip(self.starts, self.starts[1:])):
             raise ValueError(f"phases must start at 0 and at increasing positions, got {self.starts}")
         self.weights = [integer_weights(weights) for _, weights in phases]
-        self.costs = [list(c) for c in costs]
+        self.costs = [list(c) for c in costs]  # a source without elements: []
         n = len(self.costs)
         if any(len(w) != n for w in self.weights):
             raise ValueError("every phase needs one weight per source")
         for i, c in enumerate(self.costs):
-            if not c or min(c) < 0 or not any(c):
+            if c and (min(c) < 0 or not any(c)):
                 raise ValueError(f"the costs of source {i} must be non-negative, and not all 0")
-        self.largest = max(max(c) for c in self.costs)
+        self.largest = max((max(c) for c in self.costs if c), default=0)
+        self._empty = [0]  # the costs of a source without elements: its first pick comes at once
         self.table = array("B" if n <= 256 else "H")
         self.marks = array("q")  # the counts of every source before each BLOCK-th position, n per block
         self.counts = [0] * n  # picks so far (numbered across phases)
@@ -306,13 +308,13 @@ class CostSchedule:
         best, best_finish = -1, 0
         for i in self._active:
             if own[i] * total <= cost * w[i]:  # may start: C_i / s_i <= C
-                c = costs[i]
+                c = costs[i] or self._empty
                 finish = own[i] + c[counts[i] % len(c)]
                 if best < 0 or finish * w[best] < best_finish * w[i]:
                     best, best_finish = i, finish
         if best < 0:  # float costs rounding: the one furthest behind
             best = min(self._active, key=lambda i: own[i] / w[i])
-            c = costs[best]
+            c = costs[best] or self._empty
             best_finish = own[best] + c[counts[best] % len(c)]
         self._cost = cost + best_finish - own[best]
         own[best] = best_finish
