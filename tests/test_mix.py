@@ -559,3 +559,9 @@ def test_dataloader_workers_start_without_pickling_the_sources():
                                                   "code": IterableWrapper(list(code))},
                                                  {"web": 3, "code": 1}, samples=256))
     assert built == 2 and _PICKLED.value == built  # was 22: 4 more walks in the main process, 4 a worker
+
+
+def test_explain_shows_the_mixture_with_its_phases_and_costs():
+    text = str(_phased().dist_shard(rank=0, world_size=2).explain())
+    assert "mixture: mix of 3 sources in phases: from 0: web 70%, code 20%, math 10%; from 60: web 10%" in text
+    assert "weights as shares of the given costs" in str(_costed().dist_shard(rank=0, world_size=2).explain())
