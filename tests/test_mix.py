@@ -15,6 +15,7 @@ import distshard
 
 from . import builds
 from .helpers import as_worker
+from .model_factories import Stream
 
 TIMEOUT = 90
 
@@ -374,19 +375,9 @@ def test_bad_costs_are_refused(cost, error, words):
         distshard.mix({"a": IterableWrapper([1, 2]), "b": IterableWrapper([3, 4, 5])}, {"a": 1, "b": 1}, cost=cost)
 
 
-class _Stream:
-    """An iterable with no length and no random access."""
-
-    def __init__(self, data):
-        self.data = data
-
-    def __iter__(self):
-        return iter(self.data)
-
-
 def test_a_stream_source_with_other_counts_than_its_costs_raises_when_read():
     def mixed(n):
-        stream = IterableWrapper(_Stream(list(range(n))), deepcopy=False)
+        stream = IterableWrapper(Stream(list(range(n))), deepcopy=False)
         return distshard.mix({"s": stream, "l": IterableWrapper(["x", "y"])}, {"s": 1, "l": 1},
                              cost={"s": [1, 1, 1], "l": [1, 1]})
     assert list(mixed(3)) == [0, "x", 1, "y", 2]  # ends when both were seen whole
@@ -465,7 +456,7 @@ def test_a_weighted_sample_in_an_all_exhausted_mix_is_redrawn_every_pass_whateve
         sample = distshard.weighted_sample(IterableWrapper(list(range(1000))), [1] * 1000, samples=6, seed=2)
         return distshard.mix({"w": sample, "s": neighbour}, {"w": 1, "s": 1}, seed=5)
     random_access = [x for x in mixed(IterableWrapper([f"s{i}" for i in range(30)])) if isinstance(x, int)]
-    stream = [x for x in mixed(IterableWrapper(_Stream([f"s{i}" for i in range(30)]), deepcopy=False))
+    stream = [x for x in mixed(IterableWrapper(Stream([f"s{i}" for i in range(30)]), deepcopy=False))
               if isinstance(x, int)]
     passes = [tuple(random_access[i:i + 6]) for i in range(0, len(random_access) - 5, 6)]
     assert len(passes) >= 4 and len(set(passes)) == len(passes)  # a new draw every pass

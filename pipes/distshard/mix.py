@@ -227,7 +227,8 @@ class MixIterDataPipe(IterDataPipe):
                 if length is not None and length != n:
                     raise ValueError(f"the costs of source {key!r} have {n} entries but the source has {length} "
                                      "elements; give one cost per element, aligned with its positions")
-            self.known_length = self.length_for(self.declared)  # the whole schedule, once, here
+            self.known_length = self.length_for(self.declared)
+            self.schedule.extend(self.known_length)  # the whole schedule, once, here: workers inherit it
         self._identity = self._make_identity()
         self._epoch = 0
         self._received: int | None = None  # the seed torch or dist_shard hands to random pipes

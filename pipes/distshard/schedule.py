@@ -321,9 +321,12 @@ class CostSchedule:
         counts[best] += 1
         self.table.append(best)
 
-    def _ensure(self, length: int) -> None:
+    def extend(self, length: int) -> None:
+        """Simulate (and tabulate) the first ``length`` positions, if not yet."""
         while len(self.table) < length:
             self._step()
+
+    _ensure = extend
 
     def source_at(self, position: int) -> tuple[int, int]:
         self._ensure(position + 1)
