@@ -289,6 +289,10 @@ def test_bad_phases_are_refused_naming_the_phase(phases, error, words):
 def test_all_exhausted_refuses_a_source_that_the_last_phase_never_finishes():
     with pytest.raises(ValueError, match="'code' has weight 0 in the last phase.*would never end"):
         len(_phased("all_exhausted"))
+    streams = {"a": IterableWrapper(Stream(list(range(50))), deepcopy=False), "b": IterableWrapper(Stream([1, 2]))}
+    never = distshard.mix(streams, [(0, {"a": 1, "b": 1}), (40, {"a": 0, "b": 1})])
+    with pytest.raises(ValueError, match="'a' has weight 0 in the last phase.*would never end"):
+        list(never)  # a stream too, before the first element of the last phase
     assert len(_phased("all_exhausted", samples=500)) == 500  # a fixed length is fine
     cycled = list(_phased("all_exhausted", phases=PHASES[:2]))
     assert Counter(map(_source, cycled))["math"] >= 43

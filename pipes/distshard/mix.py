@@ -383,6 +383,8 @@ class MixIterDataPipe(IterDataPipe):
         passes = [0] * n
         whole = [False] * n  # the source's first pass is complete
         endless = self.samples is not None or self.stop == "all_exhausted"
+        last_start, last_weights = self.phases[-1]
+        paused = [i for i, w in enumerate(last_weights) if not w]  # never picked again in the last phase
 
         def open_pass(i: int) -> None:
             self._seed_pass(i, passes[i])
@@ -392,6 +394,13 @@ class MixIterDataPipe(IterDataPipe):
         for position, (i, _) in enumerate(self.schedule.iterate()):
             if self.samples is not None and position >= self.samples:
                 return
+            if position == last_start and self.samples is None and self.stop == "all_exhausted":
+                for j in paused:
+                    if not whole[j]:  # as length_for says for random access
+                        raise ValueError(
+                            f"source {self.names[j]!r} has weight 0 in the last phase and is not seen whole before "
+                            "it: stop='all_exhausted' would never end; give it a weight in the last phase, or use "
+                            "samples= or stop='first_exhausted'")
             if iterators[i] is None:
                 open_pass(i)
             if ahead[i] is _END:  # this pass of source i is over

@@ -172,7 +172,7 @@ def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any,
 
 
 def _difference(theirs: str, ours: str) -> str:
-    """Where two identities first differ, as `` (the state's seed=1, this one's
+    """Where two identities first differ, as `` (the state's seed=1, this pipeline's
     seed=2)``: identities are space-separated ``key=value`` parts (mixes record
     their seed, weights, phases and costs that way)."""
     for a, b in zip(theirs.split(), ours.split()):
