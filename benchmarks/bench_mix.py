@@ -21,9 +21,20 @@ in 2 worker processes per rank:
 (a) ``distshard``
     ``distshard.mix({name: IterableWrapper(records).map(decode)}, weights,
     samples=25_600).dist_shard(even="drop", multiple_of=64)`` through
-    ``DataLoader(batch_size=64, num_workers=2)`` on every rank.
-(a') the same with ``num_workers=0`` (decode in the rank): a diagnostic row,
-    see "per training step" below.
+    ``DataLoader(batch_size=64, num_workers=2, collate_fn=list)`` on every rank:
+    lists of 64 ``(source, index)``, what the peers' rows deliver.
+(a') the same with the DataLoader's ``default_collate`` (two tensors a batch,
+    which workers pass through shared memory), and with ``num_workers=0``
+    (decode in the rank): diagnostic rows, see "per training step" below.
+(a'') ``DistShardNode(distshard.mix(records...))`` (the rank's share of the mix,
+    undecoded) → ``ParallelMapper(decode, 2, "process", prebatch=64)`` →
+    ``Batcher(64)`` → ``Loader``: distshard's mix in torchdata.nodes' loader.
+(p) the pipeline of (a) in two weight phases (70 / 20 / 10, then 30 / 30 / 40
+    from position 12,900), and weighted by cost (every record's token count:
+    70 / 20 / 10 of the tokens): a table of their own, with their own bound over
+    every prefix of the reconstructed global stream (a phase's counts within 1 of
+    its shares counted from its start; a source's tokens within the largest
+    record's tokens of its share of the tokens).
 (b) torchdata.nodes 0.11 (dev venv)
     every rank builds its own nodes over its slice ``records[rank::4]`` of each
     source: ``MultiNodeWeightedSampler(nodes, weights,
@@ -85,8 +96,8 @@ CPU s / wall s
     Median over rounds (interleaved, 3 by default).
 
 Targets for (a): reads 1.00 per delivered element, deviation ≤ 1 element per
-source per global batch, CPU ≤ the best peer's. Nothing is asserted: this is a
-benchmark, not a test.
+source per global batch, CPU ≤ the best peer's; for (p): reads 1.00 and the prefix
+bounds. Nothing is asserted: this is a benchmark, not a test.
 
 How to run
 ----------
