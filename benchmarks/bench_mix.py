@@ -21,9 +21,20 @@ in 2 worker processes per rank:
 (a) ``distshard``
     ``distshard.mix({name: IterableWrapper(records).map(decode)}, weights,
     samples=25_600).dist_shard(even="drop", multiple_of=64)`` through
-    ``DataLoader(batch_size=64, num_workers=2)`` on every rank.
-(a') the same with ``num_workers=0`` (decode in the rank): a diagnostic row,
-    see "per training step" below.
+    ``DataLoader(batch_size=64, num_workers=2, collate_fn=list)`` on every rank:
+    lists of 64 ``(source, index)``, what the peers' rows deliver.
+(a') the same with the DataLoader's ``default_collate`` (two tensors a batch,
+    which workers pass through shared memory), and with ``num_workers=0``
+    (decode in the rank): diagnostic rows, see "per training step" below.
+(a'') ``DistShardNode(distshard.mix(records...))`` (the rank's share of the mix,
+    undecoded) → ``ParallelMapper(decode, 2, "process", prebatch=64)`` →
+    ``Batcher(64)`` → ``Loader``: distshard's mix in torchdata.nodes' loader.
+(p) the pipeline of (a) in two weight phases (70 / 20 / 10, then 30 / 30 / 40
+    from position 12,900), and weighted by cost (every record's token count:
+    70 / 20 / 10 of the tokens): a table of their own, with their own bound over
+    every prefix of the reconstructed global stream (a phase's counts within 1 of
+    its shares counted from its start; a source's tokens within the largest
+    record's tokens of its share of the tokens).
 (b) torchdata.nodes 0.11 (dev venv)
     every rank builds its own nodes over its slice ``records[rank::4]`` of each
     source: ``MultiNodeWeightedSampler(nodes, weights,
@@ -85,8 +96,8 @@ CPU s / wall s
     Median over rounds (interleaved, 3 by default).
 
 Targets for (a): reads 1.00 per delivered element, deviation ≤ 1 element per
-source per global batch, CPU ≤ the best peer's. Nothing is asserted: this is a
-benchmark, not a test.
+source per global batch, CPU ≤ the best peer's; for (p): reads 1.00 and the prefix
+bounds. Nothing is asserted: this is a benchmark, not a test.
 
 How to run
 ----------
@@ -144,6 +155,7 @@ ROUNDS = 3
 DECODE_TARGET_S = 50e-6
 SEED = 0
 TARGET_DEVIATION = 1.0
+PHASE_WEIGHTS = (0.3, 0.3, 0.4)
 
 
 # -- decode: a calibrated busy loop, counted over the rank and its workers -------------
@@ -194,8 +206,35 @@ def calibrate(target_s: float) -> tuple[int, float]:
     return iters, statistics.median(samples)
 
 
+TOKENS = {"web": (60, 240), "code": (200, 800), "math": (20, 120)}  # (fewest, most) tokens a record
+
+
+def tokens(name: str, k: int) -> int:
+    """A record's token count (deterministic, spread over the source's range): the
+    per-element cost of the cost-weighted rows."""
+    low, high = TOKENS[name]
+    return low + (k * 2654435761 + len(name)) % (high - low + 1)
+
+
 def make_records(name: str, n: int) -> list[dict[str, Any]]:
-    return [{"source": name, "idx": k, "text": f"{name} record {k:06d}: lorem ipsum dolor"} for k in range(n)]
+    return [{"source": name, "idx": k, "text": f"{name} record {k:06d}: lorem ipsum dolor",
+             "tokens": tokens(name, k)} for k in range(n)]
+
+
+def phases(steps: int) -> list[tuple[int, dict[str, float]]]:
+    """The phased rows' weights: 70 / 20 / 10, then from the middle 30 / 30 / 40
+    (an annealing mix), the boundary inside a global batch."""
+    return [(0, dict(zip(NAMES, WEIGHTS))), (steps * GLOBAL_BATCH // 2 + 100, dict(zip(NAMES, PHASE_WEIGHTS)))]
+
+
+def mix_options(key: str, data: dict[str, list], steps: int) -> dict[str, Any]:
+    """``weights=`` and ``cost=`` of a distshard row."""
+    if key == "distshard_phases":
+        return {"weights": phases(steps)}
+    if key == "distshard_cost":
+        return {"weights": dict(zip(NAMES, WEIGHTS)),
+                "cost": {name: [r["tokens"] for r in records] for name, records in data.items()}}
+    return {"weights": dict(zip(NAMES, WEIGHTS))}
 
 
 # -- the rows ----------------------------------------------------------------------------
@@ -208,14 +247,28 @@ class Variant:
     workers: int = NUM_WORKERS
     target: bool = False
     diagnostic: bool = False
+    bounds: bool = False  # a phased or cost-weighted row: its own prefix bound, in a table of its own
 
 
 VARIANTS = [
     Variant("distshard", "**distshard**", "dev",
             '`distshard.mix(sources, {"web": .7, "code": .2, "math": .1}, samples=steps * 256)'
-            '.dist_shard(even="drop", multiple_of=64)` → `DataLoader(batch_size=64, num_workers=2)`', target=True),
+            '.dist_shard(even="drop", multiple_of=64)` → `DataLoader(batch_size=64, num_workers=2, collate_fn=list)` '
+            "(lists of 64 `(source, index)`, as the peers' rows deliver)", target=True),
+    Variant("distshard_tensors", "distshard, `default_collate` (diagnostic)", "dev",
+            "the same with the DataLoader's default collate: two tensors a batch, passed from the workers "
+            "through shared memory", diagnostic=True),
     Variant("distshard_k1", "distshard, `num_workers=0` (diagnostic)", "dev",
             "the same with `num_workers=0`: decode in the rank, 1 slot per rank", workers=0, diagnostic=True),
+    Variant("distshard_nodes", "distshard through torchdata.nodes", "dev",
+            "`DistShardNode(distshard.mix(records, ...), even='drop', multiple_of=64)` → "
+            "`ParallelMapper(decode, 2, 'process', prebatch=64)` → `Batcher(64)` → `Loader`: the peers' loader, "
+            "distshard's mix", workers=1),
+    Variant("distshard_phases", "distshard, two phases", "dev",
+            "the target row's pipeline with `weights=[(0, {.7, .2, .1}), (12,900, {.3, .3, .4})]` "
+            "(`--quick`: from 2,660)", bounds=True),
+    Variant("distshard_cost", "distshard, cost-weighted", "dev",
+            "the target row's pipeline with `cost={name: token counts}`: 70 / 20 / 10 of the tokens", bounds=True),
     Variant("nodes", "torchdata.nodes 0.11 `MultiNodeWeightedSampler`", "dev",
             "`MultiNodeWeightedSampler({name: IterableWrapper(records[rank::4])}, weights, CYCLE_FOREVER)` → "
             "`Take(6400)` → `ParallelMapper(decode, 2, 'process', prebatch=64)` → `Batcher(64)` → `Loader`"),
@@ -248,17 +301,30 @@ def build(key: str, data: dict[str, list], decode: Decode, rank: int, world_size
     from torch.utils.data import DataLoader
 
     weights = dict(zip(NAMES, WEIGHTS))
-    if key in ("distshard", "distshard_k1"):
+    if key == "distshard_nodes":
+        from torch.utils.data.datapipes.iter import IterableWrapper
+        from torchdata.nodes import Batcher, Loader, ParallelMapper
+
+        import distshard
+
+        sources = {name: IterableWrapper(records, deepcopy=False) for name, records in data.items()}
+        node = distshard.DistShardNode(distshard.mix(sources, weights, samples=steps * GLOBAL_BATCH),
+                                       even="drop", multiple_of=RANK_BATCH)
+        node = ParallelMapper(node, decode, num_workers=NUM_WORKERS, method="process",
+                              multiprocessing_context="fork", prebatch=RANK_BATCH)
+        return Loader(Batcher(node, batch_size=RANK_BATCH))
+    if key.startswith("distshard"):
         from torch.utils.data.datapipes.iter import IterableWrapper
 
         import distshard
 
         sources = {name: IterableWrapper(records).map(decode) for name, records in data.items()}
-        pipe = distshard.mix(sources, weights, samples=steps * GLOBAL_BATCH).dist_shard(
+        pipe = distshard.mix(sources, samples=steps * GLOBAL_BATCH, **mix_options(key, data, steps)).dist_shard(
             even="drop", multiple_of=RANK_BATCH)
         workers = BY_KEY[key].workers
+        collate = {} if key == "distshard_tensors" else {"collate_fn": list}
         return DataLoader(pipe, batch_size=RANK_BATCH, num_workers=workers,
-                          multiprocessing_context="fork" if workers else None)
+                          multiprocessing_context="fork" if workers else None, **collate)
     if key in ("nodes", "nodes_default"):
         from torchdata.nodes import Batcher, IterableWrapper, Loader, MultiNodeWeightedSampler, ParallelMapper
         from torchdata.nodes import StopCriteria
@@ -428,15 +494,45 @@ def launch_peer(key: str, sizes: list[int], steps: int, iters: int, timeout: flo
 
 
 # -- analysis ----------------------------------------------------------------------------------
-def expected_stream(sizes: list[int], steps: int) -> list[tuple[int, int]]:
-    """distshard's global stream, unsharded, in this process (no decode)."""
+def expected_stream(key: str, sizes: list[int], steps: int) -> list[tuple[int, int]]:
+    """A distshard row's global stream, unsharded, in this process (no decode)."""
     from torch.utils.data.datapipes.iter import IterableWrapper
 
     import distshard
 
-    sources = {name: IterableWrapper(make_records(name, n)) for name, n in zip(NAMES, sizes)}
-    mixed = distshard.mix(sources, dict(zip(NAMES, WEIGHTS)), samples=steps * GLOBAL_BATCH)
+    data = {name: make_records(name, n) for name, n in zip(NAMES, sizes)}
+    sources = {name: IterableWrapper(records) for name, records in data.items()}
+    mixed = distshard.mix(sources, samples=steps * GLOBAL_BATCH, **mix_options(key, data, steps))
     return [(NAMES.index(r["source"]), r["idx"]) for r in mixed]
+
+
+def prefix_bound(key: str, order: list[tuple[int, int]], steps: int) -> dict[str, Any]:
+    """A bounds row's own promise, over every prefix of its global stream: for the
+    phased row, each source's count within 1 of its share counted from the phase's
+    start; for the cost row, each source's tokens within the largest record's
+    tokens of its share of the prefix's tokens (the issue's bound: (sources - 1) x)."""
+    if key == "distshard_phases":
+        starts = [start for start, _ in phases(steps)] + [len(order)]
+        worst = 0.0
+        for (start, weights), end in zip(phases(steps), starts[1:]):
+            total = sum(weights.values())
+            counts = [0] * len(NAMES)
+            for p, (sid, _) in enumerate(order[start:end], 1):
+                counts[sid] += 1
+                worst = max(worst, max(abs(c - p * weights[n] / total) for c, n in zip(counts, NAMES)))
+        return {"worst": worst, "bound": 1.0, "unit": "elements", "strict": True}
+    largest = max(high for _, high in TOKENS.values())
+    total = sum(WEIGHTS)
+    cost, own, worst = 0, [0] * len(NAMES), 0.0
+    for sid, index in order:
+        c = tokens(NAMES[sid], index)
+        cost += c
+        own[sid] += c
+        worst = max(worst, max(abs(o - cost * w / total) for o, w in zip(own, WEIGHTS)))
+    counts = Counter(sid for sid, _ in order)
+    return {"worst": worst / largest, "bound": 1.0, "issue_bound": float(len(NAMES) - 1), "unit": "largest cost",
+            "strict": False, "token_shares": [o / cost for o in own],
+            "sample_shares": [counts[s] / len(order) for s in range(len(NAMES))]}
 
 
 def reconstruct(ranks: list[dict[str, Any]], workers: int, total: int) -> list | None:
@@ -506,6 +602,8 @@ def analyze(variant: Variant, run: dict[str, Any], sizes: list[int], steps: int,
     if variant.key.startswith("distshard"):
         order = reconstruct(ranks, variant.workers, steps * GLOBAL_BATCH)
         row["same_stream"] = order is not None and order == expected
+        if variant.bounds and order is not None:
+            row["prefix"] = prefix_bound(variant.key, order, steps)
         windows = ([order[i:i + GLOBAL_BATCH] for i in range(0, len(order), GLOBAL_BATCH)]
                    if order is not None else steps_batches)
         row["global_deviation"] = deviations(windows)
@@ -527,8 +625,9 @@ def summarize(variant: Variant, runs: list[dict[str, Any]]) -> dict[str, Any]:
         return summary
     first = good[0]
     for name in ("reads_per_delivered", "global_deviation", "step_deviation", "same_stream", "passes",
-                 "delivered", "decodes"):
-        summary[name] = first[name]
+                 "delivered", "decodes", "prefix"):
+        if name in first:
+            summary[name] = first[name]
     summary["stable"] = all(r["global_deviation"] == first["global_deviation"]
                             and r["passes"] == first["passes"] for r in good)
     summary["reads_max"] = max(r["reads_per_delivered"] for r in good)
@@ -600,6 +699,33 @@ def table(rows: list[dict[str, Any]], best_peer_cpu: float | None) -> str:
     return "\n".join(lines)
 
 
+def bounds_table(rows: list[dict[str, Any]]) -> str:
+    """The phased and cost-weighted rows: their own prefix bound, reads, CPU."""
+    head = ["row", "pipeline (per rank)", "reads / delivered", "worst prefix deviation", "bound", "same stream",
+            "each element once per pass", "CPU s", "wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|---|---|---|---:|---:|"]
+    for row in rows:
+        variant = BY_KEY[row["key"]]
+        if "cpu_s" not in row or "prefix" not in row:
+            first = (row.get("errors") or ["no global stream"])[0].strip().splitlines()[-1][:140]
+            lines.append(f"| {variant.label} | {variant.code} | failed: {first} |" + " |" * 6)
+            continue
+        prefix = row["prefix"]
+        if prefix["unit"] == "elements":
+            worst = f"{prefix['worst']:.2f} elements (from each phase's start)"
+            bound = "< 1 element: " + ("**met**" if prefix["worst"] < 1 else "**missed**")
+        else:
+            shares = " / ".join(f"{t:.1%}" for t in prefix["token_shares"])
+            samples = " / ".join(f"{t:.1%}" for t in prefix["sample_shares"])
+            worst = f"{prefix['worst']:.2f} × the largest record's tokens (token shares {shares}; sample shares {samples})"
+            bound = (f"≤ 1 × (the issue's: ≤ {prefix['issue_bound']:g} ×): "
+                     + ("**met**" if prefix["worst"] <= 1 else "**missed**"))
+        same = {True: "✓", False: "✗", None: "—"}[row["same_stream"]]
+        lines.append(f"| {variant.label} | {variant.code} | {row['reads_per_delivered']:.2f} | {worst} | {bound} "
+                     f"| {same} | {_once(row)} | {row['cpu_s']:.2f} | {row['wall_s']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -664,7 +790,7 @@ def orchestrate(args: argparse.Namespace) -> int:
           f"weights {' / '.join(f'{w:g}' for w in WEIGHTS)}; {steps} steps × global batch {GLOBAL_BATCH} "
           f"= {draws:,} draws; {WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; decode {cost * 1e6:.0f} µs "
           f"CPU; {rounds} round(s), CPU medians", flush=True)
-    expected = expected_stream(sizes, steps)
+    expected = {v.key: expected_stream(v.key, sizes, steps) for v in chosen if v.key.startswith("distshard")}
     runs: dict[str, list[dict[str, Any]]] = {v.key: [] for v in chosen}
     peer_versions: dict[str, str] = {}
     for r in range(rounds):
@@ -679,15 +805,19 @@ def orchestrate(args: argparse.Namespace) -> int:
             if "skipped" in run:
                 runs[variant.key].append(run)
             else:
-                runs[variant.key].append(analyze(variant, run, sizes, steps, expected))
+                runs[variant.key].append(analyze(variant, run, sizes, steps, expected.get(variant.key)))
             print(f"#   round {r + 1}/{rounds}: {variant.key} in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
     rows = [summarize(v, runs[v.key]) for v in chosen]
     peers = [row["cpu_s"] for row in rows if "cpu_s" in row and not BY_KEY[row["key"]].key.startswith("distshard")]
     best_peer = min(peers) if peers else None
     print()
-    print(table(rows, best_peer))
+    print(table([row for row in rows if not BY_KEY[row["key"]].bounds], best_peer))
     print()
+    bounded = [row for row in rows if BY_KEY[row["key"]].bounds]
+    if bounded:
+        print(bounds_table(bounded))
+        print()
     elapsed = time.perf_counter() - started
     print(f"reads / delivered: decode calls in all processes / elements the 4 ranks received. Deviation: "
           f"per source, max over the {steps} global batches of |count − 256 × weight| (targets "

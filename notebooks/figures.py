@@ -457,3 +457,86 @@ def carry_figure(runs: dict[str, dict[str, list[tuple[int, int]]]], n: int, epoc
                fontsize=9)
     fig.suptitle(title, x=0.125, ha="left", fontsize=12, fontweight="bold", y=0.995)
     return fig
+
+
+# -- weight phases and cost-weighted mixing (section 6) -------------------------------------------
+def phases_figure(stream: list, phases: list, title: str):
+    """A phased mix's stream (a list of source names, in position order): on top the
+    running share of each source counted from the start of its phase, with each
+    phase's target shares dashed and the boundaries marked; below, every source's
+    count minus its exact share in every prefix of its phase, with the ±1 band."""
+    names = list(phases[0][1])
+    colours = dict(zip(names, MIX_COLOURS))
+    starts = [start for start, _ in phases] + [len(stream)]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11.5, 7.2), sharex=True,
+                                      gridspec_kw={"height_ratios": [1.25, 1], "hspace": 0.3})
+    worst = 0.0
+    for (start, weights), end in zip(phases, starts[1:]):
+        total = sum(weights.values())
+        counts = running_counts(stream[start:end], names)
+        positions = range(start + 1, end + 1)
+        for name in names:
+            share = weights[name] / total
+            top.plot(positions, [c / (p - start) for p, c in zip(positions, counts[name])], color=colours[name],
+                     linewidth=1.6, label=name if start == 0 else None)
+            top.hlines(share, start, end, color=colours[name], linestyle=(0, (5, 3)), linewidth=1.2)
+            deviation = [c - (p - start) * share for p, c in zip(positions, counts[name])]
+            bottom.plot(positions, deviation, color=colours[name], linewidth=1.1)
+            worst = max(worst, max(abs(d) for d in deviation))
+        if start:
+            for ax in (top, bottom):
+                ax.axvline(start, color="black", linewidth=1.2)
+            top.text(start, 1.02, f" phase from position {start}", ha="left", va="bottom", fontsize=9.5,
+                     transform=top.get_xaxis_transform())
+    top.set_ylim(0, 1)
+    top.set_xlim(0, len(stream))
+    top.set_ylabel("share since the phase began")
+    top.legend(loc="upper right", ncol=len(names), frameon=False)
+    bottom.axhspan(-1, 1, color="#dddddd", zorder=0, linewidth=0)
+    bottom.axhline(0, color="black", linewidth=0.8)
+    bottom.set_ylim(-1.6, 1.6)
+    bottom.set_ylabel("count − exact share\n(elements; grey band: ±1)")
+    bottom.set_xlabel("position in the mixed stream")
+    bottom.set_title(f"every prefix of every phase, counted from its start: at most {worst:.2f} elements off",
+                     loc="left", fontsize=10.5, fontweight="normal")
+    for ax in (top, bottom):
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.suptitle(title, x=0.125, ha="left", fontsize=12, fontweight="bold", y=0.98)
+    return fig
+
+
+def cost_figure(streams: dict[str, tuple[list, list]], weights: dict[str, float], title: str):
+    """One column per mix (label -> (source names, element costs), in position
+    order): the running share of each source's *cost* (solid) and of its *count*
+    (dotted) over the positions, the target shares dashed."""
+    names = list(weights)
+    total = sum(weights.values())
+    colours = dict(zip(names, MIX_COLOURS))
+    fig, axes = plt.subplots(1, len(streams), figsize=(11.5, 4.8), sharey=True, gridspec_kw={"wspace": 0.06})
+    for ax, (label, (sources, costs)) in zip(axes, streams.items()):
+        positions = range(1, len(sources) + 1)
+        counts = running_counts(sources, names)
+        spent, own = 0, {name: 0 for name in names}
+        shares: dict[str, list[float]] = {name: [] for name in names}
+        for source, cost in zip(sources, costs):
+            spent += cost
+            own[source] += cost
+            for name in names:
+                shares[name].append(own[name] / spent if spent else 0.0)
+        for name in names:
+            ax.plot(positions, shares[name], color=colours[name], linewidth=1.7, label=f"{name}: share of tokens")
+            ax.plot(positions, [c / p for p, c in zip(positions, counts[name])], color=colours[name],
+                    linewidth=1.2, linestyle=":", label=f"{name}: share of samples")
+            ax.axhline(weights[name] / total, color=colours[name], linestyle=(0, (5, 3)), linewidth=1.1, alpha=0.9)
+        ax.set_xscale("log")
+        ax.set_xlim(1, len(sources))
+        ax.set_ylim(0, 1)
+        ax.set_title(label, loc="left", fontsize=11)
+        ax.set_xlabel("position in the mixed stream (log scale)")
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[0].set_ylabel("share so far (dashed: the weights)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.subplots_adjust(top=0.76)
+    fig.legend(handles, labels, loc="upper center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 0.93))
+    fig.suptitle(title, x=0.125, ha="left", fontsize=12, fontweight="bold", y=0.99)
+    return fig

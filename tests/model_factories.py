@@ -19,9 +19,12 @@ import distshard
 # element mode: "list" (random access), "list+map" (random access, 1:1 map before the
 # shard), "stream" (an object with only __iter__), "shuffled" (upstream .shuffle());
 # unit mode: "units"; a distshard file source: "jsonl"; a random-access mix of two
-# lists: "mix" (stop="first_exhausted", so no element repeats); a random-access source
-# whose elements change with the epoch (as weighted_sample's draws do): "tagged"
-SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix", "tagged")
+# lists: "mix" (stop="first_exhausted", so no element repeats), the same in two
+# weight phases: "mix-phases", and weighted by per-element costs: "mix-cost"; a
+# random-access source whose elements change with the epoch (as weighted_sample's
+# draws do): "tagged"
+SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix", "mix-phases", "mix-cost", "tagged")
+MIXES = ("mix", "mix-phases", "mix-cost")
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,14 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "mix", "tagged") or (self.units and self.sized)
+        return self.source in ("list", "list+map", "jsonl", "tagged", *MIXES) or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
         if self.units:
             return [f"u{u}e{i}" for u, size in enumerate(self.unit_sizes) for i in range(size)]
-        if self.source == "mix":
-            return list(mixed(self.n))
+        if self.source in MIXES:
+            return list(mixed(self.n, self.source))
         return [upper(f"e{i}") if self.source == "list+map" else f"e{i}" for i in range(self.n)]
 
 
@@ -98,11 +101,18 @@ def jsonl_file(n: int) -> str:
     return path
 
 
-def mixed(n: int):
-    """Two lists mixed 2:1 until the first runs out: distinct elements."""
-    return distshard.mix({"a": IterableWrapper([f"a{i}" for i in range(n)]),
-                          "b": IterableWrapper([f"b{i}" for i in range(n // 2 + 1)])},
-                         {"a": 2, "b": 1}, stop="first_exhausted")
+def mixed(n: int, kind: str = "mix"):
+    """Two lists mixed 2:1 until the first runs out: distinct elements. ``mix-phases``:
+    1:3 from the middle on; ``mix-cost``: 2:1 of per-element costs."""
+    sources = {"a": IterableWrapper([f"a{i}" for i in range(n)]),
+               "b": IterableWrapper([f"b{i}" for i in range(n // 2 + 1)])}
+    weights: Any = {"a": 2, "b": 1}
+    options: dict[str, Any] = {}
+    if kind == "mix-phases":
+        weights = [(0, weights), (n // 2 + 1, {"a": 1, "b": 3})]
+    elif kind == "mix-cost":
+        options["cost"] = {"a": [1 + i % 3 for i in range(n)], "b": [2 + i % 5 for i in range(n // 2 + 1)]}
+    return distshard.mix(sources, weights, stop="first_exhausted", **options)
 
 
 class Tagged(IterDataPipe):
@@ -181,8 +191,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = IterableWrapper(data).shuffle()
     elif spec.source == "jsonl":
         source = distshard.jsonl(jsonl_file(spec.n))
-    elif spec.source == "mix":
-        source = mixed(spec.n)
+    elif spec.source in MIXES:
+        source = mixed(spec.n, spec.source)
     elif spec.source == "tagged":
         source = Tagged(spec.n)
     else:
@@ -208,8 +218,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return Mapper(DistShardNode(data, **options), upper)
     if spec.source == "jsonl":
         return DistShardNode(distshard.jsonl(jsonl_file(spec.n)), **options)
-    if spec.source == "mix":
-        return DistShardNode(mixed(spec.n), **options)
+    if spec.source in MIXES:
+        return DistShardNode(mixed(spec.n, spec.source), **options)
     if spec.source == "tagged":  # the node seeds nothing: the same elements every epoch
         return DistShardNode(Tagged(spec.n), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here

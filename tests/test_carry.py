@@ -44,11 +44,20 @@ def mixed(n=N):
                          stop="first_exhausted")
 
 
+def mixed_draws(n=N):
+    """A mix that re-draws its weighted_sample every pass, seeding it when a position is
+    read (not when the view is made): epoch e-1's tail needs epoch e-1's seeds as it is read."""
+    return distshard.mix({"w": distshard.weighted_sample(IterableWrapper([f"w{i}" for i in range(500)]),
+                                                          [1.0] * 500, samples=5),
+                          "l": IterableWrapper([f"l{i}" for i in range(n)])}, {"w": 1, "l": 2})
+
+
 SOURCES = {
     "list": lambda: list_source(),
     "list+map, shuffle": lambda: list_source().map(upper),
     "weighted_sample": weighted,
     "mix": mixed,
+    "mix of draws": mixed_draws,
     "jsonl": lambda: distshard.jsonl(jsonl_file(N)),
     "units+sizes": lambda: IterableWrapper(list(range(6))),
 }

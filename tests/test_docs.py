@@ -5,6 +5,7 @@ example of them run."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def examples(page: str) -> list[tuple[str, str]]:
         if match["setup"] is not None:
             found.append(("setup", match["setup"]))
         elif match["lang"] == "python":
-            found.append(("python", match["code"]))
+            found.append(("python", textwrap.dedent(match["code"])))
     return found
 
 

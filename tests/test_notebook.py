@@ -28,9 +28,10 @@ KERNEL = "distshard-test"
 CELL_TIMEOUT = 120
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # the pictures the notebook draws (figures.show(fig, name)): the slot map, the recipe
-# comparison, the elastic resume timeline, the running shares of a weighted mix and the
+# comparison, the elastic resume timeline, the running shares of a weighted mix, the
+# running shares across a phase boundary, cost shares against sample shares and the
 # timeline of even="carry" across epochs
-FIGURES = {"slot_map", "recipes", "resume", "mix", "carry"}
+FIGURES = {"slot_map", "recipes", "resume", "mix", "phases", "cost", "carry"}
 MIN_WIDTH, MIN_HEIGHT = 800, 300  # pixels: readable, not thumbnails
 
 # Inserted before the first cell of the in-memory copy (never saved): proves which
@@ -157,6 +158,12 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     assert "reassembled from 8 slots = the unsharded mix: True" in everything
     mixed = re.search(r"^distshard\.mix +worst deviation per global batch of 256: (.*)$", everything, re.M)
     assert mixed and all(float(part.split()[1]) <= 1 for part in mixed.group(1).split(", ")), everything
+    # ... in phases, and weighted by tokens: the same stream from 8 slots, the cost bound
+    assert "phases: reassembled from 8 slots = the unsharded mix: True" in everything
+    assert "math goes on where it stopped: math-99 is its last element before position 1000, math-100" in everything
+    assert "cost: reassembled from 8 slots = the unsharded mix: True" in everything
+    tokens = re.search(r"^worst token deviation in any prefix: ([0-9.]+) x the largest record", everything, re.M)
+    assert tokens and float(tokens.group(1)) <= 1, everything
     # nothing written where the notebook runs
     # 7. even="carry": 4 epochs of 30 draws on 8 slots, against even="drop"
     assert "drop: per-slot counts by epoch [[3], [3], [3], [3]]; 24 of the 120 draws never yielded" in everything

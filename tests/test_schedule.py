@@ -1,13 +1,16 @@
-"""The mixing schedule: every prefix holds each source within 1 of its exact share."""
+"""The mixing schedule: every prefix holds each source within 1 of its exact share
+(of a phase, counted from its start), or within the largest element cost of its
+share of the cost; random access agrees with the walk."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distshard.schedule import Schedule, integer_weights
+from distshard.schedule import CostSchedule, PhasedSchedule, Schedule, integer_weights
 
 WEIGHTS = st.lists(
     st.one_of(st.integers(1, 1000), st.floats(0.001, 1000, allow_nan=False, allow_infinity=False)),
@@ -74,3 +77,139 @@ def test_an_untabulated_schedule_gives_the_same_answers():
         source, k = fast.source_at(p)
         assert slow.position_of(source, k) == p and slow.count_before(source, p) == k
     assert [x for _, x in zip(range(40), slow.iterate(5))] == [x for _, x in zip(range(40), fast.iterate(5))]
+
+
+# -- phases ------------------------------------------------------------------------------
+
+def _phases(draw, n):
+    """1-3 phases over ``n`` sources; a weight may be 0 in a phase, never all."""
+    phases, start = [], 0
+    for _ in range(draw(st.integers(1, 3))):
+        weights = draw(st.lists(st.sampled_from([0, 0, 1, 2, 3, 7, 0.5, 12.25]), min_size=n, max_size=n))
+        if not any(weights):
+            weights[draw(st.integers(0, n - 1))] = 1
+        phases.append((start, weights))
+        start += draw(st.integers(1, 150))
+    return phases
+
+
+@st.composite
+def phased(draw):
+    n = draw(st.integers(1, 5))
+    return _phases(draw, n), draw(st.integers(1, 500))
+
+
+@settings(max_examples=150, deadline=None)
+@given(phased())
+def test_every_prefix_of_a_phase_is_within_one_of_its_share_and_sources_go_on(spec):
+    phases, length = spec
+    schedule = PhasedSchedule(phases)
+    starts = [start for start, _ in phases] + [float("inf")]
+    total_picks = [0] * len(phases[0][1])
+    phase = -1
+    for p, (source, k) in zip(range(length), schedule.iterate()):
+        while p >= starts[phase + 1]:  # a phase starts: its prefixes are counted from here
+            phase += 1
+            weights = integer_weights(phases[phase][1])
+            counts, since = [0] * len(weights), 0
+        assert weights[source], (p, source)  # a source of weight 0 never appears in that phase
+        assert k == total_picks[source]  # picks numbered across phases: no element repeats
+        total_picks[source] += 1
+        counts[source] += 1
+        since += 1
+        total = sum(weights)
+        for i, c in enumerate(counts):
+            assert abs(c * total - since * weights[i]) < total, (phases, p, counts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(phased(), st.integers(0, 400))
+def test_a_phased_schedule_answers_at_random_what_its_walk_gives(spec, position):
+    phases, _ = spec
+    schedule = PhasedSchedule(phases)
+    walked = [x for _, x in zip(range(position + 6), schedule.iterate())]
+    source, k = walked[position]
+    assert schedule.source_at(position) == (source, k)
+    assert schedule.position_of(source, k) == position
+    assert schedule.count_before(source, position) == k
+    assert [x for _, x in zip(range(6), schedule.iterate(position))] == walked[position:]
+
+
+def test_a_source_without_weight_in_the_last_phase_never_comes_again():
+    schedule = PhasedSchedule([(0, [1, 1]), (10, [1, 0])])
+    assert schedule.count_before(1, 10) == 5
+    assert schedule.position_of(1, 4) is not None and schedule.position_of(1, 5) is None
+    assert schedule.first_reaching([100, 5]) == 10 + (100 - 5)  # source 0 (5 picks before 10) reaches 100
+
+
+@pytest.mark.parametrize("phases", [[(1, [1])], [(0, [1]), (0, [2])], [(0, [1]), (5, [1]), (3, [1])]])
+def test_phases_must_start_at_0_and_increase(phases):
+    with pytest.raises(ValueError, match="start at 0 and at increasing"):
+        PhasedSchedule(phases)
+    with pytest.raises(ValueError, match="start at 0 and at increasing"):
+        CostSchedule(phases, [[1]])
+
+
+# -- costs -------------------------------------------------------------------------------
+
+@st.composite
+def costed(draw):
+    n = draw(st.integers(1, 5))
+    costs = [draw(st.lists(st.integers(0, 100), min_size=1, max_size=12)) for _ in range(n)]
+    for c in costs:
+        if not any(c):
+            c[0] = draw(st.integers(1, 100))
+    return _phases(draw, n), costs, draw(st.integers(1, 600))
+
+
+@settings(max_examples=150, deadline=None)
+@given(costed())
+def test_every_prefix_of_a_cost_mix_is_within_the_largest_cost_of_its_share(spec):
+    """In every prefix (of a phase, from its start) each source's cost C_i is within
+    the largest element cost of its share s_i C of the prefix's cost: better than
+    the (sources - 1) x that largest-deficit-first keeps. Exact, in integers."""
+    phases, costs, length = spec
+    schedule = CostSchedule(phases, costs)
+    largest = max(max(c) for c in costs)
+    starts = [start for start, _ in phases] + [float("inf")]
+    picks = [0] * len(costs)
+    phase = -1
+    for p, (source, k) in zip(range(length), schedule.iterate()):
+        while p >= starts[phase + 1]:
+            phase += 1
+            weights = integer_weights(phases[phase][1])
+            total, cost, own = sum(weights), 0, [0] * len(costs)
+        assert weights[source] and k == picks[source]
+        picks[source] += 1
+        c = costs[source][k % len(costs[source])]  # passes repeat the costs
+        cost += c
+        own[source] += c
+        for i in range(len(costs)):  # |C_i - C w_i / W| <= largest, times W
+            assert abs(own[i] * total - cost * weights[i]) <= largest * total, (phases, costs, p, own)
+
+
+@settings(max_examples=100, deadline=None)
+@given(costed(), st.integers(0, 500))
+def test_a_cost_schedule_answers_at_random_what_its_walk_gives(spec, position):
+    phases, costs, _ = spec
+    walked = [x for _, x in zip(range(position + 6), CostSchedule(phases, costs).iterate())]
+    schedule = CostSchedule(phases, costs)  # a fresh one: random access first, then the walk
+    source, k = walked[position]
+    assert schedule.position_of(source, k) == position
+    assert schedule.source_at(position) == (source, k)
+    assert schedule.count_before(source, position) == k
+    assert [x for _, x in zip(range(6), schedule.iterate(position))] == walked[position:]
+
+
+def test_float_costs_and_refused_costs():
+    schedule = CostSchedule([(0, [1, 1])], [[0.5, 1.5], [2.25]])
+    own, cost = [0.0, 0.0], 0.0
+    for _, (source, k) in zip(range(200), schedule.iterate()):
+        c = [[0.5, 1.5], [2.25]][source][k % (2 if source == 0 else 1)]
+        own[source] += c
+        cost += c
+        assert all(abs(o - cost / 2) <= 2.25 + 1e-9 for o in own)
+    assert CostSchedule([(0, [1, 1])], [[3], []]).source_at(0) == (1, 0)  # no elements: its first pick at once
+    for bad in ([[1], [0, 0]], [[1], [-1, 2]]):
+        with pytest.raises(ValueError, match="costs of source 1"):
+            CostSchedule([(0, [1, 1])], bad)

@@ -14,7 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
@@ -38,6 +38,7 @@ from .mailbox import Mailbox
 from .options import carry_refused, check_epoch, check_flag, check_options, random_access_needed
 from .plan import CARRY, Even, mix_seed
 from .readers import (
+    RandomAccessReader,
     Reader,
     SequenceReader,
     SizedUnitsReader,
@@ -133,6 +134,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         ['b', 'd']
     """
 
+    # torch's per-element iterator check asks hasattr(pipe, "_is_child_datapipe"); a
+    # missing attribute goes through IterDataPipe.__getattr__ and a raised
+    # AttributeError, about 1.5 us an element
+    _is_child_datapipe = False
+
     def __init__(
         self,
         source_datapipe: IterDataPipe[T],
@@ -169,7 +175,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             raise random_access_needed(
                 type(source_datapipe).__name__, "use IterableWrapper over a list/range/MapDataPipe with only "
                 ".map() in between, unit mode with sizes=, or shuffle upstream with .shuffle() and shuffle=False")
-        check_no_sharding(source_datapipe)
+        upstream = upstream_pipes(source_datapipe)  # one walk (it pickles every pipe's data), here
+        check_no_sharding(source_datapipe, upstream)
         self._sizes_cache: dict[Any, int] = {}  # a sizes callable's answers, asked once per job
         if callable(self.sizes) and not isinstance(self.sizes, Mapping):
             self._count_units()  # before any DataLoader worker copies the pipe
@@ -190,6 +197,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
         self._carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
         self._progress: SlotRun | None = None  # the current iteration
+        # the walk's results, so that DataLoader workers need not walk again: the
+        # random pipes (valid in fork workers; spawn workers find them again) and the
+        # identity (pickled with the pipe)
+        self._random_pipes = random_pipes(source_datapipe, upstream)
+        self.chain_identity(upstream)
 
     def __dir__(self) -> list[str]:
         # torch's error text for an exception raised while iterating lists the members
@@ -284,6 +296,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         loader_iter = _iterating_loader()
         if loader_iter is not None:
             self._loader_workers = max(1, int(loader_iter._num_workers))
+        if "numpy" in sys.modules and "numpy.random" not in sys.modules and _forking_loader():
+            # every new worker seeds numpy.random, importing it (about 10 ms of CPU a
+            # worker, every epoch) unless the process it forks from already has it
+            import numpy.random  # noqa: F401
         self._refusal = frameworks.refusal_for_loader()
         return self
 
@@ -391,16 +407,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             pipe.set_seed(mix_seed(base, epoch, index, int(salt, 16)))
 
     def _epoch_readers(self, base: int) -> Callable[[int], Reader]:
-        """``even="carry"``: the reader of another epoch's stream, built with the
-        upstream seeded for that epoch (random-access views are fixed when made, so
-        the current epoch's reader does not change), then seeded back."""
+        """``even="carry"``: the reader of another epoch's stream, built and read with
+        the upstream seeded for that epoch, then seeded back (a view may take its seeds
+        when it is made, or at every access: a mix seeds its sources' passes lazily)."""
         made: dict[int, Reader] = {}
 
         def reader_for(epoch: int) -> Reader:
             if epoch not in made:
                 self._seed_upstream(base, epoch)
                 try:
-                    made[epoch] = self.reader()
+                    made[epoch] = _EpochReader(self.reader(), lambda: self._seed_upstream(base, epoch),
+                                               lambda: self._seed_upstream(base))
                 finally:
                     self._seed_upstream(base)
             return made[epoch]
@@ -421,14 +438,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return "element"
         return "units" if self.sizes is None else "sized_units"
 
-    def chain_identity(self) -> str:
+    def chain_identity(self, upstream: list | None = None) -> str:
         """A process-independent identity of the upstream graph: the pipes' types
         and, for ``IterableWrapper``s, what they wrap (see ``readers.base``)."""
         if self._chain is None:
             parts = []
-            for pipe in upstream_pipes(self.source_datapipe):
+            for pipe in upstream_pipes(self.source_datapipe) if upstream is None else upstream:
                 part = type(pipe).__qualname__
-                if isinstance(pipe, IterableWrapperIterDataPipe):
+                own = getattr(type(pipe), "distshard_identity", None)  # mix, weighted_sample: seeds, weights
+                if callable(own):
+                    part += f"({own(pipe)})"
+                elif isinstance(pipe, IterableWrapperIterDataPipe):
                     data = pipe.iterable
                     size = len(data) if hasattr(data, "__len__") else None
                     sample = (data[0], data[-1]) if type(data) in (list, tuple, range) and data else ()
@@ -698,7 +718,15 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         found = _context.dist_rank_world()
         if found is not None:
             state["_captured"] = found
-        if IterDataPipe.getstate_hook is not None:
+        if IterDataPipe.getstate_hook is not None:  # torch is walking the graph (graph.traverse_dps)
+            if _walk_for_seeds_or_sharding():
+                # The DataLoader walks the graph to seed random pipes and apply sharding
+                # (twice in every worker, at start-up). dist_shard seeds everything
+                # upstream itself and refused upstream sharding at construction, so
+                # those walks end here instead of pickling the upstream data (for
+                # in-memory records most of a worker's start-up, and a copy-on-write
+                # of every page they sit on); every other walk sees the whole graph.
+                state.pop("source_datapipe", None)
             return IterDataPipe.getstate_hook(state)
         return state
 
@@ -706,6 +734,66 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self.__dict__.update(state)
         if self._captured is not None:
             _context.note_captured(self._captured)
+
+
+def _forking_loader() -> bool:
+    """Whether a DataLoader with workers is creating its iterator right now (before
+    it starts them: its ``__init__`` holds the DataLoader as ``loader``)."""
+    from torch.utils.data import DataLoader
+
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        loader = frame.f_locals.get("loader")
+        if isinstance(loader, DataLoader):
+            return loader.num_workers > 0
+        frame = frame.f_back
+    return False
+
+
+_OWN_WALKS = ("apply_random_seed", "apply_sharding")
+
+
+def _walk_for_seeds_or_sharding() -> bool:
+    """Whether this call comes from torch's ``graph_settings.apply_random_seed`` or
+    ``apply_sharding``, which the DataLoader runs in its main process and twice in
+    every worker."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name in _OWN_WALKS and frame.f_globals.get("__name__") == "torch.utils.data.graph_settings":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _EpochReader(RandomAccessReader):
+    """A random-access reader of another epoch (``even="carry"``'s tail): reads with
+    the upstream seeded for that epoch (``seed``) and seeds it back (``back``) after."""
+
+    def __init__(self, inner: Reader, seed: Callable[[], None], back: Callable[[], None]) -> None:
+        assert isinstance(inner, RandomAccessReader), "even='carry' reads random-access sources only"
+        self.inner, self._seed, self._back = inner, seed, back
+        self.mode, self.prefers_blocks, self.shuffle_kind = inner.mode, inner.prefers_blocks, inner.shuffle_kind
+
+    def length(self) -> int:
+        return self.inner.length()
+
+    def identity(self) -> str:
+        return self.inner.identity()
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def order(self, seed: int) -> Callable[[int], int]:
+        return self.inner.order(seed)
+
+    def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
+        self._seed()
+        try:
+            yield from self.inner.read(positions, shuffled)
+        finally:
+            self._back()
 
 
 def _torch_split(captured: tuple[int, int] | None) -> tuple[int, int]:

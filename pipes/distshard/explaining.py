@@ -338,6 +338,9 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
         reads.append(f"stream: every slot walks the stream of {_name(read_plan.base)}: "
                      f"{S} read{'s' if S > 1 else ''} per element of it (no random access)")
         out.reads_per_element = float(S)
+    mixture = getattr(type(read_plan.base), "describe", None)
+    if mixture is not None and hasattr(type(read_plan.base), "distshard_identity"):  # a mix, a weighted_sample
+        reads.append(f"mixture: {mixture(read_plan.base)}")
     if read_plan.maps:
         reads.append("pushdown: " + ", ".join(_name(m) for m in read_plan.maps)
                      + " run on this slot's elements only: once per element cluster-wide")

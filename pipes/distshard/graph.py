@@ -99,13 +99,13 @@ def upstream_pipes(source: DataPipe) -> list[DataPipe]:
     return get_all_graph_pipes(pipe_graph(source))
 
 
-def check_no_sharding(source: IterDataPipe) -> None:
+def check_no_sharding(source: IterDataPipe, pipes: list[DataPipe] | None = None) -> None:
     """Raise ``RuntimeError`` if a sharding pipe sits upstream of a new ``dist_shard``.
 
     Sharding twice keeps ``1 / S²`` of the data: a ``sharding_filter`` or another
     ``dist_shard`` upstream is always a mistake.
     """
-    for pipe in upstream_pipes(source):
+    for pipe in upstream_pipes(source) if pipes is None else pipes:
         if _is_sharding_datapipe(pipe):
             raise RuntimeError(
                 f"dist_shard() was applied downstream of {type(pipe).__name__}, which "
@@ -115,10 +115,11 @@ def check_no_sharding(source: IterDataPipe) -> None:
             )
 
 
-def random_pipes(source: IterDataPipe) -> list[DataPipe]:
+def random_pipes(source: IterDataPipe, pipes: list[DataPipe] | None = None) -> list[DataPipe]:
     """The upstream pipes with a ``set_seed`` method (e.g. ``shuffle()``), in
-    traversal order; every copy of the pipeline finds them in the same order."""
-    return [pipe for pipe in upstream_pipes(source) if _is_random_datapipe(pipe)]
+    traversal order; every copy of the pipeline finds them in the same order.
+    ``pipes``: ``upstream_pipes(source)`` if already walked (a walk pickles every pipe)."""
+    return [pipe for pipe in (upstream_pipes(source) if pipes is None else pipes) if _is_random_datapipe(pipe)]
 
 
 class Positional(Generic[T]):

@@ -2,92 +2,277 @@
 that is the same at any world size and worker count.
 
 Which source each position comes from is decided by :mod:`distshard.schedule`
-(from the weights alone, never the data): in every prefix each source's count is
-within 1 of its exact share. ``.dist_shard()`` after ``mix`` shards that stream
-like any other. When every source has random access (a positional container, a
-``distshard`` file source, with only 1:1 ``.map()`` above), the mix has random
-access too: a slot reads exactly its own positions, so each element of each
-source is read once over the cluster, and ``shuffle=True``, resume and elastic
-resume work as for any random-access source. Otherwise the mix is a stream that
-every slot walks (exact, but every slot reads every source).
+(from the weights, phases and costs alone, never the data): in every prefix each
+source's count (or cost) is within 1 (or the largest element cost) of its exact
+share. ``.dist_shard()`` after ``mix`` shards that stream like any other. When
+every source has random access (a positional container, a ``distshard`` file
+source, with only 1:1 ``.map()`` above), the mix has random access too: a slot
+reads exactly its own positions, so each element of each source is read once over
+the cluster, and ``shuffle=True``, resume and elastic resume work as for any
+random-access source. Otherwise the mix is a stream that every slot walks (exact,
+but every slot reads every source).
+
+Seeding, explicitly. A mix has no randomness of its own; its sources may (an
+upstream ``shuffle()``, a ``weighted_sample``). Pass ``q`` of source ``i`` (its
+``q``-th time through, ``stop="all_exhausted"`` or ``samples=``) seeds the
+source's random pipes from ``mix_seed(seed, received, epoch, i, q, index)``
+(:meth:`MixIterDataPipe.pass_seed`), where ``received`` is the last value given to
+:meth:`MixIterDataPipe.set_seed` (``dist_shard`` hands over one per epoch, the
+same on every slot) and ``epoch`` the mix's own ``set_epoch``. Streams seed a
+pass when they open it; the random-access view seeds a source before reading an
+element of a pass other than the one it last seeded, so both give the same
+elements. The element at position ``p`` is therefore a pure function of ``(seed,
+received, epoch, p)``: :meth:`MixSequence.element` reads it for any ``received``
+(e.g. another epoch's) and leaves the mix as it was.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
+from torch.utils.data.graph_settings import _is_random_datapipe
 
 from .graph import plan_pushdown, random_pipes
 from .plan import mix_seed
 from .readers import SequenceReader
-from .schedule import Schedule
+from .readers.sequence import ElementCopier
+from .schedule import integer_weights, make_schedule
 
-__all__ = ["MixIterDataPipe", "mix"]
+__all__ = ["MixIterDataPipe", "MixSequence", "mix"]
 
 STOPS = ("first_exhausted", "all_exhausted")
 _END = object()
 
+Weights = Mapping[Any, float]
+Phases = Sequence[tuple[int, Weights]]
 
-def _check_weights(names: list[str], weights: object) -> list[float]:
-    if not isinstance(weights, Mapping):
-        raise TypeError(f"weights must be a mapping name -> positive number, got {type(weights).__name__}")
-    extra = [name for name in weights if name not in names]
+
+def digest(*values: Any) -> str:
+    """A 16-hex-digit digest of the whole ``repr`` of values (every item, unlike
+    ``readers.stable_digest``'s sample): for weights and costs in identities."""
+    return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
+
+
+def _check_int(name: str, value: object, *, optional: bool) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r} must be {'None or ' if optional else ''}an int "
+                        f"(got {type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name}={value} must be non-negative")
+    return value
+
+
+def _names(sources: Mapping) -> list[str]:
+    names = [str(key) for key in sources]
+    seen: dict[str, Any] = {}
+    for key, name in zip(sources, names):
+        if name in seen:
+            raise ValueError(f"sources {seen[name]!r} and {key!r} have the same name {name!r}; give the sources "
+                             "keys that print differently")
+        seen[name] = key
+    return names
+
+
+def _check_keys(keys: list, given: Mapping, what: str, missing: str) -> None:
+    """Every key of ``given`` is a source key and every source has one."""
+    extra = [key for key in given if key not in keys]
     if extra:
-        raise ValueError(f"weights name {extra[0]!r}, which is not a source; sources are {names}")
+        hint = ""
+        if any(str(key) == str(e) for key in keys for e in extra):
+            hint = " (the keys must be the sources' own keys, of the same type)"
+        raise ValueError(f"{what} name {extra[0]!r}, which is not a source; sources are {keys}{hint}")
+    absent = [key for key in keys if key not in given]
+    if absent:
+        raise ValueError(missing.format(key=absent[0]))
+
+
+def _check_weights(keys: list, weights: object, where: str, zero_ok: bool) -> list[float]:
+    """One phase's weights, in source order."""
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"{where}weights must be a mapping source -> weight, got {type(weights).__name__}")
+    _check_keys(keys, weights, f"{where}weights",
+                f"{where}source {{key!r}} has no weight; give every source a weight")
     out = []
-    for name in names:
-        if name not in weights:
-            raise ValueError(f"source {name!r} has no weight; give every source a positive weight")
-        weight = weights[name]
+    for key in keys:
+        weight = weights[key]
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
-            raise TypeError(f"the weight of source {name!r} is {weight!r}, not a number")
-        if not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"the weight of source {name!r} is {weight!r}; weights must be positive and "
+            raise TypeError(f"{where}the weight of source {key!r} is {weight!r}, not a number")
+        if not math.isfinite(weight) or weight < 0 or (weight == 0 and not zero_ok):
+            raise ValueError(f"{where}the weight of source {key!r} is {weight!r}; weights must be positive and "
                              "finite (drop a source instead of giving it weight 0)")
         out.append(weight)
+    if not any(out):
+        raise ValueError(f"{where}every weight is 0: give some source a positive weight")
     return out
+
+
+def _check_phases(keys: list, weights: object) -> list[tuple[int, list[float]]]:
+    """``weights`` (a mapping, or phases ``[(start, mapping), ...]``) as phases of
+    weights in source order."""
+    if isinstance(weights, Mapping):
+        return [(0, _check_weights(keys, weights, "", zero_ok=False))]
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise TypeError(f"weights must be a mapping source -> weight, or phases [(0, {{...}}), (start, {{...}}), "
+                        f"...], got {type(weights).__name__}")
+    if not weights:
+        raise ValueError("weights has no phase; give [(0, {source: weight, ...}), ...]")
+    phases: list[tuple[int, list[float]]] = []
+    for j, phase in enumerate(weights):
+        if isinstance(phase, (str, bytes)) or not isinstance(phase, Sequence) or len(phase) != 2:
+            raise TypeError(f"phase {j} is {phase!r}; each phase is a pair (start position, {{source: weight}})")
+        start, mapping = phase
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise TypeError(f"phase {j} starts at {start!r}, not an int position")
+        if j == 0 and start != 0:
+            raise ValueError(f"phase 0 starts at {start}; the first phase must start at position 0")
+        if j and start <= phases[-1][0]:
+            raise ValueError(f"phase {j} starts at {start}, not after phase {j - 1}'s start {phases[-1][0]}: "
+                             "starts must increase")
+        phases.append((start, _check_weights(keys, mapping, f"phase {j} (from position {start}): ", zero_ok=True)))
+    for i, key in enumerate(keys):
+        if not any(weights_[i] for _, weights_ in phases):
+            raise ValueError(f"source {key!r} has weight 0 in every phase; drop it instead")
+    return phases
+
+
+def _is_sequence(value: object) -> bool:
+    return (hasattr(value, "__len__") and hasattr(value, "__getitem__")
+            and not isinstance(value, (str, bytes, Mapping)))
+
+
+def _check_costs(key: Any, costs: object) -> list:
+    if not _is_sequence(costs):
+        raise TypeError(f"the costs of source {key!r} are a {type(costs).__name__}; give a sequence of "
+                        "per-element costs aligned with the source's positions (e.g. token counts)")
+    out = []
+    for index in range(len(costs)):  # type: ignore[arg-type]
+        value = costs[index]  # type: ignore[index]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"cost[{key!r}][{index}]={value!r} is not a number")
+        value = int(value) if isinstance(value, numbers.Integral) else float(value)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"cost[{key!r}][{index}]={value!r}; costs must be finite and non-negative")
+        out.append(value)
+    if out and not any(out):
+        raise ValueError(f"the costs of source {key!r} are all 0: it would take every position of its phases; "
+                         "give its elements their costs, or drop it")
+    return out
+
+
+def _source_length(source: IterDataPipe) -> int | None:
+    plan = plan_pushdown(source, True)
+    if plan.sequence is not None:
+        return len(plan.sequence)
+    try:
+        return len(source)
+    except TypeError:
+        return None
+
+
+def _stored_bytes(key: Any, source: IterDataPipe) -> list[int]:
+    sequence = plan_pushdown(source, True).sequence
+    sample_bytes = getattr(sequence, "sample_bytes", None)
+    if not callable(sample_bytes):
+        raise ValueError(
+            f"cost='bytes' takes each sample's stored bytes from the index of a distshard file source "
+            f"(webdataset, jsonl), but source {key!r} is a {type(source).__name__}"
+            f"{'' if sequence is None else ' over ' + type(sequence).__name__}; pass "
+            "cost={source: [per-element costs], ...} instead")
+    return list(sample_bytes())
 
 
 class MixIterDataPipe(IterDataPipe):
     r"""Sources interleaved by weight (see :func:`distshard.mix`)."""
 
-    def __init__(self, sources: Mapping[str, IterDataPipe], weights: Mapping[str, float], *,
-                 seed: int | None = None, stop: str = "all_exhausted", samples: int | None = None) -> None:
-        if not isinstance(sources, Mapping) or not sources:
+    def __init__(self, sources: Mapping[Any, IterDataPipe], weights: Weights | Phases, *,
+                 seed: int | None = None, stop: str = "all_exhausted", samples: int | None = None,
+                 cost: str | Mapping[Any, Sequence[float]] | None = None) -> None:
+        if not isinstance(sources, Mapping):
+            raise TypeError(f"sources must be a mapping name -> IterDataPipe, e.g. {{'web': web, 'code': code}}, "
+                            f"got {type(sources).__name__}")
+        if not sources:
             raise ValueError("sources must be a non-empty mapping name -> IterDataPipe, e.g. "
                              "{'web': web, 'code': code}")
-        self.names = [str(name) for name in sources]
-        for name, source in sources.items():
+        self.keys = list(sources)
+        self.names = _names(sources)
+        for key, source in sources.items():
             if not isinstance(source, IterDataPipe):
-                raise TypeError(f"source {name!r} is a {type(source).__name__}, not an IterDataPipe; wrap it "
+                raise TypeError(f"source {key!r} is a {type(source).__name__}, not an IterDataPipe; wrap it "
                                 "with IterableWrapper")
         self.sources = list(sources.values())
-        self.weights = _check_weights(self.names, weights)
-        if stop not in STOPS:
+        self.phases = _check_phases(self.keys, weights)
+        self.weights = self.phases[0][1]  # the first phase's, in source order
+        if not isinstance(stop, str) or stop not in STOPS:
             raise ValueError(f"stop={stop!r} is not one of {STOPS}")
-        if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 0):
-            raise ValueError(f"samples={samples!r} must be None or a non-negative int (the epoch's length)")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed={seed!r} must be None or a non-negative int")
-        self.stop, self.samples, self.seed = stop, samples, seed
-        self.schedule = Schedule(self.weights)
+        self.samples = _check_int("samples", samples, optional=True)
+        self.seed = _check_int("seed", seed, optional=True)
+        self.stop = stop
+        self.cost_kind, self.costs = self._costs(cost)
+        self.schedule = make_schedule(self.phases, self.costs)
+        self.declared: list[int] | None = None  # elements per source, when costs declare them
+        self.known_length: int | None = None
+        if self.costs is not None:
+            self.declared = [len(c) for c in self.costs]
+            for key, source, n in zip(self.keys, self.sources, self.declared):
+                length = _source_length(source)
+                if length is not None and length != n:
+                    raise ValueError(f"the costs of source {key!r} have {n} entries but the source has {length} "
+                                     "elements; give one cost per element, aligned with its positions")
+            self.known_length = self.length_for(self.declared)
+            self.schedule.extend(self.known_length)  # the whole schedule, once, here: workers inherit it
+        self._identity = self._make_identity()
         self._epoch = 0
         self._received: int | None = None  # the seed torch or dist_shard hands to random pipes
+        self._randoms: dict[int, list] = {}  # per process: each source's random pipes
+        self._seeded: dict[int, tuple] = {}  # per process: (received, epoch, pass) each source was seeded for
+
+    def _costs(self, cost: object) -> tuple[str | None, list[list] | None]:
+        if cost is None:
+            return None, None
+        if isinstance(cost, str):
+            if cost != "bytes":
+                raise ValueError(f"cost={cost!r}: give 'bytes' (distshard file sources) or a mapping source -> "
+                                 "per-element costs")
+            return "bytes", [_check_costs(key, _stored_bytes(key, source))
+                             for key, source in zip(self.keys, self.sources)]
+        if not isinstance(cost, Mapping):
+            raise TypeError(f"cost must be None, 'bytes' or a mapping source -> per-element costs, "
+                            f"got {type(cost).__name__}")
+        _check_keys(self.keys, cost, "cost", "source {key!r} has no costs; give every source its per-element costs")
+        return "given", [_check_costs(key, cost[key]) for key in self.keys]
+
+    def _make_identity(self) -> str:
+        """What a checkpoint records of this mix (see ``readers.base``): names, seed,
+        stop, samples, every phase's start and exact weights, every cost."""
+        weights = [(start, integer_weights(w)) for start, w in self.phases]
+        costs = "none" if self.costs is None else f"{self.cost_kind}:{digest(self.costs)}"
+        return (f"mix names={','.join(self.names)} seed={self.seed or 0} stop={self.stop} samples={self.samples} "
+                f"phases={len(self.phases)}:{digest([start for start, _ in self.phases])} "
+                f"weights={digest(weights)} cost={costs}")
+
+    def distshard_identity(self) -> str:
+        return self._identity
 
     # -- randomness: the sources' own random pipes are re-seeded every pass --------
     def set_seed(self, seed: int) -> "MixIterDataPipe":
         """Called by ``dist_shard`` (or torch's DataLoader) with a seed that is the
         same on every slot; each pass of each source is seeded from it."""
         self._received = int(seed)
+        self._seeded = {}
         return self
 
     def set_epoch(self, epoch: int) -> "MixIterDataPipe":
         self._epoch = int(epoch)
+        self._seeded = {}
         return self
 
     def pass_seed(self, source: int, pass_: int, index: int) -> int:
@@ -95,61 +280,86 @@ class MixIterDataPipe(IterDataPipe):
         return mix_seed(self.seed or 0, self._received or 0, self._epoch, source, pass_, index)
 
     def _seed_pass(self, source: int, pass_: int) -> None:
-        for index, pipe in enumerate(random_pipes(self.sources[source])):
+        pipes = self._randoms.get(source)
+        if pipes is None:
+            pipes = self._randoms[source] = random_pipes(self.sources[source])
+        for index, pipe in enumerate(pipes):
             pipe.set_seed(self.pass_seed(source, pass_, index))
+        self._seeded[source] = (self._received, self._epoch, pass_)
+
+    def seed_pass(self, source: int, pass_: int) -> None:
+        """Seed ``source``'s random pipes for pass ``pass_`` unless they are already."""
+        if self._seeded.get(source) != (self._received, self._epoch, pass_):
+            self._seed_pass(source, pass_)
 
     # -- lengths -----------------------------------------------------------------
     def length_for(self, counts: list[int]) -> int:
         """The mixed stream's length when source ``i`` holds ``counts[i]`` elements."""
         schedule = self.schedule
-        empty = [self.names[i] for i, n in enumerate(counts) if n == 0]
         if self.samples is not None:
             for i, n in enumerate(counts):
-                if n == 0 and self.samples > schedule.position_of(i, 0):
+                first = schedule.position_of(i, 0) if n == 0 else None
+                if first is not None and first < self.samples:
                     raise ValueError(f"source {self.names[i]!r} is empty but the mix needs its elements")
             return self.samples
         if self.stop == "first_exhausted":
-            # a pick never comes before its window opens: skip sources that cannot end it first
-            total, weights = schedule.period, schedule.weights
-            opens = sorted(range(len(counts)), key=lambda i: counts[i] * total // weights[i])
-            end: int | None = None
-            for i in opens:
-                if end is not None and counts[i] * total // weights[i] >= end:
-                    break
-                found = schedule.position_of(i, counts[i])
-                end = found if end is None else min(end, found)
-            assert end is not None
+            end = schedule.first_reaching(counts)
+            assert end is not None  # some source has weight in the last phase
             return end
+        empty = [self.names[i] for i, n in enumerate(counts) if n == 0]
         if empty:
             raise ValueError(f"source {empty[0]!r} is empty: stop='all_exhausted' would never see it whole; "
                              "drop it or use stop='first_exhausted'")
-        return max(schedule.position_of(i, n - 1) for i, n in enumerate(counts)) + 1
+        ends = []
+        for i, n in enumerate(counts):
+            last = schedule.position_of(i, n - 1)
+            if last is None:
+                raise ValueError(
+                    f"source {self.names[i]!r} has weight 0 in the last phase and is not seen whole before it: "
+                    "stop='all_exhausted' would never end; give it a weight in the last phase, or use samples= "
+                    "or stop='first_exhausted'")
+            ends.append(last)
+        return max(ends) + 1
 
     def __len__(self) -> int:
         if self.samples is not None:
             return self.samples
+        if self.known_length is not None:
+            return self.known_length
         return self.length_for([len(source) for source in self.sources])
 
     # -- random access -------------------------------------------------------------
     def __distshard_sequence__(self) -> "MixSequence | None":
         """A positional view of the mixed stream when every source has random
         access, else ``None`` (then the mix is a stream)."""
-        readers = []
+        plans = []
         for source in self.sources:
             plan = plan_pushdown(source, True)
             if plan.sequence is None:
                 return None
-            readers.append((SequenceReader(plan.sequence, plan.copy_elements), plan.apply if plan.maps else None))
-        counts = [reader.length() for reader, _ in readers]
-        return MixSequence(self, readers, self.length_for(counts))
+            plans.append(plan)
+        counts = [len(plan.sequence) for plan in plans]
+        if self.declared is not None and counts != self.declared:  # pragma: no cover - checked at construction
+            raise ValueError(f"the sources hold {counts} elements, their costs {self.declared}")
+        length = self.known_length if self.known_length is not None else self.length_for(counts)
+        return MixSequence(self, plans, length)
 
     def describe(self) -> str:
-        total = sum(self.weights)
-        parts = ", ".join(f"{name} {100 * w / total:.3g}%" for name, w in zip(self.names, self.weights))
+        def shares(weights: list[float]) -> str:
+            total = sum(weights)
+            return ", ".join(f"{name} {100 * w / total:.3g}%" for name, w in zip(self.names, weights))
+
+        if len(self.phases) == 1:
+            mixture = f"({shares(self.weights)})"
+        else:
+            mixture = "in phases: " + "; ".join(f"from {start}: {shares(w)}" for start, w in self.phases)
+        if self.costs is not None:
+            what = "stored bytes" if self.cost_kind == "bytes" else "the given costs"
+            mixture += f", weights as shares of {what} (every prefix within the largest element cost)"
         how = "random access" if self.__distshard_sequence__() is not None else \
             "a stream (a source without random access: every slot reads every source)"
         end = f"samples={self.samples}" if self.samples is not None else f"stop={self.stop!r}"
-        return f"mix of {len(self.names)} sources ({parts}), {end}, {how}"
+        return f"mix of {len(self.names)} sources {mixture}, {end}, {how}"
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -158,7 +368,10 @@ class MixIterDataPipe(IterDataPipe):
             for position in range(len(sequence)):
                 yield sequence[position]
             return
-        yield from self._stream()
+        if self.declared is not None:
+            yield from self._declared_stream()
+        else:
+            yield from self._stream()
 
     def _stream(self) -> Iterator[Any]:
         """The mixed stream over sources that are streams: each source is read one
@@ -170,6 +383,8 @@ class MixIterDataPipe(IterDataPipe):
         passes = [0] * n
         whole = [False] * n  # the source's first pass is complete
         endless = self.samples is not None or self.stop == "all_exhausted"
+        last_start, last_weights = self.phases[-1]
+        paused = [i for i, w in enumerate(last_weights) if not w]  # never picked again in the last phase
 
         def open_pass(i: int) -> None:
             self._seed_pass(i, passes[i])
@@ -179,6 +394,13 @@ class MixIterDataPipe(IterDataPipe):
         for position, (i, _) in enumerate(self.schedule.iterate()):
             if self.samples is not None and position >= self.samples:
                 return
+            if position == last_start and self.samples is None and self.stop == "all_exhausted":
+                for j in paused:
+                    if not whole[j]:  # as length_for says for random access
+                        raise ValueError(
+                            f"source {self.names[j]!r} has weight 0 in the last phase and is not seen whole before "
+                            "it: stop='all_exhausted' would never end; give it a weight in the last phase, or use "
+                            "samples= or stop='first_exhausted'")
             if iterators[i] is None:
                 open_pass(i)
             if ahead[i] is _END:  # this pass of source i is over
@@ -197,25 +419,83 @@ class MixIterDataPipe(IterDataPipe):
                 if self.samples is None and self.stop == "all_exhausted" and all(whole):
                     return
 
+    def _declared_stream(self) -> Iterator[Any]:
+        """The mixed stream when costs declare every source's count (and so the
+        length): pick ``k`` of source ``i`` is element ``k % n_i`` of pass ``k // n_i``;
+        a source that yields more or fewer elements than it has costs raises."""
+        declared, length = self.declared, self.known_length
+        assert declared is not None and length is not None
+        iterators: list[Iterator[Any] | None] = [None] * len(self.sources)
+        for _, (i, k) in zip(range(length), self.schedule.iterate()):
+            pass_, index = divmod(k, declared[i])
+            if index == 0:
+                self._seed_pass(i, pass_)
+                iterators[i] = iter(self.sources[i])
+            element = next(iterators[i], _END)  # type: ignore[arg-type]
+            if element is _END:
+                raise ValueError(f"source {self.names[i]!r} yielded {index} elements in pass {pass_}, but its "
+                                 f"costs declare {declared[i]}; give one cost per element")
+            if index == declared[i] - 1 and next(iterators[i], _END) is not _END:  # type: ignore[arg-type]
+                raise ValueError(f"source {self.names[i]!r} yielded more than the {declared[i]} elements its "
+                                 "costs declare; give one cost per element")
+            yield element
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_randoms"], state["_seeded"] = {}, {}  # per process
+        if IterDataPipe.getstate_hook is not None:
+            return IterDataPipe.getstate_hook(state)
+        return state
+
     def __repr__(self) -> str:
         return f"MixIterDataPipe({', '.join(self.names)})"
 
 
+def _composed(plan: Any) -> Callable | None:
+    """The 1:1 maps above a source as one function (``None``: no map): a map's
+    own function when it takes and returns whole elements (what its ``_apply_fn``
+    then calls), so an element costs no call of torch's per-column logic."""
+    if not plan.maps:
+        return None
+    if len(plan.maps) == 1:
+        mapper = plan.maps[0]
+        if type(mapper)._apply_fn is MapperIterDataPipe._apply_fn and mapper.input_col is None \
+                and mapper.output_col is None:
+            return mapper.fn
+    return plan.apply
+
+
+def _has_random_pipes(source: IterDataPipe, plan: Any) -> bool:
+    """Whether a random-access source has random pipes of its own (to seed per
+    pass). Only a base with a ``__distshard_sequence__`` of its own (a mix, a
+    ``weighted_sample``) or a random map can: an ``IterableWrapper`` over a list has
+    none, and walking its graph would pickle the list."""
+    if not any(_is_random_datapipe(pipe) for pipe in plan.maps) and \
+            getattr(type(plan.base), "__distshard_sequence__", None) is None:
+        return False
+    return bool(random_pipes(source))
+
+
 class MixSequence:
     """The mixed stream with random access: position ``p`` is element ``k % n_i``
-    of source ``i``, where ``(i, k)`` is the schedule's pick at ``p``."""
+    of source ``i``, in its pass ``k // n_i``, where ``(i, k)`` is the schedule's
+    pick at ``p``. A source with random pipes of its own (a ``weighted_sample``) is
+    seeded for that pass first (see the module doc), as the stream would be."""
 
     distshard_blocks = False  # the mixed stream splits by position, like any stream
 
-    def __init__(self, mix: MixIterDataPipe, readers: list[tuple[SequenceReader, Callable | None]],
-                 length: int) -> None:
+    def __init__(self, mix: MixIterDataPipe, plans: list, length: int) -> None:
+        self.mix = mix
         self.names = mix.names
         self.schedule = mix.schedule
-        self.readers = readers
-        self.counts = [reader.length() for reader, _ in readers]
+        self.sequences = [plan.sequence for plan in plans]
+        self.counts = [len(sequence) for sequence in self.sequences]
+        self.copiers = [ElementCopier() if plan.copy_elements else None for plan in plans]
+        self.maps: list[Callable | None] = [_composed(plan) for plan in plans]
+        self.random = [_has_random_pipes(source, plan) for source, plan in zip(mix.sources, plans)]
         self.length = length
-        self._identity = (f"mix:{self.names}:{self.schedule.weights}:{mix.stop}:{mix.samples}:{length}:"
-                          + ",".join(reader.identity() for reader, _ in readers))
+        self._identity = (f"{mix.distshard_identity()} length={length} sources="
+                          + ",".join(SequenceReader(s).identity() for s in self.sequences))
 
     def __len__(self) -> int:
         return self.length
@@ -226,12 +506,38 @@ class MixSequence:
         return source, k % self.counts[source]
 
     def __getitem__(self, position: int) -> Any:
-        if not 0 <= position < self.length:
-            raise IndexError(f"position {position} is outside the mix of {self.length}")
-        source, index = self.locate(position)
-        reader, apply = self.readers[source]
-        element = next(reader.read([index]))
-        return apply(element) if apply is not None else element
+        return next(self.distshard_read((position,)))
+
+    def distshard_read(self, positions: Iterable[int]) -> Iterator[Any]:
+        """The elements at ``positions``, in order (``SequenceReader`` reads through it:
+        one generator for a slot's whole share, not a call per element)."""
+        length, source_at, mix = self.length, self.schedule.source_at, self.mix
+        counts, sequences, copiers, maps, random = self.counts, self.sequences, self.copiers, self.maps, self.random
+        for position in positions:
+            if not 0 <= position < length:
+                raise IndexError(f"position {position} is outside the mix of {length}")
+            source, k = source_at(position)
+            pass_, index = divmod(k, counts[source])
+            if random[source]:
+                mix.seed_pass(source, pass_)
+            element = sequences[source][index]
+            copier = copiers[source]
+            if copier is not None:
+                element = copier(element)
+            apply = maps[source]
+            yield apply(element) if apply is not None else element
+
+    def element(self, position: int, received: int | None) -> Any:
+        """The element at ``position`` when the mix was handed ``received`` by
+        ``set_seed`` (``dist_shard`` hands one per epoch), whatever it holds now; the
+        mix is left as it was."""
+        mix = self.mix
+        saved = mix._received
+        mix._received = received
+        try:
+            return self[position]
+        finally:
+            mix._received = saved
 
     def distshard_identity(self) -> str:
         return self._identity
@@ -243,8 +549,9 @@ class MixSequence:
         return copy.copy(self)
 
 
-def mix(sources: Mapping[str, IterDataPipe], weights: Mapping[str, float], *, seed: int | None = None,
-        stop: str = "all_exhausted", samples: int | None = None) -> MixIterDataPipe:
+def mix(sources: Mapping[Any, IterDataPipe], weights: Weights | Phases, *, seed: int | None = None,
+        stop: str = "all_exhausted", samples: int | None = None,
+        cost: str | Mapping[Any, Sequence[float]] | None = None) -> MixIterDataPipe:
     r"""Interleave ``sources`` by ``weights`` into one stream.
 
     The source of every position comes from a low-discrepancy schedule computed from
@@ -256,18 +563,32 @@ def mix(sources: Mapping[str, IterDataPipe], weights: Mapping[str, float], *, se
     source once when every source has random access.
 
     Args:
-        sources: a mapping name -> IterDataPipe, in a fixed order.
-        weights: a mapping name -> positive number (proportions; need not sum to 1).
+        sources: a mapping name -> IterDataPipe, in a fixed order (names may be any
+            hashable keys that print differently; weights and costs use the same keys).
+        weights: a mapping name -> positive number (proportions; need not sum to 1),
+            or phases ``[(0, w0), (start1, w1), ...]``: positions from ``start_k`` on
+            follow ``w_k`` (a curriculum, an annealing mix), every prefix of a phase
+            counted from its start within 1 of the phase's shares, every source going
+            on where it stopped. In phases a weight may be 0 (the source pauses).
         seed: base of the seeds of each source's own random pipes (``shuffle()``),
             re-drawn for every pass from ``(seed, epoch, pass)``.
         stop: ``"first_exhausted"`` ends when a source runs out;
             ``"all_exhausted"`` (default) cycles exhausted sources (a new pass, with
             a new order when the source shuffles) until every source was seen whole.
         samples: a fixed epoch length instead (sources cycle as needed).
+        cost: make the weights shares of *cost* instead of counts: a mapping
+            name -> per-element costs aligned with the source's positions (token
+            counts), or ``"bytes"`` for distshard file sources (each sample's stored
+            bytes, from their index). In every prefix each source's cost is within
+            the largest element cost of its share of the prefix's cost. The schedule
+            is computed here, once, from the costs alone.
 
     Example:
         >>> web, code = IterableWrapper(range(70)), IterableWrapper(range(100, 130))
         >>> dp = distshard.mix({"web": web, "code": code}, {"web": 0.7, "code": 0.3})
         >>> sharded = dp.dist_shard(even="drop")  # doctest: +SKIP
+        >>> annealed = distshard.mix({"web": web, "code": code},
+        ...                          [(0, {"web": 0.9, "code": 0.1}), (50, {"web": 0.5, "code": 0.5})])
     """
-    return MixIterDataPipe(sources, weights, seed=seed, stop=stop, samples=samples)
+    return MixIterDataPipe(sources, weights, seed=seed, stop=stop, samples=samples, cost=cost)
+

@@ -12,8 +12,11 @@ weights: O(1) per slot (the cumulative weights are one array).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 import numbers
+from array import array
+from collections.abc import Iterable, Mapping
 from itertools import accumulate
 from typing import Any, Iterator, Sequence
 
@@ -21,9 +24,40 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .graph import plan_pushdown
 from .plan import mix_seed
-from .readers import SequenceReader, stable_digest
+from .readers import SequenceReader
 
 __all__ = ["WeightedSampleIterDataPipe", "weighted_sample"]
+
+
+def _check_weights(weights: object, n: int) -> list[float]:
+    """One finite non-negative weight per element, some positive, as floats scaled
+    by a power of two so that their sum cannot overflow (the proportions are exact)."""
+    if isinstance(weights, Mapping):
+        raise TypeError(
+            "weights is a mapping; weighted_sample takes one weight per element position, as a sequence "
+            "aligned with the source: pass [weights[i] for i in range(len(source))]")
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
+        raise TypeError(f"weights must be a sequence of one number per element, got {type(weights).__name__}")
+    values = list(weights)
+    if len(values) != n:
+        raise ValueError(f"weights has {len(values)} entries but the source has {n} elements; "
+                         "give one weight per element")
+    out = []
+    for index, weight in enumerate(values):
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+            raise TypeError(f"weights[{index}]={weight!r} is not a number")
+        try:
+            value = float(weight)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"weights[{index}]={weight!r} must be finite and non-negative")
+        out.append(value)
+    largest = max(out, default=0.0)
+    if largest <= 0:
+        raise ValueError("the weights sum to 0: at least one element needs a positive weight")
+    shift = math.frexp(largest)[1]  # scaled weights are at most 1: their sum at most n
+    return [math.ldexp(value, -shift) for value in out]
 
 
 class WeightedSampleIterDataPipe(IterDataPipe):
@@ -33,6 +67,14 @@ class WeightedSampleIterDataPipe(IterDataPipe):
                  seed: int | None = None) -> None:
         if not isinstance(source, IterDataPipe):
             raise TypeError(f"source must be an IterDataPipe, got {type(source).__name__}")
+        if isinstance(samples, bool) or not isinstance(samples, int):
+            raise TypeError(f"samples={samples!r} must be an int (draws per epoch), got {type(samples).__name__}")
+        if samples < 0:
+            raise ValueError(f"samples={samples} must be non-negative (draws per epoch)")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed={seed!r} must be None or an int, got {type(seed).__name__}")
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed={seed} must be non-negative")
         plan = plan_pushdown(source, True)
         if plan.sequence is None:
             raise ValueError(
@@ -43,31 +85,22 @@ class WeightedSampleIterDataPipe(IterDataPipe):
         self.source = source
         self._reader = SequenceReader(plan.sequence, plan.copy_elements)
         self._apply = plan.apply if plan.maps else None
-        n = self._reader.length()
-        weights = list(weights)
-        if len(weights) != n:
-            raise ValueError(f"weights has {len(weights)} entries but the source has {n} elements; "
-                             "give one weight per element")
-        for index, weight in enumerate(weights):
-            if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
-                raise TypeError(f"weights[{index}]={weight!r} is not a number")
-            if not math.isfinite(weight) or weight < 0:
-                raise ValueError(f"weights[{index}]={weight!r} must be finite and non-negative")
-        self.cumulative = list(accumulate(float(w) for w in weights))
-        if not self.cumulative or self.cumulative[-1] <= 0:
-            raise ValueError("the weights sum to 0: at least one element needs a positive weight")
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise ValueError(f"samples={samples!r} must be a non-negative int (draws per epoch)")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed={seed!r} must be None or a non-negative int")
+        scaled = _check_weights(weights, self._reader.length())
+        self.cumulative = list(accumulate(scaled))
         self.samples, self.seed = samples, seed
         self._epoch = 0
         self._received: int | None = None
-        self._digest = stable_digest(weights[:64], len(weights))
+        # every weight enters the identity (exactly: the scaled floats' bytes)
+        weights_digest = hashlib.blake2b(array("d", scaled).tobytes(), digest_size=8).hexdigest()
+        self._identity = (f"weighted_sample seed={seed or 0} samples={samples} n={len(scaled)} "
+                          f"weights={weights_digest}")
+
+    def distshard_identity(self) -> str:
+        return self._identity
 
     def set_seed(self, seed: int) -> "WeightedSampleIterDataPipe":
-        """Called by ``dist_shard`` (or torch's DataLoader) with a seed that is the
-        same on every slot."""
+        """Called by ``dist_shard`` (or torch's DataLoader, or a ``mix`` for each pass)
+        with a seed that is the same on every slot."""
         self._received = int(seed)
         return self
 
@@ -75,13 +108,12 @@ class WeightedSampleIterDataPipe(IterDataPipe):
         self._epoch = int(epoch)
         return self
 
-    def draw_seed(self) -> int:
-        """The seed of this epoch's draws, from the seeds as they are now."""
-        return mix_seed(self.seed or 0, self._received or 0, self._epoch)
-
-    def draw(self, t: int, seed: int | None = None) -> int:
-        """The element index of draw ``t`` (of the draws seeded by ``seed``, by default now's)."""
-        base = self.draw_seed() if seed is None else seed
+    def draw(self, t: int, received: int | None = None) -> int:
+        """The element index of draw ``t``: a pure function of ``(seed, received,
+        epoch, t)``, ``received`` being the last value given to ``set_seed`` unless given."""
+        if received is None:
+            received = self._received
+        base = mix_seed(self.seed or 0, received or 0, self._epoch)
         u = mix_seed(base, t) / float(1 << 63)  # uniform in [0, 1)
         index = bisect.bisect_right(self.cumulative, u * self.cumulative[-1])
         return min(index, len(self.cumulative) - 1)
@@ -102,25 +134,27 @@ class WeightedSampleIterDataPipe(IterDataPipe):
 
 
 class _Draws:
-    """The epoch's draws as a positional sequence, seeded when created: seeding the
-    pipe again (another epoch) changes the views made after, never this one, so
-    ``dist_shard(even="carry")`` can read an earlier epoch's draws next to the current's."""
+    """The epoch's draws as a positional sequence (seeded by the pipe's seeds at
+    each access; :meth:`element` reads them for another ``received`` seed)."""
 
     distshard_blocks = False
 
     def __init__(self, pipe: WeightedSampleIterDataPipe) -> None:
         self.pipe = pipe
-        self._seed = pipe.draw_seed()
-        self._identity = (f"weighted:{pipe.samples}:{len(pipe.cumulative)}:{pipe._digest}:"
-                          + pipe._reader.identity())
+        self._identity = f"{pipe.distshard_identity()} source={pipe._reader.identity()}"
 
     def __len__(self) -> int:
         return self.pipe.samples
 
     def __getitem__(self, t: int) -> Any:
+        return self.element(t, None)
+
+    def element(self, t: int, received: int | None) -> Any:
+        """Draw ``t`` when the pipe was handed ``received`` by ``set_seed`` (``None``:
+        what it holds now)."""
         if not 0 <= t < self.pipe.samples:
             raise IndexError(f"draw {t} is outside [0, {self.pipe.samples})")
-        element = next(self.pipe._reader.read([self.pipe.draw(t, self._seed)]))
+        element = next(self.pipe._reader.read([self.pipe.draw(t, received)]))
         return self.pipe._apply(element) if self.pipe._apply is not None else element
 
     def distshard_identity(self) -> str:
@@ -142,9 +176,10 @@ def weighted_sample(source: IterDataPipe, weights: Sequence[float], *, samples: 
 
     Args:
         source: a random-access source (positional container, distshard file source).
-        weights: one non-negative weight per element.
+        weights: one non-negative weight per element, as a sequence aligned with the
+            source's positions (a mapping is refused: it is not positional).
         samples: draws per epoch.
-        seed: base seed (``None``: 0, or the seed ``dist_shard`` hands over).
+        seed: base seed (``None``: 0), mixed with the seed ``dist_shard`` hands over.
 
     Example:
         >>> dp = distshard.weighted_sample(IterableWrapper(records), weights, samples=10_000)  # doctest: +SKIP

@@ -205,7 +205,7 @@ def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any,
             "changed since the checkpoint (or it comes from another pipeline); it cannot be resumed"
         )
     if found["source"] is not None and source is not None and found["source"] != source:
-        raise refuse("source", found["source"], source)
+        raise ValueError(f"{refuse('source', found['source'], source)}{_difference(found['source'], source)}")
     if length is not None and found["even"] == CARRY:
         first, start = found["carry_from"], found["remaining"][-1][0]
         if start > (first + 1) * length:
@@ -221,6 +221,16 @@ def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any,
                     f"the state's remaining positions reach {end}, beyond this epoch's {length} "
                     "elements: it comes from other data or was altered"
                 )
+
+
+def _difference(theirs: str, ours: str) -> str:
+    """Where two identities first differ, as `` (the state's seed=1, this pipeline's
+    seed=2)``: identities are space-separated ``key=value`` parts (mixes record
+    their seed, weights, phases and costs that way)."""
+    for a, b in zip(theirs.split(), ours.split()):
+        if a != b:
+            return f" (the state's {a}, this pipeline's {b})"
+    return ""
 
 
 def check_slot(found: Mapping[str, Any], slot: int, num_slots: int, where: str) -> None:

@@ -138,6 +138,25 @@ class SourceSequence(Sequence):
             _INDEXES.put(key, index, index.weight())
         return ref, index
 
+    def sample_bytes(self) -> list[int]:
+        """Every sample's stored bytes, in order, from the files' indexes (no sample
+        is read): a tar sample's member bytes, a JSON line's bytes. What
+        ``distshard.mix(..., cost="bytes")`` weighs by. ``ValueError`` for a format
+        whose index has no bytes per sample (Parquet stores rows in row groups)."""
+        out: list[int] = []
+        for f in range(len(self.refs)):
+            ref, index = self._file(f)
+            arrays = index.arrays
+            if "first" in arrays and "length" in arrays:  # tar: sample i is members first[i] .. first[i + 1]
+                first, lengths = arrays["first"], arrays["length"]
+                out.extend(sum(lengths[first[i]:first[i + 1]]) for i in range(index.count))
+            elif "length" in arrays:  # JSON lines: one line a sample
+                out.extend(arrays["length"])
+            else:
+                raise ValueError(f"{ref.url}: a {self.fmt.name} index has no stored bytes per sample; "
+                                 "give per-sample costs instead of cost='bytes'")
+        return out
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_resolved"] = {}
