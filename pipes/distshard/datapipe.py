@@ -14,7 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
@@ -50,14 +50,16 @@ from .readers import (
 from .readers.sequence import DEEPCOPY_WARNING
 from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
 
-if TYPE_CHECKING:
-    from .explaining import Explanation
 
 T = TypeVar("T")
 
 __all__ = ["DistShardIterDataPipe", "set_epoch", "shards_in"]
 
 _END = object()
+
+#: what ``DistShardIterDataPipe.explain()`` calls: :func:`distshard.explaining.explain_shard`,
+#: set there (that module reads pipes and sits above this one, which never imports it)
+EXPLAINER: Callable[[Any, Any], Any] | None = None
 
 
 @functional_datapipe("dist_shard")
@@ -674,19 +676,20 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                                self._carry, self._epoch)
 
     # -- seeing it -------------------------------------------------------------------
-    def explain(self, pipeline: IterDataPipe | None = None) -> "Explanation":
+    def explain(self, pipeline: IterDataPipe | None = None) -> Any:
         """What this pipe will do here: context and where it came from, the plan
         (slots, counts, what ``even`` drops or repeats), how often elements are read
         and decoded as placed, and warnings with their fix. Pass the whole
         ``pipeline`` to also check what comes after ``dist_shard``
         (``distshard.explain(pipeline)`` does that for you).
 
+        Returns a :class:`distshard.Explanation` (``print`` it, or let a notebook show it).
+
         Example:
             >>> print(IterableWrapper(range(10)).dist_shard(rank=0, world_size=2).explain())  # doctest: +SKIP
         """
-        from .explaining import explain_shard
-
-        return explain_shard(self, pipeline)
+        assert EXPLAINER is not None, "distshard.explaining sets EXPLAINER when the package is imported"
+        return EXPLAINER(self, pipeline)
 
     def _repr_html_(self) -> str:
         return self.explain()._repr_html_()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
@@ -17,13 +17,13 @@ from torch.utils.data.graph import DataPipeGraph
 from torch.utils.data.graph_settings import _is_sharding_datapipe
 
 from .context import ShardContext
-from .engine import SlotRun, layout_of, shuffle_order
-from .graph import pipe_graph
-from .plan import block_range, dropped_count, pad_position, padded_count, slot_count
+from .engine import SlotRun, carry_run_base, layout_of, shuffle_order
+from .graph import pipe_graph, pipeline_of, random_pipes
+from .plan import block_range, carry_summary, dropped_count, pad_position, padded_count, slot_count
 from .readers import RandomAccessReader, Reader, StreamReader
 
-if TYPE_CHECKING:
-    from .datapipe import DistShardIterDataPipe
+from . import datapipe as _datapipe
+from .datapipe import DistShardIterDataPipe, shards_in
 
 __all__ = ["Explanation", "explain", "explain_shard"]
 
@@ -122,7 +122,6 @@ def _path(graph: DataPipeGraph, target: Any) -> list | None:
 
 def _pipeline_of(obj: Any) -> IterDataPipe:
     """The ``IterDataPipe`` inside ``obj`` (see ``graph.pipeline_of``), or ``TypeError``."""
-    from .graph import pipeline_of
 
     found = pipeline_of(obj)
     if found is None:
@@ -156,7 +155,6 @@ def explain(pipeline: Any) -> Explanation:
         >>> distshard.explain(pipeline).total
         10
     """
-    from .datapipe import shards_in  # at call time: importing this module never imports datapipe.py
 
     top = _pipeline_of(pipeline)
     shards = shards_in(top)
@@ -252,8 +250,6 @@ def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Exp
 
 def _carry_lines(pipe: "DistShardIterDataPipe", total: int, S: int, out: Explanation) -> list[str]:
     """What ``even="carry"`` takes from the epochs before this one and leaves to the next."""
-    from .engine import carry_run_base
-    from .plan import carry_summary
 
     epoch, unit = pipe.epoch, S * pipe.multiple_of
     base, first = carry_run_base(pipe._pending(), pipe._carry, epoch)
@@ -366,7 +362,6 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
 
     randoms = pipe._random_pipes if pipe._random_pipes is not None else None
     if randoms is None:
-        from .graph import random_pipes
 
         randoms = random_pipes(pipe.source_datapipe)
     if randoms:
@@ -391,3 +386,6 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
                     "skips it): shuffle before dist_shard or use dist_shard(shuffle=True)"
                 )
     return out
+
+
+_datapipe.EXPLAINER = explain_shard

@@ -1,0 +1,93 @@
+"""The package's shape: imports go one way (no circle, lazy imports inside functions
+included), so every module has a floor and a lower floor never imports a higher one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pipes" / "distshard"
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports() -> dict[str, set[str]]:
+    """Every module's imports of other modules of the package, wherever they stand
+    (top level, functions, ``TYPE_CHECKING`` blocks)."""
+    mods = modules()
+    graph: dict[str, set[str]] = {name: set() for name in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    target = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                subs = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in mods]
+                targets = subs + ([target] if len(subs) < len(node.names) else [])
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in mods and t != name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_walk_sees_lazy_imports():
+    graph = imports()
+    assert "distshard.plan" in graph["distshard.engine"]
+    assert any("distshard.sources" in target for target in graph["distshard"])
+
+
+def test_no_import_circles_lazy_imports_included():
+    assert circles(imports()) == []
+
+
+def test_the_pure_arithmetic_imports_nothing_of_torch_or_the_rest():
+    for name in ("distshard.plan", "distshard.schedule"):
+        text = modules()[name].read_text()
+        assert "import torch" not in text and "from torch" not in text, name
+        assert not imports()[name], (name, imports()[name])
