@@ -29,6 +29,7 @@ from typing import Iterator, Mapping
 
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 SOURCES = ("explicit", "torch.distributed", "pickled", "env", "default")
 
@@ -311,6 +312,48 @@ def loader_num_workers() -> int | None:
         if isinstance(owner, DataLoader):
             return max(1, owner.num_workers)
     return None
+
+
+def sharded_context(
+    sharding: Mapping[SHARDING_PRIORITIES, tuple[int, int]],
+    explicit: tuple[int, int] | None = None,
+    captured: tuple[int, int] | None = None,
+) -> ShardContext:
+    """The context of a pipe on which ``apply_sharding`` was called with values of its
+    own (not the DataLoader's automatic call), ``sharding`` holding them by group:
+    honoured as an explicit split (``DEFAULT``: instance ``i`` of ``n``; else the rank
+    part, ``DISTRIBUTED``, and the worker part, ``MULTIPROCESSING``)."""
+    info = get_worker_info()
+    default = sharding.get(SHARDING_PRIORITIES.DEFAULT)
+    if default is not None:
+        if len(sharding) > 1:
+            raise RuntimeError("apply_sharding was called with the DEFAULT group and another "
+                               "group on this dist_shard: use one or the other")
+        if info is not None:
+            raise RuntimeError(
+                f"apply_sharding({default[0]}, {default[1]}) was called on this dist_shard, and it "
+                f"also runs in DataLoader worker {info.id} of {info.num_workers}: it cannot honour "
+                "both splits. Drop the apply_sharding call (dist_shard splits over ranks and "
+                "workers by itself) or pass rank=/world_size= to dist_shard"
+            )
+        return ShardContext(default[1], default[0], 0, 1, "apply_sharding")
+    ranks = sharding.get(SHARDING_PRIORITIES.DISTRIBUTED)
+    if ranks is not None:
+        rank, world = ranks[1], ranks[0]
+        source = "apply_sharding"
+    else:
+        rank, world, source = resolve_distributed(explicit, captured)
+    workers = sharding.get(SHARDING_PRIORITIES.MULTIPROCESSING)
+    if workers is not None:
+        if info is not None and (workers[0], workers[1]) != (info.num_workers, info.id):
+            raise RuntimeError(
+                f"apply_sharding({workers[0]}, {workers[1]}, MULTIPROCESSING) disagrees with "
+                f"DataLoader worker {info.id} of {info.num_workers}; drop the call"
+            )
+        return ShardContext(rank, world, workers[1], workers[0], source)
+    if info is None:
+        return ShardContext(rank, world, 0, 1, source)
+    return ShardContext(rank, world, info.id, info.num_workers, source)
 
 
 def current_context(

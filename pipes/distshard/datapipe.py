@@ -1,20 +1,21 @@
-"""``DistShardIterDataPipe``: the ``.dist_shard()`` functional.
+"""``DistShardIterDataPipe``: the ``.dist_shard()`` functional, the DataPipe front-end.
 
-This module is the DataPipe front-end: it finds how to read the source in the
-pipe graph (``graph.py``), seeds upstream random pipes, resolves the slot
-(``context.py``) and hands one epoch to the engine (``engine.py``), which runs
-the plan over a reader (``readers/``). State format and merging live in
-``state.py``.
+It keeps what torch's DataPipe protocol needs: the hooks torch's DataLoader calls
+(``apply_sharding``, ``set_seed``, ``set_shuffle``), ``set_epoch`` and how it reaches
+workers (``mailbox.py``), iteration, ``state_dict`` / ``load_state_dict``, ``len`` and
+pickling. What it shares with the ``torchdata.nodes`` front-end lives below both:
+the arguments (``options.py``), how a source is read (``access.py``: it says what the
+pipe graph holds, ``graph.py`` finds it), the slot (``context.py``), the run of an
+epoch (``engine.py`` over ``readers/``) and the state (``state.py``). What torch's
+DataLoader is doing around the pipe is read off the call stack by ``loaders.py``.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
-import warnings
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
@@ -23,7 +24,8 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
-from . import frameworks
+from . import frameworks, loaders
+from .access import Access, EpochReader, UnitCounts, check_access, mode_of, reader_of, unwrapped
 from .engine import SlotRun, remaining_share
 from .graph import (
     Pushdown,
@@ -35,21 +37,10 @@ from .graph import (
     upstream_pipes,
 )
 from .mailbox import Mailbox
-from .options import carry_refused, check_epoch, check_flag, check_options, random_access_needed
+from .options import check_epoch, check_flag, check_options
 from .plan import CARRY, Even, mix_seed
-from .readers import (
-    RandomAccessReader,
-    Reader,
-    SequenceReader,
-    SizedUnitsReader,
-    StreamReader,
-    WholeUnitsReader,
-    stable_digest,
-    unit_sizes,
-)
-from .readers.sequence import DEEPCOPY_WARNING
+from .readers import Reader, stable_digest
 from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
-
 
 T = TypeVar("T")
 
@@ -168,20 +159,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
         self.global_shuffle = options.shuffle  # not "shuffle": that name is the .shuffle() functional
         self.pushdown = check_flag("pushdown", pushdown)
-        if self.even == CARRY and self.expand is None and not self._can_shuffle():
-            raise carry_refused(
-                f"a stream ({type(source_datapipe).__name__}, no random access)",
-                "Use a random-access source (IterableWrapper over a list/range/MapDataPipe with only .map() in "
-                "between, a distshard file source or mix), units with sizes=, or even='drop' / 'pad'")
-        if shuffle and not self._can_shuffle():
-            raise random_access_needed(
-                type(source_datapipe).__name__, "use IterableWrapper over a list/range/MapDataPipe with only "
-                ".map() in between, unit mode with sizes=, or shuffle upstream with .shuffle() and shuffle=False")
+        self._pushdown: Pushdown | None = None  # per process, never pickled
+        check_access(Access(sequence=None if self.expand is not None else self.read_plan().sequence), even=self.even, shuffle=self.global_shuffle, expand=self.expand,
+                     source=type(source_datapipe).__name__,
+                     fix="IterableWrapper over a list/range/MapDataPipe with only .map() in between, a distshard "
+                         "file source or mix, or units with sizes=",
+                     shuffle_fix=", or shuffle upstream with .shuffle() and shuffle=False")
         upstream = upstream_pipes(source_datapipe)  # one walk (it pickles every pipe's data), here
         check_no_sharding(source_datapipe, upstream)
-        self._sizes_cache: dict[Any, int] = {}  # a sizes callable's answers, asked once per job
-        if callable(self.sizes) and not isinstance(self.sizes, Mapping):
-            self._count_units()  # before any DataLoader worker copies the pipe
+        self._counts = UnitCounts(self.sizes)  # a sizes callable's answers, asked once per job
+        if self.expand is not None and self._counts.computed:
+            self._counts.ask_all(list(self.source_datapipe))  # before any DataLoader worker copies the pipe
         self._epoch = 0
         self._epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
         self._mailbox = Mailbox()  # how set_epoch reaches persistent DataLoader workers' copies
@@ -195,7 +183,6 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._chain: str | None = None  # identity of the upstream graph, computed once
         self._refusal: str | None = None  # why the loader iterating us would lose data
         self._random_pipes: list | None = None  # per process, never pickled
-        self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
         self._carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
         self._progress: SlotRun | None = None  # the current iteration
@@ -214,49 +201,14 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def _can_shuffle(self) -> bool:
         if self.expand is not None:
             return self.sizes is not None
-        return plan_pushdown(self.source_datapipe, self.pushdown).sequence is not None
+        return self.read_plan().sequence is not None
 
     # -- who am I ---------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this pipe resolves to in this process."""
         if self._sharding:
-            return self._override_context()
+            return _context.sharded_context(self._sharding, self._explicit, self._captured)
         return _context.current_context(*(self._explicit or (None, None)), _captured=self._captured)
-
-    def _override_context(self) -> _context.ShardContext:
-        """The context when ``apply_sharding`` was called with values of its own
-        (not the DataLoader's automatic call): honoured as an explicit split."""
-        info = get_worker_info()
-        default = self._sharding.get(SHARDING_PRIORITIES.DEFAULT)
-        if default is not None:
-            if len(self._sharding) > 1:
-                raise RuntimeError("apply_sharding was called with the DEFAULT group and another "
-                                   "group on this dist_shard: use one or the other")
-            if info is not None:
-                raise RuntimeError(
-                    f"apply_sharding({default[0]}, {default[1]}) was called on this dist_shard, and it "
-                    f"also runs in DataLoader worker {info.id} of {info.num_workers}: it cannot honour "
-                    "both splits. Drop the apply_sharding call (dist_shard splits over ranks and "
-                    "workers by itself) or pass rank=/world_size= to dist_shard"
-                )
-            return _context.ShardContext(default[1], default[0], 0, 1, "apply_sharding")
-        ranks = self._sharding.get(SHARDING_PRIORITIES.DISTRIBUTED)
-        if ranks is not None:
-            rank, world = ranks[1], ranks[0]
-            source = "apply_sharding"
-        else:
-            rank, world, source = _context.resolve_distributed(self._explicit, self._captured)
-        workers = self._sharding.get(SHARDING_PRIORITIES.MULTIPROCESSING)
-        if workers is not None:
-            if info is not None and (workers[0], workers[1]) != (info.num_workers, info.id):
-                raise RuntimeError(
-                    f"apply_sharding({workers[0]}, {workers[1]}, MULTIPROCESSING) disagrees with "
-                    f"DataLoader worker {info.id} of {info.num_workers}; drop the call"
-                )
-            return _context.ShardContext(rank, world, workers[1], workers[0], source)
-        if info is None:
-            return _context.ShardContext(rank, world, 0, 1, source)
-        return _context.ShardContext(rank, world, info.id, info.num_workers, source)
 
     # -- hooks torch's DataLoader calls ----------------------------------------
     def apply_sharding(
@@ -282,7 +234,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
             raise ValueError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
         if sharding_group == SHARDING_PRIORITIES.DEFAULT and \
-                (num_of_instances, instance_id) == _torch_split(self._captured):
+                (num_of_instances, instance_id) == loaders.torch_split(self._captured):
             return  # the DataLoader's own call: nothing to override
         self._sharding[sharding_group] = (num_of_instances, instance_id)
 
@@ -295,10 +247,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         """
         self._loader_seed = int(seed)
         self._loader_seed_shared = _context.dist_rank_world() is not None or self._captured is not None
-        loader_iter = _iterating_loader()
+        loader_iter = loaders.iterating_loader()
         if loader_iter is not None:
             self._loader_workers = max(1, int(loader_iter._num_workers))
-        if "numpy" in sys.modules and "numpy.random" not in sys.modules and _forking_loader():
+        if "numpy" in sys.modules and "numpy.random" not in sys.modules and loaders.forking_loader():
             # every new worker seeds numpy.random, importing it (about 10 ms of CPU a
             # worker, every epoch) unless the process it forks from already has it
             import numpy.random  # noqa: F401
@@ -418,8 +370,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             if epoch not in made:
                 self._seed_upstream(base, epoch)
                 try:
-                    made[epoch] = _EpochReader(self.reader(), lambda: self._seed_upstream(base, epoch),
-                                               lambda: self._seed_upstream(base))
+                    made[epoch] = EpochReader(self.reader(), lambda: self._seed_upstream(base, epoch),
+                                              lambda: self._seed_upstream(base))
                 finally:
                     self._seed_upstream(base)
             return made[epoch]
@@ -436,9 +388,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     @property
     def mode(self) -> str:
         """``element``, ``units`` (expand without sizes) or ``sized_units``."""
-        if self.expand is None:
-            return "element"
-        return "units" if self.sizes is None else "sized_units"
+        return mode_of(self.expand, self.sizes)
 
     def chain_identity(self, upstream: list | None = None) -> str:
         """A process-independent identity of the upstream graph: the pipes' types
@@ -459,60 +409,23 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._chain = ">".join(parts)
         return self._chain
 
-    def reader(self) -> Reader:
-        """The reader of this epoch's source (lists the units in unit mode)."""
+    def access(self) -> Access:
+        """How the source reads (see :mod:`distshard.access`): random access to the
+        base below the 1:1 maps, a stream of it, or the units. A random-access view is
+        made afresh: one made by a source with randomness (a mix, a weighted_sample)
+        may take its seeds when it is made, so it must be made after this epoch's
+        seeding."""
         if self.expand is not None:
-            if self.sizes is None:
-                return WholeUnitsReader(lambda: self.source_datapipe, self.expand,
-                                        f"units:{self.chain_identity()}")
-            units = list(self.source_datapipe)
-            return SizedUnitsReader(units, self._unit_sizes(units), self.expand)
+            return Access(stream=lambda: self.source_datapipe, identity=self.chain_identity())
         plan = self.read_plan()
         if plan.sequence is not None:
-            # a fresh view: one made by a source with randomness (mix, weighted_sample) is
-            # fixed when made, so it must be made after this epoch's seeding
-            sequence, _ = random_access(plan.base)
-            return SequenceReader(sequence, plan.copy_elements)
+            return Access(sequence=random_access(plan.base)[0], copy_elements=plan.copy_elements)
         base = plan.base
-        return StreamReader(lambda: _unwrapped(base), type(base).__name__,
-                            f"stream:{self.chain_identity()}")
+        return Access(stream=lambda: unwrapped(base), name=type(base).__name__, identity=self.chain_identity())
 
-    def _unit_sizes(self, units: list) -> list[int]:
-        """Every unit's count. A ``sizes`` callable is asked once per unit per job
-        when the pipe is built (see ``_count_units``), and its answers travel to the
-        DataLoader workers with the pipe, so no slot asks again."""
-        sizes = self.sizes
-        if not callable(sizes) or isinstance(sizes, Mapping):
-            return unit_sizes(units, sizes)  # type: ignore[arg-type]
-        try:
-            missing = [unit for unit in units if unit not in self._sizes_cache]
-        except TypeError:  # unhashable units: nothing to remember them by
-            return unit_sizes(units, sizes)
-        self._sizes_cache.update(zip(missing, unit_sizes(missing, sizes)))
-        return [self._sizes_cache[unit] for unit in units]
-
-    def _count_units(self) -> None:
-        """Ask a ``sizes`` callable for every unit, once per job: with
-        torch.distributed up each rank asks for its share of the units and the
-        answers are exchanged (a collective at construction, like building a file
-        source: build the pipeline on every rank); else this process asks for all.
-        DataLoader workers inherit the answers with the pipe."""
-        units = list(self.source_datapipe)
-        found = _context.dist_rank_world()
-        if found is None or found[1] == 1 or get_worker_info() is not None:
-            self._unit_sizes(units)
-            return
-        rank, world = found
-        share = units[rank::world]
-        try:
-            mine: Any = dict(zip(share, self._unit_sizes(share)))
-        except Exception as exc:  # noqa: BLE001 - raised on every rank below
-            mine = exc
-        answers = _context.gather_objects(mine)
-        for answer in answers:
-            if isinstance(answer, Exception):
-                raise answer
-            self._sizes_cache.update(answer)
+    def reader(self) -> Reader:
+        """The reader of this epoch's source (lists the units in unit mode)."""
+        return reader_of(self.access(), self.expand, self.sizes, self._counts)
 
     # -- iteration ---------------------------------------------------------------
     def _pending(self) -> dict[str, Any] | None:
@@ -617,7 +530,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,
         which is cheap too unless sizes are computed from the files)."""
-        return not (self.mode == "sized_units" and callable(self.sizes) and not isinstance(self.sizes, Mapping))
+        return not (self.mode == "sized_units" and self._counts.computed)
 
     def _check_against(self, found: dict[str, Any], reader: Reader | None) -> None:
         """Raise ``ValueError`` if ``found`` does not come from a pipe like this one."""
@@ -632,7 +545,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if self.expand is not None:
             if self.sizes is None:
                 raise TypeError(f"{type(self).__name__} in unit mode without sizes= has no length")
-            return sum(self._unit_sizes(list(self.source_datapipe)))
+            return sum(self._counts(list(self.source_datapipe)))
         try:
             return len(self.source_datapipe)
         except TypeError:
@@ -666,7 +579,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         first = ctx.rank * workers
         counts = [self._share(total, resume, s, num_slots) for s in range(first, first + workers)]
         if workers > 1:
-            _check_batched_length(counts)
+            loaders.check_batched_length(counts, DistShardIterDataPipe)
         return sum(counts)
 
     def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
@@ -722,7 +635,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if found is not None:
             state["_captured"] = found
         if IterDataPipe.getstate_hook is not None:  # torch is walking the graph (graph.traverse_dps)
-            if _walk_for_seeds_or_sharding():
+            if loaders.walk_for_seeds_or_sharding():
                 # The DataLoader walks the graph to seed random pipes and apply sharding
                 # (twice in every worker, at start-up). dist_shard seeds everything
                 # upstream itself and refused upstream sharding at construction, so
@@ -737,132 +650,6 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self.__dict__.update(state)
         if self._captured is not None:
             _context.note_captured(self._captured)
-
-
-def _forking_loader() -> bool:
-    """Whether a DataLoader with workers is creating its iterator right now (before
-    it starts them: its ``__init__`` holds the DataLoader as ``loader``)."""
-    from torch.utils.data import DataLoader
-
-    frame = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return False
-        loader = frame.f_locals.get("loader")
-        if isinstance(loader, DataLoader):
-            return loader.num_workers > 0
-        frame = frame.f_back
-    return False
-
-
-_OWN_WALKS = ("apply_random_seed", "apply_sharding")
-
-
-def _walk_for_seeds_or_sharding() -> bool:
-    """Whether this call comes from torch's ``graph_settings.apply_random_seed`` or
-    ``apply_sharding``, which the DataLoader runs in its main process and twice in
-    every worker."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name in _OWN_WALKS and frame.f_globals.get("__name__") == "torch.utils.data.graph_settings":
-            return True
-        frame = frame.f_back
-    return False
-
-
-class _EpochReader(RandomAccessReader):
-    """A random-access reader of another epoch (``even="carry"``'s tail): reads with
-    the upstream seeded for that epoch (``seed``) and seeds it back (``back``) after."""
-
-    def __init__(self, inner: Reader, seed: Callable[[], None], back: Callable[[], None]) -> None:
-        assert isinstance(inner, RandomAccessReader), "even='carry' reads random-access sources only"
-        self.inner, self._seed, self._back = inner, seed, back
-        self.mode, self.prefers_blocks, self.shuffle_kind = inner.mode, inner.prefers_blocks, inner.shuffle_kind
-
-    def length(self) -> int:
-        return self.inner.length()
-
-    def identity(self) -> str:
-        return self.inner.identity()
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-    def order(self, seed: int) -> Callable[[int], int]:
-        return self.inner.order(seed)
-
-    def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
-        self._seed()
-        try:
-            yield from self.inner.read(positions, shuffled)
-        finally:
-            self._back()
-
-
-def _torch_split(captured: tuple[int, int] | None) -> tuple[int, int]:
-    """``(num_of_instances, instance_id)`` torch's DataLoader passes to
-    ``apply_sharding`` in this process: from torch.distributed only (as the main
-    process saw it: ``captured`` in a spawned worker; else one rank), times the
-    workers in a worker, numbered worker-major."""
-    rank, world = _context.dist_rank_world() or captured or (0, 1)
-    info = get_worker_info()
-    if info is None:
-        return world, rank
-    return info.num_workers * world, info.id * world + rank
-
-
-def _check_batched_length(counts: list[int]) -> None:
-    """``len()`` of a ``.batch(n)`` right after the shard (maps in between are fine)
-    divides the rank's total by ``n``; with several DataLoader workers each worker
-    batches its own share, so that is wrong whenever a share is not a multiple of
-    ``n``, and a loop that stops after ``len(loader)`` batches (Lightning) would skip
-    data. Raise ``TypeError`` (what ``len`` raises when there is no length: such
-    loops then run to the end) naming the fix."""
-    from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
-    from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
-
-    frame = sys._getframe(2)
-    for _ in range(8):
-        owner = frame.f_locals.get("self") if frame is not None else None
-        if isinstance(owner, BatcherIterDataPipe):
-            size, drop_last = owner.batch_size, owner.drop_last
-            per_worker = sum(c // size if drop_last else -(-c // size) for c in counts)
-            naive = sum(counts) // size if drop_last else -(-sum(counts) // size)
-            if per_worker != naive:
-                raise TypeError(
-                    f"len() of .batch({size}) after dist_shard is not exact here: each of the "
-                    f"{len(counts)} DataLoader workers batches its own share ({counts} elements), so the "
-                    f"loader yields {per_worker} batches, not {naive}; pass dist_shard(even='drop', "
-                    f"multiple_of={size}) so every share is whole batches"
-                )
-            return
-        if frame is None or not isinstance(owner, (MapperIterDataPipe, DistShardIterDataPipe)):
-            return
-        frame = frame.f_back
-
-
-def _iterating_loader() -> Any:
-    """The DataLoader iterator being created right now, if this call comes from one
-    (torch seeds the pipe from ``_BaseDataLoaderIter.__init__``)."""
-    for owner in _context.callers(8, skip=3):
-        if type(owner).__name__.endswith("DataLoaderIter") and hasattr(owner, "_num_workers"):
-            return owner
-    return None
-
-
-def _unwrapped(base: IterDataPipe) -> Any:
-    """What to stream from: an ``IterableWrapper``'s own iterable (same elements,
-    same deep copy), which skips torch's per-element hook, about 0.8 µs an
-    element: most of the cost of walking a stream to find a slot's share."""
-    if type(base) is not IterableWrapperIterDataPipe:
-        return base
-    data = base.iterable
-    if base.deepcopy:
-        try:
-            data = copy.deepcopy(data)
-        except TypeError:
-            warnings.warn(DEEPCOPY_WARNING, stacklevel=3)
-    return data
 
 
 def shards_in(pipeline: Any) -> list[DistShardIterDataPipe]:

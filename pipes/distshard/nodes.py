@@ -18,18 +18,12 @@ from torch.utils.data import get_worker_info
 from torchdata.nodes.base_node import BaseNode
 
 from . import context as _context
+from .access import Access, check_access, mode_of, reader_of
 from .engine import SlotRun
 from .graph import is_positional
-from .options import carry_refused, check_epoch, check_options, random_access_needed
+from .options import carry_refused, check_epoch, check_options
 from .plan import CARRY, Even
-from .readers import (
-    Reader,
-    SequenceReader,
-    SizedUnitsReader,
-    StreamReader,
-    WholeUnitsReader,
-    unit_sizes,
-)
+from .readers import Reader
 from .state import (
     KEY,
     carry_base_after,
@@ -133,15 +127,13 @@ class DistShardNode(BaseNode[T]):
         self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
         self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
         self.shuffle = options.shuffle
-        if self.even == CARRY and isinstance(source, BaseNode):
-            raise carry_refused(
-                f"a node ({type(source).__name__}): a stream",
-                "Pass a random-access sequence (a list, distshard.positional(...), a distshard file source), "
-                "units in a list with sizes=, or use even='drop' / 'pad'")
-        if shuffle and expand is None and self._sequence is None:
-            raise random_access_needed(
-                type(source).__name__, "pass a sequence (list, range, tensor, distshard.positional(...), a "
-                "distshard file source) instead of a node, or units with sizes=")
+        fix = "a random-access sequence (a list, range, tensor, distshard.positional(...), a distshard file source)"
+        check_access(self.access(), even=self.even, shuffle=self.shuffle, expand=self.expand,
+                     source=type(source).__name__, fix=f"{fix} instead of a node, or units with sizes=",
+                     shuffle_fix="")
+        if self.even == CARRY and isinstance(source, BaseNode):  # units from a node: read again every epoch
+            raise carry_refused(f"units from a node ({type(source).__name__})",
+                                "Pass the units in a list, with sizes=, or use even='drop' / 'pad'")
         self._captured: Optional[tuple] = None  # (rank, world_size) of the pickling process
         self._epoch = 0
         self._epoch_set = False
@@ -160,9 +152,7 @@ class DistShardNode(BaseNode[T]):
 
     @property
     def mode(self) -> str:
-        if self.expand is None:
-            return "element"
-        return "units" if self.sizes is None else "sized_units"
+        return mode_of(self.expand, self.sizes)
 
     @property
     def epoch(self) -> int:
@@ -261,17 +251,17 @@ class DistShardNode(BaseNode[T]):
             self.source.reset(copy.deepcopy(self._source_start))
         return iter(self.source)
 
-    def _reader(self) -> Reader:
-        if self.expand is not None:
-            if self.sizes is None:
-                open_units = self._stream if isinstance(self.source, BaseNode) else (lambda: iter(self.source))
-                return WholeUnitsReader(open_units, self.expand, f"units:node:{type(self.source).__qualname__}")
-            units = list(self._stream() if isinstance(self.source, BaseNode) else self.source)
-            return SizedUnitsReader(units, unit_sizes(units, self.sizes), self.expand)
-        if self._sequence is not None:
-            return SequenceReader(self._sequence)
+    def access(self) -> Access:
+        """How the source reads (see :mod:`distshard.access`): a sequence at random,
+        else the node's stream (or, in unit mode, the units, listed)."""
+        if self.expand is None and self._sequence is not None:
+            return Access(sequence=self._sequence)
         name = type(self.source).__qualname__
-        return StreamReader(self._stream, name, f"stream:node:{name}")
+        stream = self._stream if isinstance(self.source, BaseNode) else (lambda: iter(self.source))
+        return Access(stream=stream, name=name, identity=f"node:{name}")
+
+    def _reader(self) -> Reader:
+        return reader_of(self.access(), self.expand, self.sizes)
 
     def _parse(self, state: object) -> Dict[str, Any]:
         if isinstance(state, Mapping) and self.STATE_KEY in state:

@@ -1,0 +1,191 @@
+"""How a source is read, decided once for both front-ends.
+
+Each front-end says what its source is, as an :class:`Access`: the DataPipe from its
+graph (a random-access view below 1:1 maps, a stream, units), ``DistShardNode`` from
+what it was given (a sequence, a node). :func:`reader_of` turns that into the one
+reader the engine runs (``readers/``), and :func:`check_access` refuses, with one
+message for both front-ends, the options a source cannot honour (``shuffle=True`` and
+``even="carry"`` need random access). What needs no front-end lives here too: the
+counts a ``sizes`` callable gives, asked once per unit per job (:class:`UnitCounts`),
+and the reader of an earlier epoch that ``even="carry"`` reads its tail through
+(:class:`EpochReader`).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+from torch.utils.data import get_worker_info
+from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
+
+from . import context as _context
+from .options import carry_refused, random_access_needed
+from .plan import CARRY, Even
+from .readers import (
+    RandomAccessReader,
+    Reader,
+    SequenceReader,
+    SizedUnitsReader,
+    StreamReader,
+    WholeUnitsReader,
+    unit_sizes,
+)
+from .readers.sequence import DEEPCOPY_WARNING
+
+__all__ = ["Access", "EpochReader", "UnitCounts", "check_access", "mode_of", "reader_of", "unwrapped"]
+
+
+@dataclass
+class Access:
+    """What a front-end found its source to be; exactly one way of reading it:
+
+    * ``sequence``: random access, ``sequence[i]`` being the ``i``-th element
+      (``copy_elements``: deep-copy each element read, as ``IterableWrapper`` does);
+    * ``stream``: a fresh iterable of the elements, or of the units in unit mode
+      (``name`` and ``identity`` say what it is, the same in every process).
+    """
+
+    sequence: Any = None
+    copy_elements: bool = False
+    stream: Callable[[], Iterable[Any]] | None = field(default=None, repr=False)
+    name: str = ""
+    identity: str = ""
+
+    @property
+    def random(self) -> bool:
+        return self.sequence is not None
+
+
+def mode_of(expand: Callable[[Any], Any] | None, sizes: Any) -> str:
+    """What a state records as its ``mode``: ``element``, ``units`` (expand without
+    sizes) or ``sized_units``."""
+    if expand is None:
+        return "element"
+    return "units" if sizes is None else "sized_units"
+
+
+def check_access(access: Access, *, even: Even, shuffle: bool, expand: Callable[[Any], Any] | None,
+                 source: str, fix: str, shuffle_fix: str) -> None:
+    """Refuse what ``source`` (the name of what a front-end was given) cannot be read
+    for: ``shuffle=True`` and ``even="carry"`` need random access to the elements
+    (units need sizes, which ``options.check_options`` asks for). ``fix`` says which
+    random-access sources this front-end takes, ``shuffle_fix`` what else serves
+    ``shuffle=True``."""
+    if expand is not None or access.random:
+        return
+    if even == CARRY:
+        raise carry_refused(f"a stream ({source}, no random access)", f"Use {fix}, or even='drop' / 'pad'")
+    if shuffle:
+        raise random_access_needed(source, f"use {fix}{shuffle_fix}")
+
+
+def reader_of(access: Access, expand: Callable[[Any], Any] | None, sizes: Any,
+              counts: Callable[[list], list[int]] | None = None) -> Reader:
+    """The reader of one epoch of ``access`` (in unit mode ``expand`` gives a unit's
+    elements, ``sizes`` their counts, through ``counts`` when given): the one place
+    that decides how a source is read."""
+    if expand is not None:
+        assert access.stream is not None, "unit mode streams its units"
+        if sizes is None:
+            return WholeUnitsReader(access.stream, expand, f"units:{access.identity}")
+        units = list(access.stream())
+        return SizedUnitsReader(units, counts(units) if counts is not None else unit_sizes(units, sizes), expand)
+    if access.sequence is not None:
+        return SequenceReader(access.sequence, access.copy_elements)
+    assert access.stream is not None, "an Access has a sequence or a stream"
+    return StreamReader(access.stream, access.name, f"stream:{access.identity}")
+
+
+class UnitCounts:
+    """The counts of units: ``sizes`` as given (a sequence or a mapping), or the
+    answers of a ``sizes`` callable, asked once per unit per job and remembered (they
+    travel with the pipe to DataLoader workers, so no slot asks again)."""
+
+    def __init__(self, sizes: Any) -> None:
+        self.sizes = sizes
+        self.answers: dict[Any, int] = {}
+
+    @property
+    def computed(self) -> bool:
+        """Whether the counts come from a callable (asking it may read the units)."""
+        return callable(self.sizes) and not isinstance(self.sizes, Mapping)
+
+    def __call__(self, units: list) -> list[int]:
+        if not self.computed:
+            return unit_sizes(units, self.sizes)
+        try:
+            missing = [unit for unit in units if unit not in self.answers]
+        except TypeError:  # unhashable units: nothing to remember them by
+            return unit_sizes(units, self.sizes)
+        self.answers.update(zip(missing, unit_sizes(missing, self.sizes)))
+        return [self.answers[unit] for unit in units]
+
+    def ask_all(self, units: list) -> None:
+        """Ask the callable for every unit, once per job: with torch.distributed up
+        each rank asks for its share of the units and the answers are exchanged (a
+        collective, made when the pipe is built: build the pipeline on every rank);
+        else this process asks for all."""
+        found = _context.dist_rank_world()
+        if found is None or found[1] == 1 or get_worker_info() is not None:
+            self(units)
+            return
+        rank, world = found
+        share = units[rank::world]
+        try:
+            mine: Any = dict(zip(share, self(share)))
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            mine = exc
+        for answer in _context.gather_objects(mine):
+            if isinstance(answer, Exception):
+                raise answer
+            self.answers.update(answer)
+
+
+class EpochReader(RandomAccessReader):
+    """A random-access reader of another epoch (``even="carry"``'s tail): reads with
+    the upstream seeded for that epoch (``seed``) and seeds it back (``back``) after,
+    whether the source's view took its seeds when it was made or takes them at every
+    access (a mix seeds its sources' passes lazily)."""
+
+    def __init__(self, inner: Reader, seed: Callable[[], None], back: Callable[[], None]) -> None:
+        assert isinstance(inner, RandomAccessReader), "even='carry' reads random-access sources only"
+        self.inner, self._seed, self._back = inner, seed, back
+        self.mode, self.prefers_blocks, self.shuffle_kind = inner.mode, inner.prefers_blocks, inner.shuffle_kind
+
+    def length(self) -> int:
+        return self.inner.length()
+
+    def identity(self) -> str:
+        return self.inner.identity()
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def order(self, seed: int) -> Callable[[int], int]:
+        return self.inner.order(seed)
+
+    def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
+        self._seed()
+        try:
+            yield from self.inner.read(positions, shuffled)
+        finally:
+            self._back()
+
+
+def unwrapped(base: Any) -> Any:
+    """What to stream from: an ``IterableWrapper``'s own iterable (same elements,
+    same deep copy), which skips torch's per-element hook, about 0.8 µs an
+    element: most of the cost of walking a stream to find a slot's share."""
+    if type(base) is not IterableWrapperIterDataPipe:
+        return base
+    data = base.iterable
+    if base.deepcopy:
+        try:
+            data = copy.deepcopy(data)
+        except TypeError:
+            warnings.warn(DEEPCOPY_WARNING, stacklevel=3)
+    return data
