@@ -25,6 +25,7 @@ import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Iterator, Mapping
 
 import torch.distributed as dist
@@ -291,7 +292,7 @@ def callers(depth: int, skip: int = 2) -> Iterator[object]:
     """The ``self`` of each of the next ``depth`` frames above our caller's caller
     (``skip`` frames up from here): how distshard finds the DataLoader or framework
     object that is driving a pipe, without importing any framework."""
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     while frame is not None and depth > 0:
         owner = frame.f_locals.get("self")
         if owner is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
 
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
@@ -39,7 +39,7 @@ from .graph import (
 from .mailbox import Mailbox
 from .options import check_epoch, check_flag, check_options
 from .plan import CARRY, Even, mix_seed
-from .readers import Reader, stable_digest
+from .readers import RandomAccessReader, Reader, stable_digest
 from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
 
 T = TypeVar("T")
@@ -360,13 +360,13 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         for index, pipe in enumerate(self._random_pipes):
             pipe.set_seed(mix_seed(base, epoch, index, int(salt, 16)))
 
-    def _epoch_readers(self, base: int) -> Callable[[int], Reader]:
+    def _epoch_readers(self, base: int) -> Callable[[int], RandomAccessReader]:
         """``even="carry"``: the reader of another epoch's stream, built and read with
         the upstream seeded for that epoch, then seeded back (a view may take its seeds
         when it is made, or at every access: a mix seeds its sources' passes lazily)."""
-        made: dict[int, Reader] = {}
+        made: dict[int, RandomAccessReader] = {}
 
-        def reader_for(epoch: int) -> Reader:
+        def reader_for(epoch: int) -> RandomAccessReader:
             if epoch not in made:
                 self._seed_upstream(base, epoch)
                 try:
@@ -401,7 +401,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 if callable(own):
                     part += f"({own(pipe)})"
                 elif isinstance(pipe, IterableWrapperIterDataPipe):
-                    data = pipe.iterable
+                    data: Any = pipe.iterable
                     size = len(data) if hasattr(data, "__len__") else None
                     sample = (data[0], data[-1]) if type(data) in (list, tuple, range) and data else ()
                     part += f"({type(data).__qualname__}:{size}:{stable_digest(*sample)})"
@@ -460,7 +460,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._resume = None
         if first is _END:
             return
-        yield first
+        yield cast(T, first)
         yield from elements
 
     # -- state ----------------------------------------------------------------------

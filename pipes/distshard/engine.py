@@ -104,10 +104,10 @@ def remaining_share(reader_length: int | None, resume: dict | None, slot: int, n
     if even == CARRY:
         base, first = carry_run_base(resume, carry, epoch)
         return 0 if first > epoch else carry_share(base, first, epoch, reader_length, num_slots, multiple)
-    count = reader_length
+    count: int | None = reader_length
     if resume is not None:
         count = Remaining((a, b) for a, b in resume["remaining"]).clip(reader_length).length()
-        assert count is not None
+    assert count is not None  # clipped to the length: finite
     return slot_count(slot, num_slots, count, even, multiple)
 
 

@@ -208,9 +208,9 @@ def is_positional(obj: object) -> bool:
         return (cls is numpy.ndarray or isinstance(obj, numpy.memmap)) and obj.ndim >= 1
     if isinstance(obj, torch.Tensor):
         return obj.dim() >= 1 and _keeps(cls, torch.Tensor)
-    for base in cls.__mro__:  # Hugging Face datasets.Dataset, without importing datasets
-        if base.__module__ == "datasets.arrow_dataset" and base.__name__ == "Dataset":
-            return _keeps(cls, base)
+    for ancestor in cls.__mro__:  # Hugging Face datasets.Dataset, without importing datasets
+        if ancestor.__module__ == "datasets.arrow_dataset" and ancestor.__name__ == "Dataset":
+            return _keeps(cls, ancestor)
     if isinstance(obj, SequenceWrapperMapDataPipe) and isinstance(obj.sequence, Mapping):
         return False  # keyed, not positional
     if isinstance(obj, MapperMapDataPipe) and not is_positional(obj.datapipe):

@@ -8,6 +8,7 @@ changes what torch does.
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 from torch.utils.data import get_worker_info
@@ -43,7 +44,7 @@ def forking_loader() -> bool:
     it starts them: its ``__init__`` holds the DataLoader as ``loader``)."""
     from torch.utils.data import DataLoader
 
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(8):
         if frame is None:
             return False
@@ -61,7 +62,7 @@ def walk_for_seeds_or_sharding() -> bool:
     """Whether this call comes from torch's ``graph_settings.apply_random_seed`` or
     ``apply_sharding``, which the DataLoader runs in its main process and twice in
     every worker."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name in _OWN_WALKS and frame.f_globals.get("__name__") == "torch.utils.data.graph_settings":
             return True
@@ -79,7 +80,7 @@ def check_batched_length(counts: list[int], shard_type: type) -> None:
     from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
     from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
 
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(8):
         owner = frame.f_locals.get("self") if frame is not None else None
         if isinstance(owner, BatcherIterDataPipe):

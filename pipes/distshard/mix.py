@@ -43,7 +43,7 @@ from .graph import plan_pushdown, random_pipes
 from .plan import mix_seed
 from .readers import SequenceReader
 from .readers.sequence import ElementCopier
-from .schedule import integer_weights, make_schedule
+from .schedule import CostSchedule, integer_weights, make_schedule
 
 __all__ = ["MixIterDataPipe", "MixSequence", "mix"]
 
@@ -109,7 +109,7 @@ def _check_weights(keys: list, weights: object, where: str, zero_ok: bool) -> li
         if not math.isfinite(weight) or weight < 0 or (weight == 0 and not zero_ok):
             raise ValueError(f"{where}the weight of source {key!r} is {weight!r}; weights must be positive and "
                              "finite (drop a source instead of giving it weight 0)")
-        out.append(weight)
+        out.append(float(weight) if not isinstance(weight, int) else weight)
     if not any(out):
         raise ValueError(f"{where}every weight is 0: give some source a positive weight")
     return out
@@ -228,6 +228,7 @@ class MixIterDataPipe(IterDataPipe):
                     raise ValueError(f"the costs of source {key!r} have {n} entries but the source has {length} "
                                      "elements; give one cost per element, aligned with its positions")
             self.known_length = self.length_for(self.declared)
+            assert isinstance(self.schedule, CostSchedule)  # costs make a cost schedule
             self.schedule.extend(self.known_length)  # the whole schedule, once, here: workers inherit it
         self._identity = self._make_identity()
         self._epoch = 0
@@ -388,8 +389,8 @@ class MixIterDataPipe(IterDataPipe):
 
         def open_pass(i: int) -> None:
             self._seed_pass(i, passes[i])
-            iterators[i] = iter(self.sources[i])
-            ahead[i] = next(iterators[i], _END)
+            iterators[i] = it = iter(self.sources[i])
+            ahead[i] = next(it, _END)
 
         for position, (i, _) in enumerate(self.schedule.iterate()):
             if self.samples is not None and position >= self.samples:

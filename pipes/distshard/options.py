@@ -93,8 +93,7 @@ def check_options(*, rank: object, world_size: object, even: object, seed: objec
         )
     if explicit is None:
         _context.check_environment()
-    return ShardOptions(explicit, checked_even, checked_seed, bool(shuffle), expand,  # type: ignore[arg-type]
-                        checked_sizes, multiple)
+    return ShardOptions(explicit, checked_even, checked_seed, bool(shuffle), expand, checked_sizes, multiple)
 
 
 def random_access_needed(source: str, fix: str) -> ValueError:

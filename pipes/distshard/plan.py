@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 Even = Literal["drop", "pad", "carry"] | None
 EVEN_MODES: tuple[Even, ...] = (None, "drop", "pad")  # the modes that keep each epoch to itself
-CARRY = "carry"  # the epochs form one stream (see "carry" below)
+CARRY: Literal["carry"] = "carry"  # the epochs form one stream (see "carry" below)
 ALL_EVEN_MODES: tuple[Even, ...] = (*EVEN_MODES, CARRY)
 
 _END = object()
@@ -539,7 +539,7 @@ class Remaining:
         """How many indices, or ``None`` if the last interval is open."""
         if self.intervals and self.intervals[-1][1] is None:
             return None
-        return sum(stop - start for start, stop in self.intervals)  # type: ignore[operator]
+        return sum(stop - start for start, stop in self.intervals if stop is not None)
 
     def index(self, j: int) -> int:
         """The ``j``-th index of the set (0-based)."""
@@ -663,7 +663,7 @@ def carry_consumed(base: Remaining) -> int:
     start, stop = base.intervals[-1] if base.intervals else (0, 0)
     if stop is not None:
         raise ValueError(f"a carry base must end in an open interval, got {base}")
-    return start - sum(b - a for a, b in base.intervals[:-1])  # type: ignore[operator]
+    return start - sum(b - a for a, b in base.intervals[:-1] if b is not None)
 
 
 def carry_end(base: Remaining, epoch: int, length: int, unit: int) -> int:
@@ -797,8 +797,9 @@ def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: in
     lo, hi = carry_window(base, first, epoch, length, unit)
     earlier: dict[int, int] = {}
     for start, stop in base.compose(Remaining([(lo, hi)])).intervals:
+        assert stop is not None  # a composition with a finite window is finite
         for e in range(start // length if length else 0, min(epoch, -(-stop // length) if length else 0)):
-            inside = min(stop, (e + 1) * length) - max(start, e * length)  # type: ignore[operator]
+            inside = min(stop, (e + 1) * length) - max(start, e * length)
             if inside > 0:
                 earlier[e] = earlier.get(e, 0) + inside
     below_end = (epoch + 1) * length - carry_consumed(base)  # base positions before the epoch's end

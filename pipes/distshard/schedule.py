@@ -294,8 +294,8 @@ class CostSchedule:
         weights = self.weights[j]
         self._active = [i for i, w in enumerate(weights) if w]
         self._w, self._total = weights, sum(weights)
-        self._cost = 0  # the phase's cost so far
-        self._own = [0] * len(self.costs)  # each source's cost in this phase
+        self._cost: float = 0  # the phase's cost so far (exact ints for integer costs)
+        self._own: list[float] = [0] * len(self.costs)  # each source's cost in this phase
         self._end = self.starts[j + 1] if j + 1 < len(self.starts) else None
 
     def _step(self) -> None:
@@ -305,7 +305,8 @@ class CostSchedule:
         if position % self.BLOCK == 0:
             self.marks.extend(self.counts)
         w, total, cost, own, costs, counts = self._w, self._total, self._cost, self._own, self.costs, self.counts
-        best, best_finish = -1, 0
+        best: int = -1
+        best_finish: float = 0
         for i in self._active:
             if own[i] * total <= cost * w[i]:  # may start: C_i / s_i <= C
                 c = costs[i] or self._empty

@@ -156,7 +156,8 @@ def _check_carry(state: Mapping, base: Remaining) -> None:
     """A carry state's base: open-ended, opening an epoch no later than the one after
     the state's, never past the end of that epoch's own stream."""
     first = _int(state, "carry_from")
-    if first > state["epoch"] + 1:  # type: ignore[operator]
+    assert first is not None  # not optional
+    if first > state["epoch"] + 1:
         raise _fail(f"carry_from={first} is after the epoch after the state's ({state['epoch']})")
     if not base.intervals or base.intervals[-1][1] is not None:
         raise _fail("under even='carry' remaining must end in an open interval [start, None]")
@@ -164,7 +165,7 @@ def _check_carry(state: Mapping, base: Remaining) -> None:
         raise _fail("even='carry' has no units layout")
     if state["slot"] is not None and state["length"] is None:
         raise _fail("a carry slot state must record its epoch's length")
-    if state["length"] is not None and base.intervals[-1][0] > (first + 1) * state["length"]:  # type: ignore[operator]
+    if state["length"] is not None and base.intervals[-1][0] > (first + 1) * state["length"]:
         raise _fail(f"remaining starts its open end at {base.intervals[-1][0]}, past the end of epoch {first}'s "
                     f"stream ({(first + 1) * state['length']}): it was altered or comes from other data")
 

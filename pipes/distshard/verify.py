@@ -43,7 +43,7 @@ from . import context as _context
 from .datapipe import shards_in
 from .keys import canonical, display, key
 from .guard import check_timeout
-from .plan import check_even, dropped_count, padded_count
+from .plan import Even, check_even, dropped_count, padded_count
 
 __all__ = [
     "FactoryPath", "RankOutcome", "VerifyReport", "canonical", "free_port", "key", "run_on_group", "verify",
@@ -155,7 +155,7 @@ def _run(start_method: str, world_size: int, fn: Callable[..., Any], args: tuple
          reference: tuple | None = None) -> dict[Any, tuple[Any, str | None]]:
     """Start the ranks (and the reference run), collect ``{who: (value, error)}``
     until ``deadline``, and leave no process behind."""
-    ctx = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method)  # a context of start_method's kind (typeshed knows only the base)
     results = ctx.Queue()
     store = tempfile.mkdtemp(prefix="distshard-group-")
     init_method = "file://" + os.path.join(store, "store")
@@ -481,7 +481,7 @@ class VerifyReport:
 
     world_size: int
     num_workers: int
-    even: str | None
+    even: Even
     epochs: int
     expected: int = 0  # elements of one epoch of the unsharded stream
     received: int = 0  # elements all slots yielded, all epochs
@@ -498,7 +498,7 @@ class VerifyReport:
     error: str | None = None  # tracebacks and reasons, one block per failed process
     reasons: list[str] = field(default_factory=list)  # one line per failed process
     reads: str = ""  # how the pipeline reads its source, from its dist_shard
-    pipeline_even: str | None = None  # the even= of the pipeline's own dist_shard
+    pipeline_even: Even = None  # the even= of the pipeline's own dist_shard
     multiple_of: int = 1  # the pipeline's multiple_of, when the even checked is its "drop"
     seen: list[tuple[int, int, str]] = field(default_factory=list, repr=False)
 
@@ -588,7 +588,7 @@ def verify(
     *,
     world_size: int,
     num_workers: int = 0,
-    even: Literal["drop", "pad"] | None | str = _AUTO,
+    even: Even | str = _AUTO,
     start_method: str = "fork",
     rank_start_method: str = "spawn",
     timeout: float = 60.0,
@@ -645,11 +645,12 @@ def verify(
         raise ValueError(f"epochs={epochs!r} must be a positive int")
     if loader not in ("torch", "stateful", "none"):
         raise ValueError(f"loader={loader!r} must be 'torch', 'stateful' or 'none'")
+    checked: Even = None
     if even != _AUTO:
-        check_even(even)
+        checked = check_even(even)
         if step_collective is None:
-            step_collective = even is not None
-    report = VerifyReport(world_size, num_workers, None if even == _AUTO else even, epochs)  # type: ignore[arg-type]
+            step_collective = checked is not None
+    report = VerifyReport(world_size, num_workers, checked, epochs)
 
     got = _run(
         rank_start_method, world_size, _verify_rank,

@@ -37,15 +37,16 @@ def _stable_text(value: Any, budget: list[int]) -> str | None:
         return text if len(text) <= 200 else f"{text[:200]}...{len(text)}"
     if isinstance(value, (list, tuple)):
         parts = [_stable_text(v, budget) for v in value[:8]]
-        return None if None in parts else f"{type(value).__name__}({len(value)}:{','.join(parts)})"  # type: ignore[arg-type]
+        texts = [part for part in parts if part is not None]
+        return None if len(texts) < len(parts) else f"{type(value).__name__}({len(value)}:{','.join(texts)})"
     if isinstance(value, dict):
-        parts = []
+        items = []
         for k, v in list(value.items())[:8]:
             kt, vt = _stable_text(k, budget), _stable_text(v, budget)
             if kt is None or vt is None:
                 return None
-            parts.append(f"{kt}:{vt}")
-        return "{" + ",".join(parts) + "}"
+            items.append(f"{kt}:{vt}")
+        return "{" + ",".join(items) + "}"
     return None
 
 

@@ -41,15 +41,13 @@ def _is_sequence(value: Any) -> bool:
 def check_sizes(sizes: object) -> Sizes | None:
     """Validate the ``sizes`` argument at construction (types and sign of a sequence)."""
     if sizes is None or callable(sizes) or isinstance(sizes, Mapping):
-        return sizes  # type: ignore[return-value]
-    if isinstance(sizes, (str, bytes)) or not _is_sequence(sizes):
+        return sizes  # a callable or a mapping: its counts are checked per unit
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable) or not _is_sequence(sizes):
         raise TypeError(
             f"sizes={sizes!r} must be a sequence of per-unit element counts aligned with "
             "the units, a mapping unit -> count, or a callable unit -> count"
         )
-    for index, size in enumerate(sizes):  # type: ignore[arg-type]
-        _check_size(size, f"sizes[{index}]")
-    return list(sizes)  # type: ignore[arg-type]
+    return [_check_size(size, f"sizes[{index}]") for index, size in enumerate(sizes)]
 
 
 def _check_size(size: object, where: str) -> int:
