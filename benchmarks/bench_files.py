@@ -390,7 +390,7 @@ def epochs_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         code = f"`{BY_KEY[row['key']].code}`"
         if "epochs_runs" not in row:
-            cells.append([code, f"not run: {harness.error_line((row.get('errors') or [row.get('skipped')])[0])}"])
+            cells.append([code, f"not run: {harness.error_line((row.get('errors') or [row.get('skipped') or 'no complete run'])[0])}"])
             continue
         last = row["epochs_runs"][-1]
         cells.append([code, harness.slot_counts(last["per_epoch_slots"]), last["equal_slots"], last["delivered"],
