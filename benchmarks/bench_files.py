@@ -12,10 +12,10 @@ outside the measured window).
 
 What runs
 ---------
-Every variant runs in its own process tree: ``python bench_files.py --run KEY``
-(the dev venv for torch and distshard, the benchmark-only venv
-``benchmarks/.venv`` for the peers), which starts a gloo group of
-``WORLD_SIZE = 4`` ranks on 127.0.0.1 (``distshard.verify.run_on_group``); every
+Every variant runs in its own process tree (``harness.launch``: the dev venv for
+torch and distshard, the benchmark-only venv ``benchmarks/.venv`` for the
+peers), which starts a gloo group of ``WORLD_SIZE = 4`` ranks on 127.0.0.1
+(``harness.run_job``); every
 rank iterates ``DataLoader(dataset, batch_size=32, num_workers=2,
 multiprocessing_context="fork")``, so there are ``S = 8`` slots. ``decode`` is
 the same in every variant: a BLAKE2b of the JPEG bytes, then a calibrated busy
@@ -42,7 +42,7 @@ read / data
 CPU s / wall s
     user + sys CPU of the 4 ranks and their workers over the window (from just
     before the pipeline is built to the workers' exit), summed; the slowest
-    rank's wall time over the same window.
+    rank's wall time over the same window (``harness.Meter``).
 peak RSS
     the peak resident set of the 12 processes, summed (forked workers share
     pages, so this over-counts what the job needs).
@@ -70,36 +70,23 @@ import io
 import json
 import os
 import random
-import resource
 import shutil
-import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-import traceback
-import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-PEERS_VENV = HERE / ".venv"
-REQUIREMENTS = HERE / "requirements-peers.txt"
+import harness
+from harness import Col
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+
 WORLD_SIZE, NUM_WORKERS, BATCH = 4, 2, 32
 NUM_SLOTS = WORLD_SIZE * NUM_WORKERS
 DECODE_TARGET_S = 0.25e-3
-
-warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
-warnings.filterwarnings("ignore", message="This DataLoader will create")
-
-from torch.utils.data import IterableDataset  # noqa: E402
-from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
 
 
 # -- the data ------------------------------------------------------------------------------
@@ -162,45 +149,26 @@ def convert_to_mds(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
             "bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
 
 
+def convert(data: str, out: str) -> dict[str, Any]:
+    """``convert_to_mds`` in a child (the peers' venv): the data's manifest into ``out``."""
+    return convert_to_mds(json.loads((Path(data) / "manifest.json").read_text()), Path(out))
+
+
 # -- decode: counted, the same everywhere ------------------------------------------------------
-_DECODES = 0
-
-
-def burn(iters: int, seed: bytes) -> bytes:
-    digest = seed
-    for _ in range(iters):
-        digest = hashlib.blake2b(digest, digest_size=16).digest()
-    return digest
-
-
-class Decode:
+class Decode(harness.Decode):
     """``sample -> key`` after hashing the JPEG bytes and ``iters`` digests of CPU
     (``{"__key__": key}`` with ``as_dict``: Hugging Face's ``map`` wants a dict)."""
 
     def __init__(self, iters: int, as_dict: bool = False) -> None:
-        self.iters = iters
+        super().__init__(iters)
         self.as_dict = as_dict
 
     def __call__(self, sample: dict[str, Any]) -> Any:
-        global _DECODES
-        _DECODES += 1
         jpg = sample["jpg"]
         if isinstance(jpg, dict):  # Hugging Face's Image(decode=False)
             jpg = jpg["bytes"]
-        burn(self.iters, hashlib.blake2b(jpg, digest_size=16).digest())
+        self.work(hashlib.blake2b(jpg, digest_size=16).digest())
         return {"__key__": sample["__key__"]} if self.as_dict else sample["__key__"]
-
-
-def calibrate(target_s: float) -> tuple[int, float]:
-    probe, calls, start = 256, 0, time.process_time()
-    while time.process_time() - start < 0.2:
-        burn(probe, calls.to_bytes(8, "little"))
-        calls += 1
-    iters = max(1, round(target_s / ((time.process_time() - start) / (calls * probe))))
-    start = time.process_time()
-    for i in range(200):
-        burn(iters, i.to_bytes(8, "little"))
-    return iters, (time.process_time() - start) / 200
 
 
 # -- the variants ----------------------------------------------------------------------------------
@@ -346,276 +314,93 @@ def build(key: str, manifest: dict[str, Any], decode: Decode, rank: int, mds: st
     raise ValueError(f"unknown variant {key!r}")
 
 
-# -- measuring inside the ranks and workers ------------------------------------------------------------
-def rchar() -> int:
-    """Bytes this process passed to read()/pread() so far."""
-    with open("/proc/self/io", "rb") as f:
-        for line in f:
-            if line.startswith(b"rchar:"):
-                return int(line.split()[1])
-    return 0
+# -- one variant on a gloo group (in a child process tree) ---------------------------------------------
+@dataclass
+class FilesJob(harness.Job):
+    """Every rank (torchrun's variables set: Mosaic reads them) builds variant ``key``
+    inside the window and iterates it through ``DataLoader(batch_size=32,
+    num_workers=2)``; the workers count from their start."""
+
+    key: str = ""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    iters: int = 0
+    mds: str | None = None
+    batch_size: int | None = BATCH
+    worker_init: bool = True
+    torchrun_env: bool = True
+
+    def prepare(self, rank: int) -> None:
+        import_libraries(self.key, self.manifest["urls"])
+
+    def build(self, rank: int) -> Any:
+        return build(self.key, self.manifest, Decode(self.iters), rank, self.mds)
+
+    def describe(self, pipe: Any) -> str:
+        """For distshard rows: does dist_shard read the source at random (the file
+        sources' protocol wired in), or stream it?"""
+        plan = harness.read_plan(pipe)
+        return "" if plan is None else "random access" if plan.sequence is not None else "streams (protocol not wired)"
+
+    def keep(self, batch: Any, values: list) -> None:
+        values.extend(batch["__key__"] if isinstance(batch, dict) else batch)
 
 
-_BASE: dict[str, float] = {}
-_EPOCH = 0  # the epoch a rank runs (its forked workers inherit it)
-
-
-def worker_init(_: int) -> None:
-    _BASE.update(decodes=_DECODES, rchar=rchar(), cpu=time.process_time())
-
-
-def _report(outdir: str, rank: int, yielded: int) -> None:
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    worker = -1 if info is None else info.id
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    record = {"rank": rank, "worker": worker, "yielded": yielded,
-              "decodes": _DECODES - _BASE.get("decodes", 0), "rchar": rchar() - _BASE.get("rchar", 0),
-              "cpu_s": time.process_time() - _BASE.get("cpu", 0), "maxrss_kib": usage.ru_maxrss,
-              "epoch": _EPOCH}
-    (Path(outdir) / f"r{rank}-w{worker}-e{_EPOCH}-p{os.getpid()}.json").write_text(json.dumps(record))
-
-
-class _Reporting:
-    """The last stage: counts what this slot yields and, at its end, reports."""
-
-    def __init__(self, inner: Any, outdir: str, rank: int) -> None:
-        self.inner, self.outdir, self.rank = inner, outdir, rank
-
-    def __iter__(self) -> Iterator[Any]:
-        yielded = 0
-        try:
-            for item in self.inner:
-                yielded += 1
-                yield item
-        finally:
-            _report(self.outdir, self.rank, yielded)
-
-
-class ReportPipe(_Reporting, IterDataPipe):
-    """For DataPipes: stays a DataPipe, so that the DataLoader shards and seeds its graph."""
-
-
-class ReportDataset(_Reporting, IterableDataset):
-    """For the peers' iterable datasets."""
-
-
-def _wrap(inner: Any, outdir: str, rank: int) -> Any:
-    return (ReportPipe if isinstance(inner, IterDataPipe) else ReportDataset)(inner, outdir, rank)
-
-
-def _cpu(usage: resource.struct_rusage) -> float:
-    return usage.ru_utime + usage.ru_stime
-
-
-def rank_main(rank: int, world_size: int, key: str, manifest: dict[str, Any], iters: int,
-              outdir: str, mds: str | None, timeout: float, epochs: int = 1) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1")
-    mydir = Path(outdir) / f"rank{rank}"
-    mydir.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"rank": rank, "keys": [], "error": None}
-    import_libraries(key, manifest["urls"])
-    dist.barrier()
-    self0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall0, rchar0, decodes0 = time.perf_counter(), rchar(), _DECODES
-    pipe = None
-    try:
-        pipe = _wrap(build(key, manifest, Decode(iters), rank, mds), str(mydir), rank)
-        out["reads"] = _how_it_reads(pipe)
-    except BaseException:  # noqa: BLE001 - reported
-        out["error"] = traceback.format_exc()
-    ok = torch.tensor([0 if pipe is None else 1])
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if not ok.item():
-        out["error"] = out["error"] or "another rank failed to build its pipeline"
-        return out
-    out["rank_rchar"] = rchar() - rchar0
-    global _EPOCH
-    iterator = None
-    try:
-        loader = DataLoader(pipe, batch_size=BATCH, num_workers=NUM_WORKERS, multiprocessing_context="fork",
-                            worker_init_fn=worker_init, timeout=timeout)
-        for epoch in range(epochs):
-            if epochs > 1:
-                import distshard
-
-                distshard.set_epoch(pipe, epoch)
-            _EPOCH = epoch
-            iterator = iter(loader)
-            for batch in iterator:
-                out["keys"].extend(batch["__key__"] if isinstance(batch, dict) else batch)
-            iterator._shutdown_workers()
-            iterator = None
-    except BaseException:  # noqa: BLE001
-        out["error"] = traceback.format_exc()
-    finally:
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-        del iterator
-    out["wall_s"] = time.perf_counter() - wall0
-    out["cpu_s"] = (_cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(self0)
-                    + _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children0))
-    out["rank_decodes"] = _DECODES - decodes0
-    out["rank_maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out["workers"] = [json.loads(p.read_text()) for p in sorted(mydir.glob("*.json"))]
-    return out
-
-
-def _how_it_reads(pipe: Any) -> str:
-    """For distshard rows: does dist_shard read the source at random (the file
-    sources' protocol wired in), or stream it?"""
-    try:
-        from distshard.datapipe import shards_in
-    except ImportError:
-        return ""
-    shards = shards_in(pipe.inner) if hasattr(pipe, "inner") else []
-    if not shards:
-        return ""
-    try:
-        plan = shards[0].read_plan()
-    except Exception as exc:  # noqa: BLE001 - an API in flux must not fail the run
-        return f"unknown ({type(exc).__name__})"
-    return "random access" if plan.sequence is not None else "streams (protocol not wired)"
-
-
-def run_variant(key: str, manifest: dict[str, Any], iters: int, mds: str | None, timeout: float) -> dict[str, Any]:
-    """In the ``--run`` process: one gloo group, one variant; a summary."""
-    from distshard.verify import run_on_group
-
-    epochs = BY_KEY[key].epochs
-    with tempfile.TemporaryDirectory(prefix="bench_files-") as outdir:
-        outcomes = run_on_group(rank_main, world_size=WORLD_SIZE, timeout=timeout * epochs,
-                                args=(key, manifest, iters, outdir, mds, timeout, epochs))
-    errors = [f"rank {o.rank}: {o.error or o.value.get('error')}" for o in outcomes
-              if o.error or o.value is None or o.value.get("error")]
-    values = [o.value for o in outcomes if o.value is not None and "wall_s" in o.value]
-    workers = [w for v in values for w in v["workers"]]
-    got = Counter(k for v in values for k in v["keys"])
-    expected = Counter(manifest["keys"])
+def run_variant(key: str, data: str, iters: int, mds: str | None, timeout: float) -> dict[str, Any]:
+    """In a child process: one gloo group, one variant; a summary."""
+    manifest = json.loads((Path(data) / "manifest.json").read_text())
+    variant = BY_KEY[key]
+    run = harness.run_job(FilesJob(key=key, manifest=manifest, iters=iters, mds=mds, timeout=timeout,
+                                   epochs=variant.epochs, world_size=WORLD_SIZE, num_workers=NUM_WORKERS))
+    got, workers = Counter(run.values()), run.workers
+    expected: Any = manifest["keys"]
     slots = {(w["rank"], w["worker"]): w["yielded"] for w in workers}
     epochs_part: dict[str, Any] = {}
-    if epochs > 1:
-        epochs_part = _epochs_summary(key, got, manifest["keys"], workers, epochs)
-        expected = Counter({k: epochs for k in manifest["keys"]})
+    if variant.epochs > 1:  # multiple_of=BATCH: rounds of whole batches
+        epochs_part = harness.epochs_check(got, manifest["keys"], workers, epochs=variant.epochs,
+                                           even="carry" if key == "distshard_carry_epochs" else "drop",
+                                           unit=NUM_SLOTS * BATCH, slots=NUM_SLOTS)
+        expected = Counter({k: variant.epochs for k in manifest["keys"]})
+    once = harness.exactly_once(got, expected, even="drop" if variant.distshard else None, slots=NUM_SLOTS)
     return {
         **epochs_part,
-        "errors": errors,
-        "complete": len(values) == WORLD_SIZE and len(workers) == NUM_SLOTS * epochs,
+        "errors": run.errors,
+        "complete": run.complete,
         "per_slot": [slots.get((r, w)) for r in range(WORLD_SIZE) for w in range(NUM_WORKERS)],
-        "duplicates": sum((got - expected).values()),
-        "missing": sum((expected - got).values()),
-        "decodes": sum(v["rank_decodes"] for v in values) + sum(w["decodes"] for w in workers),
-        "read_bytes": sum(v["rank_rchar"] for v in values) + sum(w["rchar"] for w in workers),
-        "rank_read_bytes": [v["rank_rchar"] for v in values],
+        "once": asdict(once),
+        "decodes": run.total("decodes"),
+        "read_bytes": run.read_bytes,
+        "rank_read_bytes": [r["rank_rchar"] for r in run.measured],
         "worker_read_bytes": [w["rchar"] for w in workers],
-        "cpu_s": sum(v["cpu_s"] for v in values),
-        "wall_s": max((v["wall_s"] for v in values), default=float("nan")),
-        "rss_mib": (sum(v["rank_maxrss_kib"] for v in values) + sum(w["maxrss_kib"] for w in workers)) / 1024,
-        "reads": next((v.get("reads") for v in values if v.get("reads")), ""),
+        "cpu_s": run.cpu_s,
+        "wall_s": run.wall_s,
+        "rss_mib": run.rss_mib,
+        "reads": next((r["info"] for r in run.measured if r.get("info")), ""),
     }
 
 
-def _epochs_summary(key: str, got: Counter, keys: list[str], workers: list[dict[str, Any]],
-                    epochs: int) -> dict[str, Any]:
-    """The even='drop' / 'carry' rows: per-slot counts of every epoch, and what was
-    delivered against the epochs' concatenated streams (each the keys in file order)."""
-    n, unit = len(keys), NUM_SLOTS * BATCH  # multiple_of=BATCH: rounds of whole batches
-    if key == "distshard_carry_epochs":  # epoch e takes [U floor(eN/U), U floor((e+1)N/U)) of the concatenation
-        wanted = Counter(keys[g % n] for g in range(unit * (epochs * n // unit)))
-    else:
-        wanted = Counter(k for _ in range(epochs) for k in keys[:n // unit * unit])
-    per_epoch: dict[int, list[int]] = {}
-    for record in workers:
-        per_epoch.setdefault(record["epoch"], []).append(record["yielded"])
-    every = Counter({k: epochs for k in keys})
-    delivered = sum(got.values())
-    left = epochs * n - delivered if key == "distshard_carry_epochs" else 0
-    return {"per_epoch_slots": {e: sorted(c) for e, c in sorted(per_epoch.items())},
-            "equal_slots": len(per_epoch) == epochs and all(len(c) == NUM_SLOTS and len(set(c)) == 1
-                                                            for c in per_epoch.values()),
-            "delivered": delivered, "exact": got == wanted, "left_for_next_epoch": left,
-            "dropped": sum((every - got).values()) - left, "padded": sum((got - every).values())}
+EPOCHS_COLUMNS = [Col("pipeline"), Col("per-slot counts by epoch"), Col("equal slots"), Col("delivered", 0),
+                  Col("dropped", 0), Col("padded", 0), Col("left for the next epoch", 0), Col("exact"),
+                  Col("CPU s", 1), Col("CPU / drop's", 3, "×")]
 
 
 def epochs_table(rows: list[dict[str, Any]]) -> str:
     """The even='drop' / 'carry' rows over several epochs, CPU against drop's."""
     drop = next((row for row in rows if row["key"] == "distshard_drop_epochs" and "cpu_s" in row), None)
-    lines = ["| pipeline | per-slot counts by epoch | equal slots | delivered | dropped | padded | left for the "
-             "next epoch | exact | CPU s | CPU / drop's |", "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    cells = []
     for row in rows:
-        variant = BY_KEY[row["key"]]
+        code = f"`{BY_KEY[row['key']].code}`"
         if "epochs_runs" not in row:
-            lines.append(f"| `{variant.code}` | not run: {(row.get('errors') or [row.get('skipped')])[0]} |"
-                         + " |" * 8)
+            cells.append([code, f"not run: {harness.error_line((row.get('errors') or [row.get('skipped') or 'no complete run'])[0])}"])
             continue
         last = row["epochs_runs"][-1]
-        counts = " / ".join(str(c[0]) if len(set(c)) == 1 else f"{min(c)}–{max(c)}"
-                            for c in last["per_epoch_slots"].values())
-        ratio = f"{row['cpu_s'] / drop['cpu_s']:.3f}×" if drop else "—"
-        exact = all(r["exact"] and r["equal_slots"] for r in row["epochs_runs"])
-        lines.append(f"| `{variant.code}` | {counts} | {'✓' if last['equal_slots'] else '✗'} | {last['delivered']} "
-                     f"| {last['dropped']} | {last['padded']} | {last['left_for_next_epoch']} | {'✓' if exact else '✗'} "
-                     f"| {row['cpu_s']:.1f} | {ratio} |")
-    return "\n".join(lines)
+        cells.append([code, harness.slot_counts(last["per_epoch_slots"]), last["equal_slots"], last["delivered"],
+                      last["dropped"], last["padded"], last["left_for_next_epoch"],
+                      all(r["exact"] and r["equal_slots"] for r in row["epochs_runs"]), row["cpu_s"],
+                      row["cpu_s"] / drop["cpu_s"] if drop else None])
+    return harness.table(EPOCHS_COLUMNS, cells)
 
 
 # -- the parent: generate, run every variant in rounds, tabulate --------------------------------------
-def peers_python() -> Path | None:
-    python = PEERS_VENV / "bin" / "python"
-    return python if python.exists() else None
-
-
-def setup_peers() -> int:
-    """Create ``benchmarks/.venv`` and install the peers (torch pinned in the same command)."""
-    if not peers_python():
-        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
-        base = Path(sys.base_prefix) / "bin" / "python3"
-        if not peers_python() and base.exists():
-            subprocess.run([str(base), "-m", "venv", str(PEERS_VENV)], check=True)
-    return subprocess.run([str(peers_python()), "-m", "pip", "install", "-r", str(REQUIREMENTS)]).returncode
-
-
-def _child_env(cache: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "pipes"), str(HERE)])
-    env.update(DISTSHARD_CACHE=cache, HF_HOME=os.path.join(cache, "hf"), HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONWARNINGS="ignore")
-    return env
-
-
-def launch(variant: Variant, data: Path, iters: int, mds: Path | None, timeout: float) -> dict[str, Any]:
-    python = sys.executable if variant.venv == "dev" else peers_python()
-    if python is None:
-        return {"skipped": f"no benchmark venv ({PEERS_VENV.relative_to(ROOT)}): run with --setup-peers"}
-    with tempfile.TemporaryDirectory(prefix="bench_files-cache-") as cache:
-        out = Path(cache) / "result.json"
-        command = [str(python), str(Path(__file__).resolve()), "--run", variant.key, "--data", str(data),
-                   "--iters", str(iters), "--out", str(out), "--timeout", str(timeout)]
-        if mds is not None:
-            command += ["--mds", str(mds)]
-        try:
-            done = subprocess.run(command, env=_child_env(cache), capture_output=True, text=True,
-                                  timeout=timeout + 120)
-        except subprocess.TimeoutExpired:
-            return {"errors": [f"timed out after {timeout + 120:.0f}s"], "complete": False}
-        if not out.exists():
-            return {"errors": [f"exit {done.returncode}: {done.stderr[-2000:]}"], "complete": False}
-        return json.loads(out.read_text())
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def summarize(variant: Variant, runs: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
     n, total = len(manifest["keys"]), manifest["bytes"]
     if runs and "skipped" in runs[0]:
@@ -628,43 +413,40 @@ def summarize(variant: Variant, runs: list[dict[str, Any]], manifest: dict[str, 
     if variant.epochs > 1:
         row.update(epochs_runs=[{k: r[k] for k in ("per_epoch_slots", "equal_slots", "delivered", "exact",
                                                    "left_for_next_epoch", "dropped", "padded")} for r in good],
-                   cpu_s=_median([r["cpu_s"] for r in good]), cpu_runs=[r["cpu_s"] for r in good])
+                   cpu_s=harness.median(r["cpu_s"] for r in good), cpu_runs=[r["cpu_s"] for r in good])
         return row
-    allowed_drop = n % NUM_SLOTS if variant.distshard else 0
-    once = all(r["duplicates"] == 0 and r["missing"] <= allowed_drop for r in good)
+    onces = [harness.Once(**r["once"]) for r in good]
     slots = good[0]["per_slot"]
     row.update(
         per_slot=f"{min(slots)}–{max(slots)}" if min(slots) != max(slots) else f"{slots[0]} each",
-        exactly_once="✓" if once else f"✗ {good[0]['duplicates']} dup, {good[0]['missing']} missing",
-        dropped=good[0]["missing"] if once else None,
-        decodes_per_n=_median([r["decodes"] / n for r in good]),
-        read_ratio=_median([r["read_bytes"] / total for r in good]),
-        cpu_s=_median([r["cpu_s"] for r in good]),
-        wall_s=_median([r["wall_s"] for r in good]),
-        rss_mib=_median([r["rss_mib"] for r in good]),
+        exactly_once=next((o for o in onces if not o.ok), onces[0]).cell(),
+        decodes_per_n=harness.median(r["decodes"] / n for r in good),
+        read_ratio=harness.median(r["read_bytes"] / total for r in good),
+        cpu_s=harness.median(r["cpu_s"] for r in good),
+        wall_s=harness.median(r["wall_s"] for r in good),
+        rss_mib=harness.median(r["rss_mib"] for r in good),
         reads=good[0].get("reads", ""),
     )
     return row
 
 
+COLUMNS = [Col("pipeline"), Col("per-slot counts"), Col("exactly-once"), Col("decodes / N", 2),
+           Col("read / data", 2, "×"), Col("CPU s", 1), Col("wall s", 1), Col("peak RSS MiB", 0), Col("user lines", 0)]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| pipeline | per-slot counts | exactly-once | decodes / N | read / data | CPU s | wall s "
-            "| peak RSS MiB | user lines |")
-    lines = [head, "|" + "---|" * 9]
+    cells = []
     for row in rows:
         variant = BY_KEY[row["key"]]
         if "skipped" in row:
-            lines.append(f"| {variant.label} | not run: {row['skipped']} |" + " |" * 7)
+            cells.append([variant.label, f"not run: {row['skipped']}"])
         elif "per_slot" not in row:
-            first = (row["errors"] or ["no complete run"])[0].strip().splitlines()[-1][:120]
-            lines.append(f"| {variant.label} | failed: {first} |" + " |" * 7)
+            cells.append([variant.label, f"failed: {harness.error_line((row['errors'] or ['no complete run'])[0])[:120]}"])
         else:
             label = variant.label + (f" ({row['reads']})" if variant.distshard and row["reads"] else "")
-            once = row["exactly_once"] + (f" (drop {row['dropped']})" if row["dropped"] else "")
-            lines.append(
-                f"| {label} | {row['per_slot']} | {once} | {row['decodes_per_n']:.2f} | {row['read_ratio']:.2f}× "
-                f"| {row['cpu_s']:.1f} | {row['wall_s']:.1f} | {row['rss_mib']:.0f} | {row['lines']} |")
-    return "\n".join(lines)
+            cells.append([label, row["per_slot"], row["exactly_once"], row["decodes_per_n"], row["read_ratio"],
+                          row["cpu_s"], row["wall_s"], row["rss_mib"], row["lines"]])
+    return harness.table(COLUMNS, cells)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -677,72 +459,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also dump every measurement here")
     parser.add_argument("--data", type=Path, help="where to write the shards (default: a temp dir)")
     parser.add_argument("--setup-peers", action="store_true", help="create benchmarks/.venv with the peers")
-    # internal: one variant in a fresh process tree
-    parser.add_argument("--run", help=argparse.SUPPRESS)
-    parser.add_argument("--iters", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--mds", help=argparse.SUPPRESS)
-    parser.add_argument("--convert-mds", type=Path, help=argparse.SUPPRESS)
+    harness.add_child_args(parser)
     args = parser.parse_args(argv)
-
     if args.setup_peers:
-        return setup_peers()
-    if args.convert_mds is not None:  # in the peers venv
-        manifest = json.loads((args.data / "manifest.json").read_text())
-        args.out.write_text(json.dumps(convert_to_mds(manifest, args.convert_mds)))
-        return 0
-    if args.run:
-        manifest = json.loads((args.data / "manifest.json").read_text())
-        try:
-            result = run_variant(args.run, manifest, args.iters, args.mds, args.timeout)
-        except BaseException:  # noqa: BLE001
-            result = {"errors": [traceback.format_exc()], "complete": False}
-        args.out.write_text(json.dumps(result))
-        return 0
-    return orchestrate(args)
+        return harness.setup_peers()
+    if args.run:  # one variant, or the MDS conversion, in a fresh process tree
+        return harness.child(args.run, args.out, globals())
+    return orchestrate(args, harness.choose(args.only, BY_KEY, parser))
 
 
-def orchestrate(args: argparse.Namespace) -> int:
-    from _common import command_line, environment, write_json
-
-    chosen = [BY_KEY[k] for k in args.only.split(",") if k] if args.only else VARIANTS
+def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
+    session = harness.Session()
     shards, low, high, rounds = (12, 40, 90, 1) if args.quick else (args.shards, 201, 492, args.rounds)
     workdir = Path(tempfile.mkdtemp(prefix="bench_files-data-"))
     data = args.data or workdir / "shards"
     try:
         manifest = generate(data, shards, low, high)
         n, total = len(manifest["keys"]), manifest["bytes"]
-        iters, cost = calibrate(DECODE_TARGET_S)
-        print(f"# {command_line()}")
-        print(f"# Python {sys.version.split()[0]}, torch {environment()['torch']}, {os.cpu_count()} cores; "
-              f"{shards} shards, {n:,} samples, {total / 2**20:.1f} MiB; decode {cost * 1e3:.2f} ms; "
-              f"{WORLD_SIZE} ranks x {NUM_WORKERS} workers, batch {BATCH}; {rounds} round(s), medians", flush=True)
-        mds, mds_bytes = None, 0
-        if any(v.key == "mosaic" for v in chosen) and peers_python():
+        iters, cost = harness.calibrate(DECODE_TARGET_S)
+        mds, mds_bytes, conversion = None, 0, ""
+        if any(v.key == "mosaic" for v in chosen) and harness.peers_python():
             mds = workdir / "mds"
-            out = workdir / "mds.json"
-            subprocess.run([str(peers_python()), str(Path(__file__).resolve()), "--convert-mds", str(mds),
-                            "--data", str(data), "--out", str(out)], env=_child_env(str(workdir)), check=False,
-                           capture_output=True, text=True, timeout=args.timeout)
-            if out.exists():
-                conversion = json.loads(out.read_text())
-                mds_bytes = conversion["bytes"]
-                print(f"# MDS conversion for Mosaic: {conversion['seconds']:.1f} s, "
-                      f"{conversion['bytes'] / 2**20:.1f} MiB (outside the measured window)", flush=True)
+            done = harness.launch(__file__, "convert", {"data": str(data), "out": str(mds)}, peers=True,
+                                  timeout=args.timeout, grace=0)
+            if "bytes" in done:
+                mds_bytes = done["bytes"]
+                conversion = (f"MDS conversion for Mosaic: {done['seconds']:.1f} s, {mds_bytes / 2**20:.1f} MiB "
+                              "(outside the measured window)")
             else:
                 mds = None
         results: dict[str, list[dict[str, Any]]] = {v.key: [] for v in chosen}
-        for r in range(rounds):
-            order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
+        for r, order in harness.rounds(chosen, rounds):
             for variant in order:
-                if variant.key == "mosaic" and mds is None and peers_python():
+                if variant.key == "mosaic" and mds is None and harness.peers_python():
                     results[variant.key].append({"errors": ["the MDS conversion failed"], "complete": False})
                     continue
                 started = time.perf_counter()
-                results[variant.key].append(launch(variant, data, iters, mds, args.timeout))
+                results[variant.key].append(harness.launch(
+                    __file__, "run_variant", {"key": variant.key, "data": str(data), "iters": iters,
+                                              "mds": None if mds is None else str(mds), "timeout": args.timeout},
+                    peers=variant.venv == "peers", timeout=args.timeout))
                 print(f"#   round {r + 1}/{rounds}: {variant.key} done in {time.perf_counter() - started:.0f}s",
                       file=sys.stderr, flush=True)
         rows = [summarize(v, results[v.key], manifest) for v in chosen]
+        print(session.header(f"{shards} shards, {n:,} samples, {total / 2**20:.1f} MiB; decode {cost * 1e3:.2f} ms; "
+                             f"{WORLD_SIZE} ranks x {NUM_WORKERS} workers, batch {BATCH}; {rounds} round(s), medians",
+                             conversion))
+        print()
         one_epoch = [row for row in rows if BY_KEY[row["key"]].epochs == 1]
         several = [row for row in rows if BY_KEY[row["key"]].epochs > 1]
         if one_epoch:
@@ -764,9 +527,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                   f"its own format{own}. distshard builds its index cold in the measured job. Targets for "
                   "distshard: read ≤ 1.10×, CPU ≤ webdataset's, shuffle=True CPU ≤ 1.2× the unshuffled run, "
                   "equal per-slot counts, one user line.")
-        if args.json:
-            write_json(args.json, {"environment": environment(), "samples": n, "bytes": total, "mds_bytes": mds_bytes,
-                                   "decode_s": cost, "rows": rows})
+        session.dump(args.json, samples=n, bytes=total, mds_bytes=mds_bytes, decode_s=cost, rows=rows)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

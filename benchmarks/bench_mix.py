@@ -14,8 +14,8 @@ every row must cycle them. ``decode`` is the same everywhere: a calibrated busy
 loop (~50 µs of CPU, chained BLAKE2b) that counts its calls in a counter shared
 by the rank and the processes it forks.
 
-Every row runs on a real gloo group on 127.0.0.1 (``distshard.verify.run_on_group``,
-each rank a spawned process, a fresh group per row and round); the decode runs
+Every row runs on a real gloo group on 127.0.0.1 (``harness.run_job``, each rank
+a spawned process, a fresh group per row and round); the decode runs
 in 2 worker processes per rank:
 
 (a) ``distshard``
@@ -114,34 +114,16 @@ Without the peers' venv the HF rows say so.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import hashlib
-import json
 import multiprocessing
-import os
-import platform
-import resource
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
-import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-# Spawned rank processes re-import this file by path (as ``__mp_main__``).
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-PEERS_VENV = HERE / ".venv"
-
-warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
-warnings.filterwarnings("ignore", message="This DataLoader will create")
+import harness
+from harness import Col
 
 WORLD_SIZE, NUM_WORKERS = 4, 2
 GLOBAL_BATCH = 256
@@ -159,51 +141,24 @@ PHASE_WEIGHTS = (0.3, 0.3, 0.4)
 
 
 # -- decode: a calibrated busy loop, counted over the rank and its workers -------------
-_COUNTER: Any = None  # a shared counter, created in each rank before it forks workers
-
-
-def burn(iters: int, seed: int) -> bytes:
-    """Deterministic CPU work: ``iters`` chained BLAKE2b digests."""
-    digest = seed.to_bytes(8, "little")
-    for _ in range(iters):
-        digest = hashlib.blake2b(digest, digest_size=16).digest()
-    return digest
-
-
-class Decode:
+class Decode(harness.Decode):
     """``record -> (source id, index)`` (or a dict, for HF's ``map``) after ~50 µs of CPU."""
 
     def __init__(self, iters: int, as_dict: bool = False) -> None:
-        self.iters, self.as_dict = iters, as_dict
+        super().__init__(iters)
+        self.as_dict = as_dict
 
     def __call__(self, record: dict[str, Any]) -> Any:
-        counter = _COUNTER
-        if counter is not None:
-            with counter.get_lock():
-                counter.value += 1
         sid = NAMES.index(record["source"])
         index = int(record["idx"])
-        burn(self.iters, sid * 10_000_000 + index + len(record["text"]))
+        self.work(sid * 10_000_000 + index + len(record["text"]))
         return {"sid": sid, "idx": index} if self.as_dict else (sid, index)
 
 
-def calibrate(target_s: float) -> tuple[int, float]:
-    """``(iters, measured seconds per decode)`` for ~``target_s`` of CPU per decode."""
-    probe = 64
-    calls, start = 0, time.process_time()
-    while time.process_time() - start < 0.1:
-        burn(probe, calls)
-        calls += 1
-    iters = max(1, round(target_s / ((time.process_time() - start) / (calls * probe))))
-    decode = Decode(iters)
-    record = {"source": "web", "idx": 0, "text": "x" * 40}
-    samples = []
-    for _ in range(5):
-        start = time.process_time()
-        for _ in range(2000):
-            decode(record)
-        samples.append((time.process_time() - start) / 2000)
-    return iters, statistics.median(samples)
+def calibration_decode(iters: int) -> Any:
+    """What ``harness.calibrate`` times: the decode of one record."""
+    decode, record = Decode(iters), {"source": "web", "idx": 0, "text": "x" * 40}
+    return lambda i: decode(record)
 
 
 TOKENS = {"web": (60, 240), "code": (200, 800), "math": (20, 120)}  # (fewest, most) tokens a record
@@ -393,7 +348,7 @@ def pairs(batch: Any) -> list[tuple[int, int]]:
     return [(int(s), int(i)) for s, i in batch]  # torchdata's Batcher: a list of tuples
 
 
-def close(loader: Any, iterator: Any) -> None:
+def close(iterator: Any) -> None:
     """Stop and join the worker processes (so that RUSAGE_CHILDREN counts them)."""
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()  # a DataLoader's
@@ -409,88 +364,48 @@ def close(loader: Any, iterator: Any) -> None:
         child.join(timeout=10)
 
 
-def _cpu(usage: resource.struct_rusage) -> float:
-    return usage.ru_utime + usage.ru_stime
+@dataclass
+class MixJob(harness.Job):
+    """Every rank makes the data (before the window), builds row ``key``'s loader and
+    takes ``steps`` batches; decodes are counted in a counter the rank shares with
+    the processes it forks (torchdata.nodes' mappers do not report)."""
 
+    key: str = "distshard"
+    sizes: list[int] = field(default_factory=list)
+    iters: int = 0
+    report: bool = False
 
-def rank_main(rank: int, world_size: int, key: str, sizes: list[int], steps: int, iters: int,
-              timeout: float) -> dict[str, Any]:
-    global _COUNTER
-    import torch
-    import torch.distributed as dist
+    def prepare(self, rank: int) -> None:
+        import_libraries(self.key)
+        self.data = {name: make_records(name, n) for name, n in zip(NAMES, self.sizes)}  # they exist before the job
+        harness.share_counts("decodes")
 
-    out: dict[str, Any] = {"rank": rank, "batches": [], "error": None}
-    import_libraries(key)
-    data = {name: make_records(name, n) for name, n in zip(NAMES, sizes)}  # the data exist before the job
-    _COUNTER = multiprocessing.get_context("fork").Value(ctypes.c_longlong, 0)
-    dist.barrier()
-    self0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall0 = time.perf_counter()
-    loader = iterator = None
-    try:
-        loader = build(key, data, Decode(iters), rank, world_size, steps)
-        if isinstance(loader, torch.utils.data.DataLoader):
-            loader.timeout = timeout if loader.num_workers else 0
-        iterator = iter(loader)
-        for batch in iterator:
-            out["batches"].append(pairs(batch))
-            if len(out["batches"]) == steps:
-                break
-    except BaseException:  # noqa: BLE001 - reported
-        out["error"] = traceback.format_exc()
-    finally:
-        close(loader, iterator)
-        del iterator, loader
-    out["wall_s"] = time.perf_counter() - wall0
-    out["cpu_s"] = (_cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(self0)
-                    + _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children0))
-    out["decodes"] = _COUNTER.value
-    return out
+    def build(self, rank: int) -> Any:
+        return build(self.key, self.data, Decode(self.iters), rank, self.world_size, self.steps)
+
+    def loader(self, built: Any) -> Any:
+        from torch.utils.data import DataLoader
+
+        if isinstance(built, DataLoader):
+            built.timeout = self.timeout if built.num_workers else 0
+        return built
+
+    def keep(self, batch: Any, values: list) -> None:
+        values.append(pairs(batch))
+
+    def close(self, iterator: Any) -> None:
+        close(iterator)
 
 
 def run_variant(key: str, sizes: list[int], steps: int, iters: int, timeout: float) -> dict[str, Any]:
     """One gloo group, one row: what every rank returned."""
-    from distshard.verify import run_on_group
-
-    outcomes = run_on_group(rank_main, world_size=WORLD_SIZE, timeout=timeout,
-                            args=(key, sizes, steps, iters, timeout))
-    ranks, errors = [], []
-    for outcome in outcomes:
-        if outcome.error or outcome.value is None:
-            errors.append(f"rank {outcome.rank}: {outcome.error or 'no result'}")
-            continue
-        if outcome.value["error"]:
-            errors.append(f"rank {outcome.rank}: {outcome.value['error']}")
-        ranks.append(outcome.value)
-    return {"ranks": ranks, "errors": errors}
+    return asdict(harness.run_job(MixJob(key=key, sizes=sizes, steps=steps, iters=iters, timeout=timeout,
+                                         world_size=WORLD_SIZE, num_workers=NUM_WORKERS)))
 
 
-# -- the peers' venv ------------------------------------------------------------------------
-def peers_python() -> Path | None:
-    python = PEERS_VENV / "bin" / "python"
-    return python if python.exists() else None
-
-
-def launch_peer(key: str, sizes: list[int], steps: int, iters: int, timeout: float) -> dict[str, Any]:
-    """Run ``key`` with the benchmark venv's interpreter; its JSON back."""
-    python = peers_python()
-    if python is None:
-        return {"skipped": f"no benchmark venv ({PEERS_VENV.relative_to(ROOT)}): run "
-                           "benchmarks/bench_files.py --setup-peers"}
-    with tempfile.TemporaryDirectory(prefix="bench_mix-") as tmp:
-        out = Path(tmp) / "result.json"
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "pipes"), str(HERE)]), HF_HOME=os.path.join(tmp, "hf"),
-                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        command = [str(python), str(Path(__file__).resolve()), "--run", key, "--sizes", ",".join(map(str, sizes)),
-                   "--steps", str(steps), "--iters", str(iters), "--timeout", str(timeout), "--out", str(out)]
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout + 60)
-        except subprocess.TimeoutExpired:
-            return {"ranks": [], "errors": [f"timed out after {timeout + 60:.0f} s"]}
-        if not out.exists():
-            return {"ranks": [], "errors": [f"exit {done.returncode}: {done.stderr[-2000:]}"]}
-        return json.loads(out.read_text())
+def run_peer(key: str, sizes: list[int], steps: int, iters: int, timeout: float) -> dict[str, Any]:
+    """``run_variant`` in the peers' venv, with the peers' versions."""
+    return {**run_variant(key, sizes, steps, iters, timeout), "versions": harness.versions("torch", "torchdata", "datasets")}
 
 
 # -- analysis ----------------------------------------------------------------------------------
@@ -582,8 +497,10 @@ def per_pass(delivered: list[tuple[int, int]], sizes: list[int]) -> dict[str, An
 
 def analyze(variant: Variant, run: dict[str, Any], sizes: list[int], steps: int,
             expected: list | None) -> dict[str, Any]:
-    ranks = sorted(run.get("ranks", []), key=lambda v: v["rank"])
-    row: dict[str, Any] = {"errors": run.get("errors", [])}
+    group = harness.GroupRun.of({"ranks": [], "world_size": WORLD_SIZE, **run})
+    ranks = [{"rank": v["rank"], "batches": v["values"][0] if v["values"] else []}
+             for v in sorted(group.measured, key=lambda v: v["rank"])]
+    row: dict[str, Any] = {"errors": group.errors}
     complete = (len(ranks) == WORLD_SIZE and not row["errors"]
                 and all(len(v["batches"]) == steps for v in ranks))
     row["complete"] = complete
@@ -591,10 +508,10 @@ def analyze(variant: Variant, run: dict[str, Any], sizes: list[int], steps: int,
         return row
     delivered = [tuple(e) for v in ranks for batch in v["batches"] for e in batch]
     row["delivered"] = len(delivered)
-    row["decodes"] = sum(v["decodes"] for v in ranks)
+    row["decodes"] = group.total("decodes")
     row["reads_per_delivered"] = row["decodes"] / max(1, len(delivered))
-    row["cpu_s"] = sum(v["cpu_s"] for v in ranks)
-    row["wall_s"] = max(v["wall_s"] for v in ranks)
+    row["cpu_s"] = group.cpu_s
+    row["wall_s"] = group.wall_s
     if not complete:
         return row
     steps_batches = [[tuple(e) for v in ranks for e in v["batches"][t]] for t in range(steps)]
@@ -631,9 +548,9 @@ def summarize(variant: Variant, runs: list[dict[str, Any]]) -> dict[str, Any]:
     summary["stable"] = all(r["global_deviation"] == first["global_deviation"]
                             and r["passes"] == first["passes"] for r in good)
     summary["reads_max"] = max(r["reads_per_delivered"] for r in good)
-    summary["cpu_s"] = statistics.median(r["cpu_s"] for r in good)
+    summary["cpu_s"] = harness.median(r["cpu_s"] for r in good)
     summary["cpu_all"] = [r["cpu_s"] for r in good]
-    summary["wall_s"] = statistics.median(r["wall_s"] for r in good)
+    summary["wall_s"] = harness.median(r["wall_s"] for r in good)
     return summary
 
 
@@ -664,22 +581,29 @@ def targets(row: dict[str, Any], best_peer_cpu: float | None) -> dict[str, Any]:
             "deviation_per_step": step <= TARGET_DEVIATION, "cpu": cpu_ok if best_peer_cpu is not None else None}
 
 
+COLUMNS = [Col("row"), Col("pipeline (per rank)"), Col("reads / delivered", 2),
+           Col("worst deviation per global batch of 256 (web / code / math)", right=True),
+           Col("same, per training step as delivered", right=True), Col("same stream"),
+           Col("each element once per pass"), Col("CPU s", 2), Col("wall s", 2), Col("targets")]
+BOUNDS_COLUMNS = [Col("row"), Col("pipeline (per rank)"), Col("reads / delivered", 2),
+                  Col("worst prefix deviation", right=True), Col("bound"), Col("same stream"),
+                  Col("each element once per pass"), Col("CPU s", 2), Col("wall s", 2)]
+
+
+def _failed(row: dict[str, Any], default: str) -> str:
+    return "failed: " + harness.error_line((row.get("errors") or [default])[0])[:140]
+
+
 def table(rows: list[dict[str, Any]], best_peer_cpu: float | None) -> str:
-    head = ["row", "pipeline (per rank)", "reads / delivered",
-            "worst deviation per global batch of 256 (web / code / math)",
-            "same, per training step as delivered", "same stream", "each element once per pass",
-            "CPU s", "wall s", "targets"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 3 + ["---"] * 2
-                                                                + ["---:"] * 2 + ["---"]) + "|"]
+    cells = []
     for row in rows:
         variant = BY_KEY[row["key"]]
         code = variant.code
         if "skipped" in row:
-            lines.append(f"| {variant.label} | {code} | not run: {row['skipped']} |" + " |" * 7)
+            cells.append([variant.label, code, f"not run: {row['skipped']}"])
             continue
         if "cpu_s" not in row:
-            first = (row.get("errors") or ["?"])[0].strip().splitlines()[-1][:140]
-            lines.append(f"| {variant.label} | {code} | failed: {first} |" + " |" * 7)
+            cells.append([variant.label, code, _failed(row, "?")])
             continue
         verdict = "—"
         if variant.target:
@@ -691,24 +615,19 @@ def table(rows: list[dict[str, Any]], best_peer_cpu: float | None) -> str:
                 ("; " if met else "") + "**missed**: " + ", ".join(missed) if missed else "")
             if not t["deviation_per_step"]:
                 verdict += "; per step: **missed**"
-        same = {True: "✓", False: "✗", None: "—"}[row["same_stream"]]
-        lines.append(
-            f"| {variant.label} | {code} | {row['reads_per_delivered']:.2f} | {_dev(row['global_deviation'])} "
-            f"| {_dev(row['step_deviation'])} | {same} | {_once(row)} | {row['cpu_s']:.2f} "
-            f"| {row['wall_s']:.2f} | {verdict} |")
-    return "\n".join(lines)
+        cells.append([variant.label, code, row["reads_per_delivered"], _dev(row["global_deviation"]),
+                      _dev(row["step_deviation"]), row["same_stream"], _once(row), row["cpu_s"], row["wall_s"],
+                      verdict])
+    return harness.table(COLUMNS, cells)
 
 
 def bounds_table(rows: list[dict[str, Any]]) -> str:
     """The phased and cost-weighted rows: their own prefix bound, reads, CPU."""
-    head = ["row", "pipeline (per rank)", "reads / delivered", "worst prefix deviation", "bound", "same stream",
-            "each element once per pass", "CPU s", "wall s"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|---|---|---|---:|---:|"]
+    cells = []
     for row in rows:
         variant = BY_KEY[row["key"]]
         if "cpu_s" not in row or "prefix" not in row:
-            first = (row.get("errors") or ["no global stream"])[0].strip().splitlines()[-1][:140]
-            lines.append(f"| {variant.label} | {variant.code} | failed: {first} |" + " |" * 6)
+            cells.append([variant.label, variant.code, _failed(row, "no global stream")])
             continue
         prefix = row["prefix"]
         if prefix["unit"] == "elements":
@@ -720,10 +639,9 @@ def bounds_table(rows: list[dict[str, Any]]) -> str:
             worst = f"{prefix['worst']:.2f} × the largest record's tokens (token shares {shares}; sample shares {samples})"
             bound = (f"≤ 1 × (the issue's: ≤ {prefix['issue_bound']:g} ×): "
                      + ("**met**" if prefix["worst"] <= 1 else "**missed**"))
-        same = {True: "✓", False: "✗", None: "—"}[row["same_stream"]]
-        lines.append(f"| {variant.label} | {variant.code} | {row['reads_per_delivered']:.2f} | {worst} | {bound} "
-                     f"| {same} | {_once(row)} | {row['cpu_s']:.2f} | {row['wall_s']:.2f} |")
-    return "\n".join(lines)
+        cells.append([variant.label, variant.code, row["reads_per_delivered"], worst, bound, row["same_stream"],
+                      _once(row), row["cpu_s"], row["wall_s"]])
+    return harness.table(BOUNDS_COLUMNS, cells)
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -734,73 +652,31 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated rows: " + ",".join(BY_KEY))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds a row may take")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the raw numbers")
-    # internal: one row in the peers' venv
-    parser.add_argument("--run", help=argparse.SUPPRESS)
-    parser.add_argument("--sizes", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--iters", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    harness.add_child_args(parser)  # internal: one row in the peers' venv
     args = parser.parse_args(None if argv is None else list(argv))
-
     if args.run:
-        try:
-            result = run_variant(args.run, [int(n) for n in args.sizes.split(",")], args.steps, args.iters,
-                                 args.timeout)
-        except BaseException:  # noqa: BLE001 - reported
-            result = {"ranks": [], "errors": [traceback.format_exc()]}
-        result["versions"] = _versions()
-        args.out.write_text(json.dumps(result))
-        return 0
-    return orchestrate(args)
+        return harness.child(args.run, args.out, globals())
+    return orchestrate(args, harness.choose(args.only, BY_KEY, parser))
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("torch", "torchdata", "datasets"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
-def orchestrate(args: argparse.Namespace) -> int:
-    import torch
-
-    import distshard
-    from _common import command_line, environment, write_json
-
-    chosen = VARIANTS
-    if args.only:
-        unknown = [k for k in args.only.split(",") if k not in BY_KEY]
-        if unknown:
-            raise SystemExit(f"unknown rows {unknown}; known: {', '.join(BY_KEY)}")
-        chosen = [BY_KEY[k] for k in args.only.split(",")]
+def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
     sizes, steps = (list(QUICK_SIZES), QUICK_STEPS) if args.quick else (list(SIZES), STEPS)
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else ROUNDS)
-    started = time.perf_counter()
-    load_before = os.getloadavg()[0]
-    iters, cost = calibrate(DECODE_TARGET_S)
+    session = harness.Session()
+    iters, cost = harness.calibrate(DECODE_TARGET_S, calibration_decode)
     draws = steps * GLOBAL_BATCH
-    print(f"# {command_line()}")
-    print(f"# Python {platform.python_version()}, torch {torch.__version__}, distshard {distshard.__version__}, "
-          f"{os.cpu_count()} cores; sources {' / '.join(f'{n} {s:,}' for n, s in zip(NAMES, sizes))}, "
-          f"weights {' / '.join(f'{w:g}' for w in WEIGHTS)}; {steps} steps × global batch {GLOBAL_BATCH} "
-          f"= {draws:,} draws; {WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; decode {cost * 1e6:.0f} µs "
-          f"CPU; {rounds} round(s), CPU medians", flush=True)
     expected = {v.key: expected_stream(v.key, sizes, steps) for v in chosen if v.key.startswith("distshard")}
     runs: dict[str, list[dict[str, Any]]] = {v.key: [] for v in chosen}
     peer_versions: dict[str, str] = {}
-    for r in range(rounds):
-        order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
+    for r, order in harness.rounds(chosen, rounds):
         for variant in order:
             t0 = time.perf_counter()
             if variant.venv == "dev":
                 run = run_variant(variant.key, sizes, steps, iters, args.timeout)
             else:
-                run = launch_peer(variant.key, sizes, steps, iters, args.timeout)
+                run = harness.launch(__file__, "run_peer", {"key": variant.key, "sizes": sizes, "steps": steps,
+                                                            "iters": iters, "timeout": args.timeout},
+                                     peers=True, timeout=args.timeout, grace=60)
                 peer_versions.update(run.get("versions", {}))
             if "skipped" in run:
                 runs[variant.key].append(run)
@@ -811,6 +687,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     rows = [summarize(v, runs[v.key]) for v in chosen]
     peers = [row["cpu_s"] for row in rows if "cpu_s" in row and not BY_KEY[row["key"]].key.startswith("distshard")]
     best_peer = min(peers) if peers else None
+    print(session.header(
+        f"sources {' / '.join(f'{n} {s:,}' for n, s in zip(NAMES, sizes))}, weights "
+        f"{' / '.join(f'{w:g}' for w in WEIGHTS)}; {steps} steps × global batch {GLOBAL_BATCH} = {draws:,} draws; "
+        f"{WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; decode {cost * 1e6:.0f} µs CPU; {rounds} round(s), "
+        "CPU medians"))
     print()
     print(table([row for row in rows if not BY_KEY[row["key"]].bounds], best_peer))
     print()
@@ -818,7 +699,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     if bounded:
         print(bounds_table(bounded))
         print()
-    elapsed = time.perf_counter() - started
+    elapsed = session.elapsed
     print(f"reads / delivered: decode calls in all processes / elements the 4 ranks received. Deviation: "
           f"per source, max over the {steps} global batches of |count − 256 × weight| (targets "
           f"{', '.join(f'{256 * w:g}' for w in WEIGHTS)}); distshard's global batches are 256 consecutive "
@@ -827,8 +708,7 @@ def orchestrate(args: argparse.Namespace) -> int:
           f"for every row. CPU s: user+sys of the 4 ranks and their workers, median of {rounds}. "
           f"Targets for distshard: reads 1.00, deviation ≤ {TARGET_DEVIATION:g} per source per global batch, "
           f"CPU ≤ the best peer's ({'—' if best_peer is None else f'{best_peer:.2f} s'}). "
-          f"Ideal CPU (decode once per draw): {draws * cost:.2f} s. Load average {load_before:.1f} before, "
-          f"{os.getloadavg()[0]:.1f} after; total {elapsed:.0f} s.")
+          f"Ideal CPU (decode once per draw): {draws * cost:.2f} s. Total {elapsed:.0f} s.")
     for row in rows:
         if BY_KEY[row["key"]].target and "cpu_s" in row:
             t = targets(row, best_peer)
@@ -839,14 +719,11 @@ def orchestrate(args: argparse.Namespace) -> int:
                   f"CPU {row['cpu_s']:.2f} s vs best peer "
                   f"{'—' if best_peer is None else f'{best_peer:.2f} s'} "
                   f"({'met' if t['cpu'] else 'not measured' if t['cpu'] is None else 'MISSED'}).")
-    if args.json is not None:
-        write_json(args.json, {**environment(), "peers": peer_versions, "sizes": sizes, "steps": steps,
-                               "weights": WEIGHTS, "global_batch": GLOBAL_BATCH, "world_size": WORLD_SIZE,
-                               "num_workers": NUM_WORKERS, "decode_iters": iters, "decode_cost_s": cost,
-                               "rounds": rounds, "elapsed_s": elapsed, "best_peer_cpu_s": best_peer,
-                               "rows": [{k: v for k, v in row.items() if k != "rounds"} | {
-                                   "per_round": [{k: v for k, v in run.items()} for run in row.get("rounds", [])]}
-                                   for row in rows]})
+    session.dump(args.json, peers=peer_versions, sizes=sizes, steps=steps, weights=WEIGHTS, global_batch=GLOBAL_BATCH,
+                 world_size=WORLD_SIZE, num_workers=NUM_WORKERS, decode_iters=iters, decode_cost_s=cost,
+                 rounds=rounds, best_peer_cpu_s=best_peer,
+                 rows=[{k: v for k, v in row.items() if k != "rounds"} | {"per_round": row.get("rounds", [])}
+                       for row in rows])
     return 0
 
 

@@ -78,29 +78,25 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
-import os
-import platform
 import statistics
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Sequence
 
-warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
+import harness
+from harness import Col, IterOnly
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+from torch.utils.data.datapipes.iter import IterableWrapper
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import apply_sharding
 
-import torch  # noqa: E402
-from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
-from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
-from torch.utils.data.graph import traverse_dps  # noqa: E402
-from torch.utils.data.graph_settings import apply_sharding  # noqa: E402
-
-import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line, environment, write_json  # noqa: E402
-from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
-from distshard.context import forced_distributed  # noqa: E402
+import distshard  # noqa: F401  (registers .dist_shard())
+from distshard.baselines import ClassicModuloIterDataPipe
+from distshard.context import forced_distributed
 
 DEFAULT_N = 500_000  # see the module docstring
 DEFAULT_REPEATS = 7
@@ -165,14 +161,6 @@ class Result:
         return statistics.median(self.seconds)
 
 
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def make_source(n: int, cell: Cell) -> IterDataPipe:
     data: Iterable[int] = range(n) if cell.source == RANGE else IterOnly(range(n))
     source: IterDataPipe = IterableWrapper(data, deepcopy=False)
@@ -184,14 +172,14 @@ def make_source(n: int, cell: Cell) -> IterDataPipe:
 def _build(cell: Cell, n: int) -> tuple[IterDataPipe, Callable[[], ContextManager[Any]]]:
     source = make_source(n, cell)
     if cell.variant == SOURCE:
-        return source, _NullContext
+        return source, contextlib.nullcontext
     num_slots, slot = cell.num_slots, cell.slot
     if num_slots is None or slot is None:
         raise ValueError(f"{cell} needs num_slots")
     if cell.variant == SHARDING_FILTER:
         pipe = source.sharding_filter()
         apply_sharding(pipe, num_slots, slot)
-        return pipe, _NullContext
+        return pipe, contextlib.nullcontext
     if cell.variant == CLASSIC:
         return ClassicModuloIterDataPipe(source), lambda: forced_distributed(slot, num_slots)
     if cell.variant == DIST_SHARD:
@@ -199,7 +187,7 @@ def _build(cell: Cell, n: int) -> tuple[IterDataPipe, Callable[[], ContextManage
         ctx = pipe.context()
         if (ctx.slot, ctx.num_slots) != (slot, num_slots):
             raise RuntimeError(f"dist_shard resolved {ctx}, expected slot {slot} of {num_slots}")
-        return pipe, _NullContext
+        return pipe, contextlib.nullcontext
     raise ValueError(cell.variant)
 
 
@@ -226,27 +214,14 @@ def build(cell: Cell, n: int) -> tuple[IterDataPipe, Callable[[], ContextManager
 
 
 def reads(cell: Cell, n: int) -> str:
-    """How ``dist_shard`` reads its source in this version of distshard.
-
-    Uses ``read_plan()`` when the installed distshard has it (the pushdown /
-    random-access fast path); without it, ``dist_shard`` always streams.
-    """
+    """How ``dist_shard`` reads its source (its ``read_plan()``): indexes its
+    positions (the pushdown / random-access fast path) or streams."""
     if cell.variant == SOURCE:
         return "all"
     if cell.variant != DIST_SHARD:
         return "streams"
-    pipe, _ = _build(cell, min(n, 1))
-    read_plan = getattr(pipe, "read_plan", None)
-    if read_plan is None:
-        return "streams"
-    try:
-        plan = read_plan()
-    except Exception as exc:  # noqa: BLE001 - informational only
-        return f"? ({type(exc).__name__})"
-    how = "indexes" if getattr(plan, "sequence", None) is not None else "streams"
-    if getattr(plan, "maps", None):
-        how += ", map pushed down"
-    return how
+    plan = harness.read_plan(_build(cell, min(n, 1))[0])
+    return ("indexes" if plan.sequence is not None else "streams") + (", map pushed down" if plan.maps else "")
 
 
 def collect(cell: Cell, n: int) -> list[Any]:
@@ -260,16 +235,10 @@ def time_once(cell: Cell, n: int) -> float:
     pipe, context = build(cell, n)
     consume = collections.deque
     gc.collect()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with context():
-            start = time.perf_counter_ns()
-            consume(iter(pipe), maxlen=0)
-            stop = time.perf_counter_ns()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    with harness.gc_paused(), context():
+        start = time.perf_counter_ns()
+        consume(iter(pipe), maxlen=0)
+        stop = time.perf_counter_ns()
     return (stop - start) / 1e9
 
 
@@ -363,11 +332,7 @@ def expected_yield(cell: Cell, n: int) -> int:
 def run(n: int, repeats: int, slots: Sequence[int], pipelines: Sequence[str]) -> list[Result]:
     cells = cells_for(slots, pipelines)
     results = {cell: Result(cell, expected_yield(cell, n), reads(cell, n)) for cell in cells}
-    for round_index in range(repeats):
-        shift = round_index % len(cells)
-        order = cells[shift:] + cells[:shift]
-        if round_index % 2:
-            order.reverse()
+    for _, order in harness.rounds(cells, repeats, reverse_odd=True):
         for cell in order:
             results[cell].seconds.append(time_once(cell, n))
     return [results[cell] for cell in cells]
@@ -376,8 +341,9 @@ def run(n: int, repeats: int, slots: Sequence[int], pipelines: Sequence[str]) ->
 # -- report ----------------------------------------------------------------------------
 
 
-def _ratio(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}×"
+COLUMNS = [Col("S", 0), Col("slot", 0), Col("variant"), Col("source"), Col("reads"), Col("median s", 3),
+           Col("ns / input elem", 1), Col("Δ ns vs source", 1, signed=True), Col("vs sharding_filter", 2, "×"),
+           Col("vs classic", 2, "×"), Col("yielded", 0)]
 
 
 def table(results: list[Result], n: int, with_pipeline: bool) -> tuple[str, list[dict[str, Any]]]:
@@ -390,17 +356,8 @@ def table(results: list[Result], n: int, with_pipeline: bool) -> tuple[str, list
     def median(pipeline: str, source: str, variant: str, num_slots: int | None) -> float:
         return by_key[(pipeline, source, variant, num_slots, None)].median
 
-    header = ["S", "slot", "variant", "source", "reads", "median s", "ns / input elem",
-              "Δ ns vs source", "vs sharding_filter", "vs classic", "yielded"]
-    text_columns = 5
-    if with_pipeline:
-        header.insert(0, "pipeline")
-        text_columns += 1
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" if i < text_columns else "---:" for i in range(len(header))) + "|",
-    ]
     rows: list[dict[str, Any]] = []
+    cells: list[list[Any]] = []
     for r in results:
         cell = r.cell
         source = median(cell.pipeline, cell.source, SOURCE, None)
@@ -409,7 +366,7 @@ def table(results: list[Result], n: int, with_pipeline: bool) -> tuple[str, list
             vs_filter = r.median / median(cell.pipeline, RANGE, SHARDING_FILTER, cell.num_slots)
             vs_classic = r.median / median(cell.pipeline, RANGE, CLASSIC, cell.num_slots)
         ns = r.median / n * 1e9
-        delta = (r.median - source) / n * 1e9
+        delta = None if cell.variant == SOURCE else (r.median - source) / n * 1e9
         rows.append({
             "pipeline": cell.pipeline,
             "source": cell.source,
@@ -420,29 +377,17 @@ def table(results: list[Result], n: int, with_pipeline: bool) -> tuple[str, list
             "reads": r.reads,
             "median_s": r.median,
             "ns_per_input": ns,
-            "delta_ns_vs_source": None if cell.variant == SOURCE else delta,
+            "delta_ns_vs_source": delta,
             "ratio_vs_sharding_filter": vs_filter,
             "ratio_vs_classic": vs_classic,
             "yielded": r.yielded,
             "seconds": r.seconds,
         })
-        columns = [
-            "—" if cell.num_slots is None else str(cell.num_slots),
-            "—" if cell.slot is None else str(cell.slot),
-            cell.label,
-            cell.source,
-            r.reads,
-            f"{r.median:.3f}",
-            f"{ns:.1f}",
-            "—" if cell.variant == SOURCE else f"{delta:+.1f}",
-            _ratio(vs_filter),
-            _ratio(vs_classic),
-            f"{r.yielded:,}",
-        ]
-        if with_pipeline:
-            columns.insert(0, "map(identity)" if cell.pipeline == "map" else "plain")
-        lines.append("| " + " | ".join(columns) + " |")
-    return "\n".join(lines), rows
+        pipeline = ["map(identity)" if cell.pipeline == "map" else "plain"] if with_pipeline else []
+        cells.append([*pipeline, cell.num_slots, cell.slot, cell.label, cell.source, r.reads, r.median, ns, delta,
+                      vs_filter, vs_classic, r.yielded])
+    columns = [Col("pipeline")] * with_pipeline + COLUMNS
+    return harness.table(columns, cells), rows
 
 
 def _parse_slots(text: str) -> list[int]:
@@ -477,18 +422,13 @@ def main(argv: Iterable[str] | None = None) -> int:
         parser.error("--n and --repeats must be at least 1")
     pipelines = ["plain", "map"] if args.map else ["plain"]
 
-    started = time.perf_counter()
+    session = harness.Session()
     check_outputs(n, args.slots, pipelines)
     results = run(n, repeats, args.slots, pipelines)
-    elapsed = time.perf_counter() - started
+    elapsed = session.elapsed
 
-    header = (
-        f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
-        f"distshard {distshard.__version__}, N={n:,}, repeats={repeats} (median), "
-        f"os.cpu_count()={os.cpu_count()}"
-    )
     text, rows = table(results, n, with_pipeline=args.map)
-    print(header)
+    print(session.header(f"N={n:,}, repeats={repeats} (median)"))
     print()
     print(text)
     print()
@@ -497,17 +437,7 @@ def main(argv: Iterable[str] | None = None) -> int:
           f"Ratios: median / median of the `range` `sharding_filter` / classic row at the "
           f"same S (< 1 is faster). Outputs checked before timing; total {elapsed:.0f} s.")
 
-    if args.json is not None:
-        payload = {
-            **environment(),
-            "n": n,
-            "repeats": repeats,
-            "slots": args.slots,
-            "pipelines": pipelines,
-            "elapsed_s": elapsed,
-            "rows": rows,
-        }
-        write_json(args.json, payload)
+    session.dump(args.json, n=n, repeats=repeats, slots=args.slots, pipelines=pipelines, rows=rows)
     return 0
 
 

@@ -4,40 +4,28 @@ the recipes people use today, in one run, on the same data.
 
 What is measured
 ----------------
-Every variant runs inside a real gloo group of ``WORLD_SIZE = 4`` ranks on
-127.0.0.1 (``distshard.verify.run_on_group``: each rank is a spawned process),
-and every rank iterates its pipeline through
-``torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2,
-multiprocessing_context="fork")``, so there are ``S = 8`` slots. A fresh group is
-started for every variant. The data are the element ids ``0 .. N-1`` (default
+Every variant runs on a fresh gloo group of ``WORLD_SIZE = 4`` ranks on 127.0.0.1,
+every rank iterating its pipeline through ``DataLoader(pipe, batch_size=None,
+num_workers=2, multiprocessing_context="fork")``, so there are ``S = 8`` slots
+(``harness.run_job``). The data are the element ids ``0 .. N-1`` (default
 ``N = 2000``, ``--n``); every variant yields those ids (decode returns the id),
-so the classic per-value modulo recipe can run on them.
-
-``decode`` is a deterministic busy loop (``blake2b`` of the previous digest,
-``iters`` times) calibrated once in the parent to ~0.5 ms of CPU per call; the
-calibrated ``iters`` is passed to every process, and the per-call cost is then
-measured in the parent (the *measured decode cost*). Decoding every element
-exactly once therefore costs ``ideal = N × cost`` CPU seconds (~1 s by default).
+so the classic per-value modulo recipe can run on them. ``decode`` is the
+harness's calibrated busy loop, ~0.5 ms of CPU a call (the *measured decode
+cost*, measured in the parent): decoding every element exactly once costs
+``ideal = N × cost`` CPU seconds (~1 s by default).
 
 For each variant the table reports:
 
 decodes / N
-    every process counts its decode calls (a module-level counter); each
-    DataLoader worker reports its count (and CPU, see below) from the last pipe
-    of the pipeline (``_Report``) through a small JSON file in a temp dir when its
-    iteration ends; each rank adds its own count (0: ranks only receive). The sum
-    over all 4 ranks and 8 workers, divided by N.
+    decode calls in every process (every DataLoader worker reports its own when
+    its iteration ends; ranks only receive), over all 4 ranks and 8 workers, / N.
 CPU s
-    user + sys CPU of every process involved, from ``resource.getrusage``: in each
-    rank, ``RUSAGE_SELF`` delta (the rank process, from just before the
-    DataLoader is created to after its workers are joined) plus
-    ``RUSAGE_CHILDREN`` delta over the same window (the rank's two DataLoader
-    workers, whole life: fork, iteration, exit; they are joined, so reaped, when
-    the iterator is exhausted). Summed over the 4 ranks. Interpreter start-up,
-    ``import torch`` and the gloo rendezvous are outside the window. The JSON
-    also has a cross-check, ``cpu_process_time_s``: ``time.process_time()``
-    deltas of each rank over the same window plus each worker's around its own
-    iteration.
+    user + sys CPU of the 4 ranks and their joined workers (``harness.Meter``)
+    from just after the pipeline is built to after the workers are joined:
+    interpreter start-up, ``import torch`` and the gloo rendezvous are outside.
+    The JSON also has a cross-check, ``cpu_process_time_s``: the ranks'
+    ``time.process_time()`` over the same window plus each worker's around its
+    own iteration.
 CPU / ideal
     ``CPU s / (N × measured decode cost)``.
 (CPU − floor) / ideal
@@ -45,13 +33,12 @@ CPU / ideal
     nothing): what the reading and decoding cost on top of running 12 processes
     and passing N elements through the DataLoader's queues.
 wall s
-    the slowest rank's wall time over the window (ranks start together after a
-    ``dist.barrier()``). 12 busy processes share the machine's cores, so on a
-    small machine wall ≈ CPU / cores.
+    the slowest rank's wall time over the window (ranks start together). 12 busy
+    processes share the machine's cores, so on a small machine wall ≈ CPU / cores.
 exactly-once
     the multiset of everything the 8 slots yielded against ``0 .. N-1`` (each
-    once); ✗ with the duplicate / missing counts, or the error, when violated.
-    A variant that fails is reported, never fatal to the script.
+    once); ✗ with the duplicate / missing counts, or the error. A variant that
+    fails is reported, never fatal to the script.
 
 The ``harness floor`` row runs the fast path with no decode at all: its CPU is
 the cost of the processes, the DataLoader and the queues alone, which every
@@ -106,52 +93,34 @@ How to run
     .venv/bin/python benchmarks/bench_reads.py                 # N=2000, ~2-3 min on 2 cores
     .venv/bin/python benchmarks/bench_reads.py --quick         # smoke run, N=400
     .venv/bin/python benchmarks/bench_reads.py --json reads.json --only fast_path,pushdown
+    .venv/bin/python benchmarks/bench_reads.py --carry         # even="carry" against "drop", 3 epochs
 
-It prints a header line (command, Python / torch versions, N, cores, decode
-cost) and a Markdown table for the README. Only torch, distshard and the standard
-library are needed. Every wait is bounded (``--timeout`` per variant, also the
-gloo and DataLoader timeout).
+It prints the harness's header line (command, versions, cores, load average) with
+N and the decode cost, and a Markdown table. Only torch, distshard and the
+standard library are needed. Every wait is bounded (``--timeout`` per variant,
+also the gloo and DataLoader timeout).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import platform
-import re
-import resource
 import statistics
 import sys
-import tempfile
-import time
-import traceback
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-# Spawned rank processes re-import this file by path (as ``__mp_main__``); keep
-# its directory importable too, for ``import bench_reads`` from elsewhere.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+import harness
+from harness import Col, IterOnly
+from torch.utils.data import get_worker_info
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+from torch.utils.data.datapipes.iter import IterableWrapper
 
-warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
-warnings.filterwarnings("ignore", message="This DataLoader will create")
-
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, get_worker_info  # noqa: E402
-from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
-from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
-
-import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line, environment, write_json  # noqa: E402
-from distshard.baselines import ClassicModuloIterDataPipe  # noqa: E402
-from distshard.verify import run_on_group  # noqa: E402
+import distshard  # noqa: F401  (registers .dist_shard())
+from distshard.baselines import ClassicModuloIterDataPipe
 
 WORLD_SIZE = 4
 NUM_WORKERS = 2
@@ -165,51 +134,12 @@ TARGET_DECODES = 1.00
 TARGET_CPU_RATIO = 1.25
 
 
-# -- decode: a calibrated, counted busy loop -----------------------------------------
-
-_DECODES = 0  # decode calls made in this process
-
-
-def burn(iters: int, seed: int) -> bytes:
-    """Deterministic CPU work: ``iters`` chained blake2b digests."""
-    digest = seed.to_bytes(8, "little", signed=True)
-    for _ in range(iters):
-        digest = hashlib.blake2b(digest, digest_size=16).digest()
-    return digest
-
-
-class Decode:
+class Decode(harness.Decode):
     """``decode(element_id) -> element_id`` after ~0.5 ms of CPU; counts its calls."""
 
-    def __init__(self, iters: int) -> None:
-        self.iters = iters
-
     def __call__(self, element: int) -> int:
-        global _DECODES
-        _DECODES += 1
-        if self.iters:
-            burn(self.iters, element)
+        self.work(element)
         return element
-
-
-def calibrate(target_s: float) -> tuple[int, float]:
-    """``(iters, measured seconds per decode)`` for ~``target_s`` of CPU per decode."""
-    probe = 256
-    calls, start = 0, time.process_time()
-    while time.process_time() - start < 0.15:
-        burn(probe, calls)
-        calls += 1
-    per_iter = (time.process_time() - start) / (calls * probe)
-    iters = max(1, round(target_s / per_iter))
-    decode = Decode(iters)
-    per_call = max(20, round(0.15 / target_s))
-    samples = []
-    for round_index in range(5):
-        start = time.process_time()
-        for i in range(per_call):
-            decode(round_index * per_call + i)
-        samples.append((time.process_time() - start) / per_call)
-    return iters, statistics.median(samples)
 
 
 # -- sources and the baselines' pipes ---------------------------------------------------
@@ -388,9 +318,7 @@ def describe_reads(key: str, n: int, units: int) -> str:
     }
     if key in static:
         return static[key]
-    pipe = build_pipe(key, min(n, 8), 0, units)
-    shard = pipe if isinstance(pipe, distshard.DistShardIterDataPipe) else pipe.datapipe
-    plan = shard.read_plan()
+    plan = harness.read_plan(build_pipe(key, min(n, 8), 0, units))
     how = "indexes" if plan.sequence is not None else "streams (islice)"
     if plan.maps:
         how += ", map pushed down"
@@ -401,157 +329,59 @@ def describe_reads(key: str, n: int, units: int) -> str:
     return how
 
 
-# -- what runs in each rank ----------------------------------------------------------------
+# -- one variant on a gloo group ----------------------------------------------------------------
 
 
-class _Report(IterDataPipe):
-    """Last pipe of every pipeline: passes elements through and, when the
-    iteration of this copy ends (or fails), writes this process's decode count,
-    CPU and yield count to ``outdir``."""
+@dataclass
+class ReadsJob(harness.Job):
+    """Every rank builds variant ``key`` (with ``even``: the several-epochs pipeline of
+    ``key``) and iterates it through a forking 2-worker DataLoader; the window starts
+    after the build."""
 
-    def __init__(self, source_datapipe: IterDataPipe, outdir: str, rank: int) -> None:
-        super().__init__()
-        self.source_datapipe = source_datapipe
-        self.outdir = outdir
-        self.rank = rank
+    key: str = "floor"
+    n: int = 0
+    iters: int = 0
+    units: int = DEFAULT_UNITS
+    even: str | None = None
+    window_includes_build: bool = False
 
-    def __iter__(self) -> Iterator[Any]:
-        decodes0, cpu0 = _DECODES, time.process_time()
-        yielded = 0
-        try:
-            for element in self.source_datapipe:
-                yielded += 1
-                yield element
-        finally:
-            info = get_worker_info()
-            worker = -1 if info is None else info.id
-            shards = distshard.datapipe.shards_in(self.source_datapipe)
-            record = {"rank": self.rank, "worker": worker, "pid": os.getpid(),
-                      "decodes": _DECODES - decodes0, "yielded": yielded,
-                      "iter_cpu_s": time.process_time() - cpu0,
-                      "epoch": shards[0].epoch if shards else 0}
-            path = Path(self.outdir) / f"r{self.rank}-w{worker}-p{os.getpid()}-{time.monotonic_ns()}.json"
-            path.write_text(json.dumps(record))
-
-
-def _cpu(usage: resource.struct_rusage) -> float:
-    return usage.ru_utime + usage.ru_stime
-
-
-def rank_main(rank: int, world_size: int, key: str, n: int, iters: int, units: int,
-              outdir: str, timeout: float) -> dict[str, Any]:
-    """One rank: build, iterate through a forking 2-worker DataLoader, measure."""
-    import torch.distributed as dist
-
-    mydir = Path(outdir) / f"rank{rank}"
-    mydir.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"rank": rank, "values": [], "error": None}
-    try:
-        pipe = _Report(build_pipe(key, n, iters, units), str(mydir), rank)
-    except BaseException:  # noqa: BLE001 - reported
-        out["error"] = traceback.format_exc()
-        pipe = None
-    # Every rank starts its clock together, and all skip the run if any failed to
-    # build (the DataLoader's iterator makes a collective: one missing rank would
-    # leave the others waiting for the gloo timeout).
-    built = torch.tensor([0 if pipe is None else 1])
-    dist.all_reduce(built, op=dist.ReduceOp.MIN)
-    if pipe is None or not built.item():
-        out["error"] = out["error"] or "another rank failed to build the pipeline"
-        return out
-    decodes0 = _DECODES
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    pt0, wall0 = time.process_time(), time.perf_counter()
-    iterator = None
-    try:
-        loader = DataLoader(pipe, batch_size=None, num_workers=NUM_WORKERS,
-                            multiprocessing_context="fork", timeout=timeout)
-        iterator = iter(loader)
-        for element in iterator:
-            out["values"].append(element)
-    except BaseException:  # noqa: BLE001 - reported, e.g. the classic recipe on bad data
-        out["error"] = traceback.format_exc()
-    finally:
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()  # joins (reaps) the workers: RUSAGE_CHILDREN sees them
-        del iterator
-    out["wall_s"] = time.perf_counter() - wall0
-    out["rank_process_time_s"] = time.process_time() - pt0
-    out["rank_cpu_s"] = _cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(self0)
-    out["workers_cpu_s"] = _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children0)
-    out["rank_decodes"] = _DECODES - decodes0
-    out["workers"] = [json.loads(p.read_text()) for p in sorted(mydir.glob("*.json"))]
-    return out
-
-
-# -- running a variant and summing up ---------------------------------------------------------
+    def build(self, rank: int) -> IterDataPipe:
+        if self.even is not None:
+            return build_epochs_pipe(self.key, self.even, self.n, self.iters, self.units)
+        return build_pipe(self.key, self.n, self.iters, self.units)
 
 
 def run_variant(variant: Variant, n: int, iters: int, units: int, timeout: float,
                 cost: float) -> dict[str, Any]:
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench_reads-") as outdir:
-        outcomes = run_on_group(rank_main, world_size=WORLD_SIZE, timeout=timeout,
-                                args=(variant.key, n, iters, units, outdir, timeout))
-    elapsed = time.perf_counter() - started
-    errors: list[str] = []
-    values: Counter = Counter()
-    decodes = 0
-    cpu = cpu_pt = 0.0
-    walls: list[float] = []
-    workers: list[dict[str, Any]] = []
-    complete = True
-    for outcome in outcomes:
-        value = outcome.value
-        if outcome.error or value is None:
-            errors.append(f"rank {outcome.rank}: {outcome.error or 'no result'}")
-            complete = False
-            continue
-        if value["error"]:
-            errors.append(f"rank {outcome.rank}: {value['error']}")
-        values.update(value["values"])
-        if "wall_s" not in value:
-            complete = False
-            continue
-        walls.append(value["wall_s"])
-        cpu += value["rank_cpu_s"] + value["workers_cpu_s"]
-        decodes += value["rank_decodes"] + sum(w["decodes"] for w in value["workers"])
-        cpu_pt += value["rank_process_time_s"] + sum(w["iter_cpu_s"] for w in value["workers"])
-        workers.extend(value["workers"])
-        if len(value["workers"]) != NUM_WORKERS:
-            complete = False
-            errors.append(f"rank {outcome.rank}: {len(value['workers'])} worker reports, "
-                          f"expected {NUM_WORKERS}")
-    expected = Counter(range(n))
-    duplicates = sum((values - expected).values())
-    missing = sum((expected - values).values())
+    run = harness.run_job(ReadsJob(key=variant.key, n=n, iters=iters, units=units, timeout=timeout,
+                                   world_size=WORLD_SIZE, num_workers=NUM_WORKERS))
+    once = harness.exactly_once(run.values(), range(n))
+    measured, workers = run.measured, run.workers
     ideal = n * cost
-    exactly_once = not errors and duplicates == 0 and missing == 0
     return {
         "key": variant.key,
         "label": variant.label,
         "code": variant.code,
         "target": variant.target,
-        "complete": complete,
-        "decodes": decodes,
-        "decodes_per_n": decodes / n,
-        "cpu_s": cpu,
-        "cpu_process_time_s": cpu_pt,
-        "cpu_ratio": cpu / ideal if ideal and walls else None,
-        "wall_s": max(walls) if walls else None,
-        "group_s": elapsed,
-        "yielded": sum(values.values()),
-        "duplicates": duplicates,
-        "missing": missing,
-        "exactly_once": exactly_once,
-        "errors": errors,
-        "per_rank": [{k: o.value.get(k) for k in ("rank", "wall_s", "rank_cpu_s", "workers_cpu_s",
-                                                  "rank_process_time_s", "rank_decodes")}
-                     for o in outcomes if o.value is not None],
+        "complete": run.complete,
+        "decodes": run.total("decodes"),
+        "decodes_per_n": run.total("decodes") / n,
+        "cpu_s": run.cpu_s,
+        "cpu_process_time_s": sum(r["rank_process_time_s"] for r in measured) + sum(w["iter_cpu_s"] for w in workers),
+        "cpu_ratio": run.cpu_s / ideal if ideal and measured else None,
+        "wall_s": run.wall_s,
+        "group_s": run.seconds,
+        "yielded": len(run.values()),
+        "duplicates": once.duplicates,
+        "missing": once.missing,
+        "exactly_once": not run.errors and once.ok,
+        "once_cell": once.cell(run.errors[0] if run.errors else None),
+        "errors": run.errors,
+        "per_rank": [{k: r.get(k) for k in ("rank", "wall_s", "rank_cpu_s", "workers_cpu_s", "rank_process_time_s",
+                                            "rank_counts")} for r in run.ranks],
         "per_worker": sorted(workers, key=lambda w: (w["rank"], w["worker"])),
-        "per_slot_yield": sorted(((w["rank"], w["worker"], w["yielded"]) for w in workers)),
-        "per_process_decodes": sorted(((w["rank"], w["worker"], w["decodes"]) for w in workers)),
+        "per_slot_yield": sorted((w["rank"], w["worker"], w["yielded"]) for w in workers),
+        "per_process_decodes": sorted((w["rank"], w["worker"], w["counts"].get("decodes", 0)) for w in workers),
     }
 
 
@@ -564,26 +394,6 @@ def in_situ_decode_cost(rows: list[dict[str, Any]], floor_row: dict[str, Any] | 
     costs = [(sum(w["iter_cpu_s"] for w in row["per_worker"]) - base) / row["decodes"]
              for row in rows if row["complete"] and row["decodes"] and row is not floor_row]
     return statistics.median(costs) if costs else None
-
-
-def _error_line(text: str) -> str:
-    """The ``SomeError: message`` line of a traceback (torch appends notes after it)."""
-    lines = text.strip().splitlines()
-    for line in reversed(lines):
-        if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
-            return line
-    return lines[-1] if lines else text
-
-
-def _once_cell(row: dict[str, Any]) -> str:
-    if row["exactly_once"]:
-        return "✓"
-    parts = []
-    if row["duplicates"] or row["missing"]:
-        parts.append(f"{row['duplicates']} dup, {row['missing']} missing")
-    if row["errors"]:
-        parts.append(("error: " + _error_line(row["errors"][0]))[:100])
-    return "✗ " + "; ".join(parts)
 
 
 def _target_cell(row: dict[str, Any]) -> str:
@@ -607,29 +417,26 @@ def _target_cell(row: dict[str, Any]) -> str:
     return "**missed**: " + ", ".join(what)
 
 
+COLUMNS = [Col("#", 0), Col("variant"), Col("pipeline"), Col("each slot"), Col("decodes / N", 2), Col("CPU s", 2),
+           Col("CPU / ideal", 2, "×"), Col("(CPU − floor) / ideal", 2, "×"), Col("wall s", 2), Col("exactly-once"),
+           Col("target")]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    header = ["#", "variant", "pipeline", "each slot", "decodes / N", "CPU s", "CPU / ideal",
-              "(CPU − floor) / ideal", "wall s", "exactly-once", "target"]
-    numeric = ("decodes / N", "CPU s", "CPU / ideal", "(CPU − floor) / ideal", "wall s")
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---:" if h in numeric else "---" for h in header) + "|"]
-    for index, row in enumerate(rows):
-        partial = "" if row["complete"] else " (partial)"
-        cells = [
-            str(index),
-            row["label"],
-            f"`{row['code']}`",
-            row["reads"],
-            f"{row['decodes_per_n']:.2f}{partial}",
-            f"{row['cpu_s']:.2f}{partial}",
-            "—" if row["cpu_ratio"] is None else f"{row['cpu_ratio']:.2f}×",
-            "—" if row["net_ratio"] is None else f"{row['net_ratio']:.2f}×",
-            "—" if row["wall_s"] is None else f"{row['wall_s']:.2f}",
-            _once_cell(row),
-            _target_cell(row),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    partial = " (partial)"
+    return harness.table(COLUMNS, [[
+        index,
+        row["label"],
+        f"`{row['code']}`",
+        row["reads"],
+        row["decodes_per_n"] if row["complete"] else f"{row['decodes_per_n']:.2f}{partial}",
+        row["cpu_s"] if row["complete"] else f"{row['cpu_s']:.2f}{partial}",
+        row["cpu_ratio"],
+        row["net_ratio"],
+        row["wall_s"],
+        row["once_cell"],
+        _target_cell(row),
+    ] for index, row in enumerate(rows)])
 
 
 # -- even="carry" against even="drop", over several epochs ----------------------------------------
@@ -651,64 +458,17 @@ def build_epochs_pipe(source: str, even: str, n: int, iters: int, units: int) ->
         expand=ExpandSequence(unit_bounds(sizes), decode), sizes=sizes, even=even)
 
 
-def epochs_rank_main(rank: int, world_size: int, source: str, even: str, n: int, iters: int, units: int,
-                     epochs: int, outdir: str, timeout: float) -> dict[str, Any]:
-    """One rank: ``epochs`` epochs (``set_epoch``, a fresh 2-worker DataLoader iterator
-    each), CPU of the rank and its joined workers over all of them."""
-    mydir = Path(outdir) / f"rank{rank}"
-    mydir.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"rank": rank, "values": [], "error": None}
-    pipe = _Report(build_epochs_pipe(source, even, n, iters, units), str(mydir), rank)
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    try:
-        loader = DataLoader(pipe, batch_size=None, num_workers=NUM_WORKERS, multiprocessing_context="fork",
-                            timeout=timeout)
-        for epoch in range(epochs):
-            distshard.set_epoch(pipe, epoch)
-            iterator = iter(loader)
-            out["values"].append(list(iterator))
-            iterator._shutdown_workers()  # joined: RUSAGE_CHILDREN sees them
-            del iterator
-    except BaseException:  # noqa: BLE001 - reported
-        out["error"] = traceback.format_exc()
-    out["cpu_s"] = (_cpu(resource.getrusage(resource.RUSAGE_SELF)) - _cpu(self0)
-                    + _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children0))
-    out["workers"] = [json.loads(p.read_text()) for p in sorted(mydir.glob("*.json"))]
-    return out
-
-
 def run_epochs(source: str, even: str, n: int, iters: int, units: int, epochs: int,
                timeout: float) -> dict[str, Any]:
-    """One gloo group running ``epochs`` epochs; what was consumed against the epochs'
-    concatenated streams (each epoch ``0 .. n-1``)."""
-    with tempfile.TemporaryDirectory(prefix="bench_reads-epochs-") as outdir:
-        outcomes = run_on_group(epochs_rank_main, world_size=WORLD_SIZE, timeout=timeout * epochs,
-                                args=(source, even, n, iters, units, epochs, outdir, timeout))
-    errors = [f"rank {o.rank}: {o.error or o.value['error']}" for o in outcomes
-              if o.error or o.value is None or o.value["error"]]
-    values = [o.value for o in outcomes if o.value is not None]
-    got = Counter(x for v in values for epoch in v["values"] for x in epoch)
-    frontier = epochs * n - (epochs * n % NUM_SLOTS if even == "carry" else 0)
-    if even == "carry":  # epoch e takes [S floor(eN/S), S floor((e+1)N/S)) of the concatenation
-        expected = Counter(g % n for g in range(NUM_SLOTS * (epochs * n // NUM_SLOTS)))
-    else:  # every epoch drops its own last N mod S
-        expected = Counter(x for _ in range(epochs) for x in range(n - n % NUM_SLOTS))
-    per_epoch: dict[int, list[int]] = {}
-    for record in (w for v in values for w in v["workers"]):
-        per_epoch.setdefault(record["epoch"], []).append(record["yielded"])
-    return {
-        "errors": errors,
-        "cpu_s": sum(v["cpu_s"] for v in values),
-        "per_epoch_slots": {e: sorted(c) for e, c in sorted(per_epoch.items())},
-        "equal_slots": all(len(c) == NUM_SLOTS and len(set(c)) == 1 for c in per_epoch.values())
-        and len(per_epoch) == epochs,
-        "delivered": sum(got.values()),
-        "dropped": sum((Counter(x for _ in range(epochs) for x in range(n)) - got).values()) - (epochs * n - frontier),
-        "padded": sum((got - Counter(x for _ in range(epochs) for x in range(n))).values()),
-        "exact": not errors and got == expected,
-        "left_for_next_epoch": epochs * n - sum(got.values()) if even == "carry" else 0,
-    }
+    """One gloo group running ``epochs`` epochs (``set_epoch``, a fresh 2-worker
+    DataLoader iterator each); what was consumed against the epochs' concatenated
+    streams (each epoch ``0 .. n-1``); CPU of the ranks and their joined workers over
+    all of them."""
+    run = harness.run_job(ReadsJob(key=source, even=even, n=n, iters=iters, units=units, epochs=epochs,
+                                   timeout=timeout, world_size=WORLD_SIZE, num_workers=NUM_WORKERS))
+    check = harness.epochs_check(Counter(run.values()), range(n), run.workers, epochs=epochs, even=even,
+                                 unit=NUM_SLOTS, slots=NUM_SLOTS)
+    return {**check, "errors": run.errors, "cpu_s": run.cpu_s, "exact": not run.errors and check["exact"]}
 
 
 def carry_rows(n: int, iters: int, units: int, epochs: int, rounds: int, timeout: float) -> list[dict[str, Any]]:
@@ -716,8 +476,8 @@ def carry_rows(n: int, iters: int, units: int, epochs: int, rounds: int, timeout
     rows = []
     for source in CARRY_SOURCES:
         runs: dict[str, list[dict[str, Any]]] = {"drop": [], "carry": []}
-        for r in range(rounds):
-            for even in (("drop", "carry") if r % 2 == 0 else ("carry", "drop")):
+        for r, order in harness.rounds(["drop", "carry"], rounds):
+            for even in order:
                 runs[even].append(run_epochs(source, even, n, iters, units, epochs, timeout))
                 print(f"  {source} even={even} round {r + 1}: CPU {runs[even][-1]['cpu_s']:.2f} s",
                       file=sys.stderr, flush=True)
@@ -733,18 +493,14 @@ def carry_rows(n: int, iters: int, units: int, epochs: int, rounds: int, timeout
 
 
 def carry_table(rows: list[dict[str, Any]], n: int, epochs: int) -> str:
-    lines = ["| source | even | per-slot counts, epochs 0.." + str(epochs - 1) + " | equal slots | delivered "
-             "| dropped | padded | left for epoch " + str(epochs) + " | exact | CPU s (median) | CPU / drop's "
-             "| CPU ms / delivered |", "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
-    for row in rows:
-        counts = " / ".join(str(c[0]) if len(set(c)) == 1 else f"{min(c)}–{max(c)}"
-                            for c in row["per_epoch_slots"].values())
-        lines.append(
-            f"| `{CARRY_SOURCES[row['source']].replace('...', repr(row['even']))}` | {row['even']} | {counts} "
-            f"| {'✓' if row['equal_slots'] else '✗'} | {row['delivered']} | {row['dropped']} | {row['padded']} "
-            f"| {row['left_for_next_epoch']} | {'✓' if row['all_exact'] else '✗'} | {row['cpu_s']:.2f} "
-            f"| {row['cpu_vs_drop']:.3f}× | {row['cpu_per_delivered_ms']:.3f} |")
-    return "\n".join(lines)
+    columns = [Col("source"), Col("even"), Col(f"per-slot counts, epochs 0..{epochs - 1}"), Col("equal slots"),
+               Col("delivered", 0), Col("dropped", 0), Col("padded", 0), Col(f"left for epoch {epochs}", 0),
+               Col("exact"), Col("CPU s (median)", 2), Col("CPU / drop's", 3, "×"), Col("CPU ms / delivered", 3)]
+    return harness.table(columns, [[
+        f"`{CARRY_SOURCES[row['source']].replace('...', repr(row['even']))}`", row["even"],
+        harness.slot_counts(row["per_epoch_slots"]), row["equal_slots"], row["delivered"], row["dropped"],
+        row["padded"], row["left_for_next_epoch"], row["all_exact"], row["cpu_s"], row["cpu_vs_drop"],
+        row["cpu_per_delivered_ms"]] for row in rows])
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -767,27 +523,20 @@ def main(argv: Iterable[str] | None = None) -> int:
     n = args.n if args.n is not None else (QUICK_N if args.quick else DEFAULT_N)
     if args.units < 1 or n < args.units:
         parser.error("need --units >= 1 and --n >= --units")
-    variants = VARIANTS
-    if args.only:
-        unknown = [k for k in args.only.split(",") if k not in BY_KEY]
-        if unknown:
-            parser.error(f"unknown variant(s) {unknown}; known: {', '.join(BY_KEY)}")
-        variants = [BY_KEY[k] for k in args.only.split(",")]
-        if variants[0].key != "floor":  # the floor is needed to read every other row
-            variants = [BY_KEY["floor"], *[v for v in variants if v.key != "floor"]]
+    variants = harness.choose(args.only, BY_KEY, parser)
+    if variants[0].key != "floor":  # the floor is needed to read every other row
+        variants = [BY_KEY["floor"], *[v for v in variants if v.key != "floor"]]
 
-    started = time.perf_counter()
-    load_before = os.getloadavg()[0]
-    iters, cost = calibrate(DECODE_TARGET_S)
+    session = harness.Session()
+    iters, cost = harness.calibrate(DECODE_TARGET_S, Decode)
     ideal = n * cost
     if args.carry:
         epochs_n = n + 3  # not a multiple of S: every epoch has a tail to drop or carry
         rows = carry_rows(epochs_n, iters, args.units, CARRY_EPOCHS, CARRY_ROUNDS, args.timeout)
-        print(f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
-              f"N={epochs_n:,} per epoch, {CARRY_EPOCHS} epochs, S={NUM_SLOTS} ({WORLD_SIZE} ranks × "
-              f"{NUM_WORKERS} fork workers, gloo), decode = {cost * 1e3:.3f} ms CPU, {CARRY_ROUNDS} rounds "
-              f"alternating drop / carry (medians), 1-min load average {load_before:.1f} before / "
-              f"{os.getloadavg()[0]:.1f} after, {time.perf_counter() - started:.0f} s")
+        print(session.header(
+            f"N={epochs_n:,} per epoch, {CARRY_EPOCHS} epochs, S={NUM_SLOTS} ({WORLD_SIZE} ranks × {NUM_WORKERS} "
+            f"fork workers, gloo), decode = {cost * 1e3:.3f} ms CPU, {CARRY_ROUNDS} rounds alternating drop / "
+            f"carry (medians), {session.elapsed:.0f} s"))
         print()
         print(carry_table(rows, epochs_n, CARRY_EPOCHS))
         print()
@@ -796,9 +545,7 @@ def main(argv: Iterable[str] | None = None) -> int:
               "element of a stream; exact: the multiset delivered over all epochs is the concatenated streams' "
               "prefix (carry) or every epoch but its last N mod S (drop). CPU: user+sys of the 4 ranks and their "
               "workers over all epochs. Target: carry's CPU ≤ 1.05× drop's, equal slots, 0 dropped, 0 padded.")
-        if args.json is not None:
-            write_json(args.json, {**environment(), "n": epochs_n, "epochs": CARRY_EPOCHS,
-                                   "decode_cost_s": cost, "rows": rows})
+        session.dump(args.json, n=epochs_n, epochs=CARRY_EPOCHS, decode_cost_s=cost, rows=rows)
         return 0
     rows = []
     for variant in variants:
@@ -808,8 +555,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         print(f"  {variant.key}: decodes {row['decodes_per_n']:.2f}×N, CPU {row['cpu_s']:.2f} s, "
               f"{'ok' if row['exactly_once'] else 'VIOLATED'} ({row['group_s']:.1f} s)",
               file=sys.stderr, flush=True)
-    elapsed = time.perf_counter() - started
-    load_after = os.getloadavg()[0]
+    elapsed = session.elapsed
     floor_row = rows[0] if rows[0]["key"] == "floor" and rows[0]["complete"] else None
     floor = None if floor_row is None else floor_row["cpu_s"]
     for row in rows:
@@ -818,15 +564,10 @@ def main(argv: Iterable[str] | None = None) -> int:
                             else (row["cpu_s"] - floor) / ideal)
     in_situ = in_situ_decode_cost(rows, floor_row)
 
-    header = (
-        f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
-        f"distshard {distshard.__version__}, N={n:,}, S={NUM_SLOTS} ({WORLD_SIZE} ranks × "
-        f"{NUM_WORKERS} fork workers, gloo), units={args.units}, decode = {cost * 1e3:.3f} ms CPU "
-        f"(iters={iters}), ideal = N × decode = {ideal:.2f} s, os.cpu_count()={os.cpu_count()}, "
-        f"1-min load average {load_before:.1f} before / {load_after:.1f} after (the benchmark "
-        f"itself runs 12 processes; other load inflates CPU per decode)"
-    )
-    print(header)
+    print(session.header(
+        f"N={n:,}, S={NUM_SLOTS} ({WORLD_SIZE} ranks × {NUM_WORKERS} fork workers, gloo), units={args.units}, "
+        f"decode = {cost * 1e3:.3f} ms CPU (iters={iters}), ideal = N × decode = {ideal:.2f} s (the benchmark "
+        f"itself runs 12 processes; other load inflates CPU per decode)"))
     print()
     print(table(rows))
     print()
@@ -846,23 +587,8 @@ def main(argv: Iterable[str] | None = None) -> int:
               f"floor's, per decode, median over rows). The rest of (CPU − floor) / ideal in the "
               f"1.00 × N rows is not decoding: see per_rank / per_worker in --json.")
 
-    if args.json is not None:
-        payload = {
-            **environment(),
-            "n": n,
-            "units": args.units,
-            "world_size": WORLD_SIZE,
-            "num_workers": NUM_WORKERS,
-            "decode_iters": iters,
-            "decode_cost_s": cost,
-            "ideal_cpu_s": ideal,
-            "in_situ_decode_cost_s": in_situ,
-            "elapsed_s": elapsed,
-            "loadavg_1min_before": load_before,
-            "loadavg_1min_after": load_after,
-            "rows": rows,
-        }
-        write_json(args.json, payload)
+    session.dump(args.json, n=n, units=args.units, world_size=WORLD_SIZE, num_workers=NUM_WORKERS,
+                 decode_iters=iters, decode_cost_s=cost, ideal_cpu_s=ideal, in_situ_decode_cost_s=in_situ, rows=rows)
     return 0
 
 

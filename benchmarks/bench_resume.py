@@ -97,32 +97,27 @@ import copy
 import gc
 import json
 import logging
-import os
-import platform
 import statistics
 import sys
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-warnings.filterwarnings("ignore", message=".*torchdata.*", category=UserWarning)
+import harness
+from harness import Col, IterOnly
+import torch.utils.data.dataloader as _torch_dataloader
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+from torch.utils.data.datapipes.iter import IterableWrapper
+from torch.utils.data.graph_settings import apply_sharding
 
-import torch  # noqa: E402
-import torch.utils.data.dataloader as _torch_dataloader  # noqa: E402
-from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
-from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
-from torch.utils.data.graph_settings import apply_sharding  # noqa: E402
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader import stateful_dataloader as _sdl_module
 
-import torchdata  # noqa: E402
-from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
-from torchdata.stateful_dataloader import stateful_dataloader as _sdl_module  # noqa: E402
-
-import distshard  # noqa: E402  (registers .dist_shard())
-from _common import IterOnly, command_line, environment, write_json  # noqa: E402
+import distshard  # (registers .dist_shard())
 
 DEFAULT_N = 1_000_000
 QUICK_N = 100_000
@@ -194,11 +189,6 @@ def loader_rank(rank: int, world_size: int) -> Iterator[None]:
         _torch_dataloader._get_distributed_settings = saved
 
 
-@contextmanager
-def _no_context() -> Iterator[None]:
-    yield
-
-
 @dataclass(frozen=True)
 class Variant:
     key: str
@@ -207,7 +197,7 @@ class Variant:
     is_loader: bool
 
     def context(self):  # type: ignore[no-untyped-def]
-        return loader_rank(RANK, WORLD_SIZE) if self.is_loader else _no_context()
+        return loader_rank(RANK, WORLD_SIZE) if self.is_loader else nullcontext()
 
     def state(self, obj: Any) -> Any:
         return obj.state_dict()
@@ -311,16 +301,13 @@ def time_once(cell: Cell, n: int) -> None:
             obj = variant.build(n)
             obj.load_state_dict(copy.deepcopy(point.state))
             setup = time.perf_counter() - t0
-            gc.disable()
-            try:
+            with harness.gc_paused():
                 calls = _decode_calls
                 t1 = time.perf_counter()
                 it = iter(obj)
                 first = next(it)
                 elapsed = time.perf_counter() - t1
                 calls = _decode_calls - calls
-            finally:
-                gc.enable()
             got = [first, *islice(it, CHECK - 1)]
     finally:
         _sdl_module.logger.removeHandler(handler)
@@ -343,9 +330,7 @@ def run(cells: list[Cell], n: int, repeats: int, slow_repeats: int, slow_thresho
         log: Callable[[str], None]) -> None:
     for cell in cells:
         cell.planned = repeats
-    for round_ in range(repeats):
-        shift = round_ % len(cells)
-        order = cells[shift:] + cells[:shift]
+    for round_, order in harness.rounds(cells, repeats):
         for cell in order:
             if len(cell.first_s) >= cell.planned:
                 continue
@@ -358,19 +343,13 @@ def run(cells: list[Cell], n: int, repeats: int, slow_repeats: int, slow_thresho
 # -- report --------------------------------------------------------------------------------
 
 
-def _fmt_s(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} µs"
-
-
 def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n: int) -> tuple[str, list[dict]]:
-    head = ["variant", "reads", *[f"first element at {int(f * 100)} %" for f in FRACTIONS],
-            "90 % / 0 %", "naive at 90 % / this at 90 %", "`decode` calls to resume at 90 %", "repeats", "fast-forward warning", "resume = uninterrupted"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
-    rows = []
+    columns = [Col("variant"), Col("reads"),
+               *[Col(f"first element at {int(f * 100)} %", fmt=harness.seconds) for f in FRACTIONS],
+               Col("90 % / 0 %", fmt=harness.ratio), Col("naive at 90 % / this at 90 %", fmt=harness.ratio),
+               Col("`decode` calls to resume at 90 %", 0), Col("repeats"), Col("fast-forward warning"),
+               Col("resume = uninterrupted")]
+    lines, rows = [], []
     naive90 = by_key[("naive", FRACTIONS[-1])].median
     for variant in variants:
         cells = [by_key[(variant.key, f)] for f in FRACTIONS]
@@ -378,17 +357,17 @@ def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n:
         ratio = medians[-1] / medians[0]
         warned = [f"{int(c.point.fraction * 100)} %" for c in cells if c.naive_warned]
         ok = all(not c.failures for c in cells)
-        lines.append("| " + " | ".join([
+        lines.append([
             variant.label,
             reads(variant, n),
-            *[_fmt_s(m) for m in medians],
-            _fmt_ratio(ratio),
-            _fmt_ratio(naive90 / medians[-1]) if variant.key != "naive" else "1×",
-            f"{max(cells[-1].decodes):,}",
+            *medians,
+            ratio,
+            naive90 / medians[-1] if variant.key != "naive" else "1×",
+            max(cells[-1].decodes),
             "/".join(str(len(c.first_s)) for c in cells),
             ("yes (at " + ", ".join(warned) + ")") if warned else "no",
             "yes" if ok else "**NO**",
-        ]) + " |")
+        ])
         rows.append({
             "variant": variant.key,
             "label": variant.label,
@@ -409,13 +388,7 @@ def table(variants: Iterable[Variant], by_key: dict[tuple[str, float], Cell], n:
                 "state": c.point.state if not variant.is_loader else _jsonable(c.point.state),
             } for c in cells],
         })
-    return "\n".join(lines), rows
-
-
-def _fmt_ratio(ratio: float) -> str:
-    if ratio >= 100:
-        return f"{ratio:,.0f}×"
-    return f"{ratio:.1f}×" if ratio >= 10 else f"{ratio:.2f}×"
+    return harness.table(columns, lines), rows
 
 
 def _jsonable(value: Any) -> Any:
@@ -424,14 +397,6 @@ def _jsonable(value: Any) -> Any:
         return value
     except TypeError:
         return repr(value)
-
-
-def _loadavg() -> str:
-    """The 1-minute load average (other processes compete for the cores), or "n/a"."""
-    try:
-        return f"{os.getloadavg()[0]:.1f}"
-    except (AttributeError, OSError):
-        return "n/a"
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -461,8 +426,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    begin = time.perf_counter()
-    load_before = _loadavg()
+    session = harness.Session()
     cost = decode_cost_us()
     log(f"decode: {cost:.2f} us per call; preparing the uninterrupted runs ...")
     by_key: dict[tuple[str, float], Cell] = {}
@@ -475,18 +439,11 @@ def main(argv: Iterable[str] | None = None) -> int:
             by_key[(variant.key, point.fraction)] = Cell(variant, point)
     log("timing ...")
     run(list(by_key.values()), n, repeats, args.slow_repeats, args.slow_threshold, log)
-    elapsed = time.perf_counter() - begin
-    load_after = _loadavg()
+    elapsed = session.elapsed
 
     text, rows = table(VARIANTS, by_key, n)
     takens = [by_key[("fast", f)].point.taken for f in FRACTIONS]
-    header = (
-        f"`{command_line()}` — Python {platform.python_version()}, torch {torch.__version__}, "
-        f"torchdata {torchdata.__version__}, distshard {distshard.__version__}, N={n:,}, "
-        f"repeats={repeats} (median; slow cells {min(repeats, args.slow_repeats)}), "
-        f"os.cpu_count()={os.cpu_count()}, load average {load_before} before / {load_after} after"
-    )
-    print(header)
+    print(session.header(f"N={n:,}, repeats={repeats} (median; slow cells {min(repeats, args.slow_repeats)})"))
     print()
     print(f"Slot {RANK} of {WORLD_SIZE} (rank {RANK}, world size {WORLD_SIZE}, no workers), a share of "
           f"{share:,} elements; resume after {', '.join(f'{t:,}' for t in takens)} of them. "
@@ -505,23 +462,9 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"UNEXPECTED fast-forward warning state for {key} at {fraction:.0%}: "
                   f"{by_key[(key, fraction)].naive_warned}")
     if args.json is not None:
-        write_json(args.json, {
-            **environment(),
-            "n": n,
-            "rank": RANK,
-            "world_size": WORLD_SIZE,
-            "share": share,
-            "fractions": list(FRACTIONS),
-            "repeats": repeats,
-            "slow_repeats": args.slow_repeats,
-            "slow_threshold_s": args.slow_threshold,
-            "decode_iters": args.decode_iters,
-            "decode_us": cost,
-            "prepare_s": prep_s,
-            "elapsed_s": elapsed,
-            "loadavg_1min_before_after": [load_before, load_after],
-            "rows": rows,
-        })
+        session.dump(args.json, n=n, rank=RANK, world_size=WORLD_SIZE, share=share, fractions=list(FRACTIONS),
+                     repeats=repeats, slow_repeats=args.slow_repeats, slow_threshold_s=args.slow_threshold,
+                     decode_iters=args.decode_iters, decode_us=cost, prepare_s=prep_s, rows=rows)
         log(f"wrote {args.json}")
     return 1 if failures else 0
 

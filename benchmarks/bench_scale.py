@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipes"))
 
+import harness  # noqa: E402
 from distshard.context import ShardContext  # noqa: E402
 from distshard.engine import SlotRun  # noqa: E402
 from distshard.readers import SequenceReader  # noqa: E402
@@ -107,19 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    session = harness.Session()
     configs = [(10_000, 512, 8)] if args.quick else [(10_000, 512, 8), (100_000, 8_192, 8)]
     rows = [measure(*config) for config in configs]
-    print("| shards | samples | slots | one slot: plan + first element | peak memory | merged state (JSON) "
-          "| intervals | merge time | new run's slot from the merged state |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        print(f"| {row['shards']:,} | {row['samples']:,} | {row['slots']:,} | {row['plan']['seconds'] * 1e3:.1f} ms "
-              f"| {row['plan']['peak_mb']:.1f} MB | {row['merge']['json_mb']:.2f} MB | {row['merge']['intervals']:,} "
-              f"| {row['merge']['merge_s']:.2f} s | {row['resumed_plan']['seconds'] * 1e3:.1f} ms, "
-              f"{row['resumed_plan']['peak_mb']:.1f} MB |")
-    print("\ncommand: .venv/bin/python benchmarks/bench_scale.py" + (" --quick" if args.quick else ""))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2, default=str))
+    columns = [harness.Col("shards", 0), harness.Col("samples", 0), harness.Col("slots", 0),
+               harness.Col("one slot: plan + first element", 1, " ms"), harness.Col("peak memory", 1, " MB"),
+               harness.Col("merged state (JSON)", 2, " MB"), harness.Col("intervals", 0),
+               harness.Col("merge time", 2, " s"), harness.Col("new run's slot from the merged state", right=True)]
+    print(session.header())
+    print()
+    print(harness.table(columns, [
+        [row["shards"], row["samples"], row["slots"], row["plan"]["seconds"] * 1e3, row["plan"]["peak_mb"],
+         row["merge"]["json_mb"], row["merge"]["intervals"], row["merge"]["merge_s"],
+         f"{row['resumed_plan']['seconds'] * 1e3:.1f} ms, {row['resumed_plan']['peak_mb']:.1f} MB"]
+        for row in rows]))
+    session.dump(args.json, rows=rows)
     return 0
 
 
