@@ -91,10 +91,10 @@ class LoggedTarFormat(TarFormat):
     def __init__(self, log: str) -> None:
         self.log = log
 
-    def build_index(self, ref):  # type: ignore[override]
+    def build_index(self, ref, access):  # type: ignore[override]
         with open(self.log, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()} {ref.url}\n")
-        return super().build_index(ref)
+        return super().build_index(ref, access)
 
 
 def logged_source(urls: list[str], log: str):
