@@ -29,7 +29,8 @@ FAULTS = ("500", "503", "reset", "short")
 class RangeServer(http.server.ThreadingHTTPServer):
     """See the module docstring. ``latency`` seconds before each response;
     ``bandwidth`` bytes per second per response (``None``: no cap);
-    ``fault_every`` makes every n-th GET fail (cycling through ``faults``)."""
+    ``fault_every`` makes every n-th GET fail (cycling through ``faults``);
+    ``require`` names headers every request must carry (else 403)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -37,7 +38,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
 
     def __init__(self, root: Path, latency: float = 0.0, bandwidth: float | None = None,
                  fault_every: int = 0, faults: tuple[str, ...] = FAULTS, scheme: str = "http",
-                 certfile: str | None = None, keyfile: str | None = None) -> None:
+                 certfile: str | None = None, keyfile: str | None = None,
+                 require: dict[str, str] | None = None) -> None:
         super().__init__(("127.0.0.1", 0), RangeHandler)
         self.root = Path(root)
         self.latency = latency
@@ -45,6 +47,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.fault_every = fault_every
         self.faults = faults
         self.scheme = scheme
+        self.require = dict(require or {})  # headers a request must carry (else 403)
         if scheme == "https":
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(certfile, keyfile)  # type: ignore[arg-type]
@@ -60,10 +63,20 @@ class RangeServer(http.server.ThreadingHTTPServer):
             self.gets = 0  # GETs seen (fault schedule)
             self.faulted: Counter = Counter()
             self.by_path: Counter = Counter()
+            self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range) of every request
+            self.active = 0
 
     @property
     def total_requests(self) -> int:
         return sum(self.requests.values())
+
+    def settle(self, timeout: float = 10.0) -> "RangeServer":
+        """Wait until no response is being written (a client may have its bytes
+        before the server thread counts them)."""
+        deadline = time.monotonic() + timeout
+        while self.active and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self
 
     def url(self, path: str | os.PathLike) -> str:
         relative = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
@@ -128,8 +141,21 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         server = self.server
         with server.lock:
             server.requests[self.command] += 1
+            server.log.append((self.command, self.path, self.headers.get("Range")))
+            server.active += 1
+        try:
+            self._respond(body)
+        finally:
+            with server.lock:
+                server.active -= 1
+
+    def _respond(self, body: bool) -> None:
+        server = self.server
         if server.latency:
             time.sleep(server.latency)
+        if any(self.headers.get(name) != value for name, value in server.require.items()):
+            self._empty(403)
+            return
         fault = server.next_fault() if body else None
         if fault in ("500", "503"):
             self._empty(int(fault))

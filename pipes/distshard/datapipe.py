@@ -19,6 +19,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
@@ -31,6 +32,7 @@ from .readers import (
     SequenceReader,
     SizedUnitsReader,
     StreamReader,
+    WholeFilesReader,
     WholeUnitsReader,
     check_sizes,
     stable_digest,
@@ -172,6 +174,14 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 "them no slot knows how many elements the others get. Pass sizes=, or use "
                 "even=None and shuffle upstream with .shuffle()"
             )
+        self._pushdown: Pushdown | None = None  # per process, never pickled
+        self._whole_files = self._streams_whole_files()
+        if self._whole_files and (self.even is not None or shuffle):
+            raise ValueError(
+                f"{'shuffle=True' if shuffle else f'even={self.even!r}'} needs random access, but "
+                f"{self.read_plan().base.describe()}. Decompress the files to read them at random, or "
+                "use even=None and shuffle=False (end DDP loops with distshard.stop_together(); a "
+                ".shuffle(buffer) after dist_shard mixes what a slot reads)")
         if shuffle and not self._can_shuffle():
             raise ValueError(
                 f"shuffle=True needs random access to the stream, but it comes from "
@@ -199,6 +209,19 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
         self._progress: SlotRun | None = None  # the current iteration
+
+    def _streams_whole_files(self) -> bool:
+        """Whether the source is a file source that cannot be read at random
+        (compressed files): its files then go whole to slots. Finding out indexes
+        a file source once, here (its identities travel to the DataLoader workers)."""
+        if self.expand is not None:
+            return False
+        base = self.source_datapipe
+        while self.pushdown and isinstance(base, MapperIterDataPipe):
+            base = base.datapipe
+        if not hasattr(type(base), "__distshard_units__"):
+            return False
+        return self.read_plan().sequence is None
 
     def _can_shuffle(self) -> bool:
         if self.expand is not None:
@@ -344,9 +367,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     @property
     def mode(self) -> str:
-        """``element``, ``units`` (expand without sizes) or ``sized_units``."""
+        """``element``, ``units`` (expand without sizes, or whole files) or ``sized_units``."""
         if self.expand is None:
-            return "element"
+            return "units" if self._whole_files else "element"
         return "units" if self.sizes is None else "sized_units"
 
     def chain_identity(self) -> str:
@@ -377,6 +400,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if plan.sequence is not None:
             return SequenceReader(plan.sequence, plan.copy_elements)
         base = plan.base
+        if self._whole_files:
+            files, expand = base.__distshard_units__()  # type: ignore[attr-defined]
+            return WholeFilesReader(lambda: files, expand, f"files:{stable_digest(files)}:{self.chain_identity()}",
+                                    base.describe())  # type: ignore[attr-defined]
         return StreamReader(lambda: _unwrapped(base), type(base).__name__,
                             f"stream:{self.chain_identity()}")
 
@@ -495,6 +522,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     # -- length ------------------------------------------------------------------------
     def _total(self) -> int:
         """The number of positions ``dist_shard`` splits, if it can be known."""
+        if self._whole_files:
+            raise TypeError(f"{type(self).__name__} over whole files (compressed) has no length: a slot's count "
+                            "is known only once its files are read")
         if self.expand is not None:
             if self.sizes is None:
                 raise TypeError(f"{type(self).__name__} in unit mode without sizes= has no length")

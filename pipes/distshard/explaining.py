@@ -197,7 +197,10 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
     out.total = total
     plan_lines = [f"mode: {pipe.mode}; even={pipe.even!r}; shuffle={pipe.global_shuffle}; "
                   f"epoch={pipe.epoch}; seed={'given: ' + str(pipe.seed) if pipe.seed is not None else 'None (0, or the DataLoader shared seed when synced)'}"]
-    if total is None:
+    if total is None and getattr(pipe, "_whole_files", False):
+        plan_lines.append(f"whole files: file k goes to slot k mod {S}; a slot's count is known once its files "
+                          "are read (counts differ)")
+    elif total is None:
         plan_lines.append(
             "stream length unknown: each slot finds its share while streaming; "
             + {None: "slot counts will differ by at most 1",
@@ -232,7 +235,10 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
     read_plan = pipe.read_plan()
     below = _chain(read_plan.base)
     maps_below = [p for p in below if isinstance(p, MapperIterDataPipe)]
-    if pipe.mode != "element":
+    if getattr(pipe, "_whole_files", False):  # a compressed file source: whole files, each read once
+        reads.append(pipe.reader().describe())
+        out.reads_per_element = out.decodes_per_element = 1.0
+    elif pipe.mode != "element":
         if pipe.sizes is None:
             reads.append("units go whole to slots as far as they go round; each leftover unit is "
                          f"read by at most ceil({S} / leftover) slots")

@@ -25,8 +25,10 @@ from .readers import (
     SequenceReader,
     SizedUnitsReader,
     StreamReader,
+    WholeFilesReader,
     WholeUnitsReader,
     check_sizes,
+    stable_digest,
     unit_sizes,
 )
 from .state import KEY, check_fits, check_slot, find_states, merge_states, validate_state
@@ -108,9 +110,19 @@ class DistShardNode(BaseNode[T]):
     ) -> None:
         super().__init__()
         self._sequence: Any = None
+        self._whole: Optional[str] = None  # a file source streamed as whole files (compressed): what it is
         if not isinstance(source, BaseNode):
             self._sequence = _random_access(source)
-            if self._sequence is None:
+            units = getattr(type(source), "__distshard_units__", None)
+            if self._sequence is None and units is not None and expand is None:
+                if even is not None or shuffle:
+                    raise ValueError(
+                        f"{'shuffle=True' if shuffle else f'even={even!r}'} needs random access, but "
+                        f"{source.describe()}. Decompress the files to read them at random, or use even=None "
+                        "and shuffle=False")
+                self._whole = source.describe()
+                source, expand = units(source)
+            elif self._sequence is None:
                 raise TypeError(
                     f"DistShardNode needs a torchdata.nodes.BaseNode or a random-access sequence, got "
                     f"{type(source).__name__}; wrap an iterable with torchdata.nodes.IterableWrapper, "
@@ -250,6 +262,9 @@ class DistShardNode(BaseNode[T]):
         return iter(self.source)
 
     def _reader(self) -> Reader:
+        if self._whole is not None:
+            files = self.source
+            return WholeFilesReader(lambda: files, self.expand, f"files:node:{stable_digest(files)}", self._whole)
         if self.expand is not None:
             if self.sizes is None:
                 open_units = self._stream if isinstance(self.source, BaseNode) else (lambda: iter(self.source))
