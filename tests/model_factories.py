@@ -18,8 +18,9 @@ import distshard
 # element mode: "list" (random access), "list+map" (random access, 1:1 map before the
 # shard), "stream" (an object with only __iter__), "shuffled" (upstream .shuffle());
 # unit mode: "units"; a distshard file source: "jsonl"; a random-access mix of two
-# lists: "mix" (stop="first_exhausted", so no element repeats)
-SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix")
+# lists: "mix" (stop="first_exhausted", so no element repeats); the same JSON-lines
+# file over HTTP from a loopback range server that fails every 7th request: "remote"
+SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix", "remote")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "mix") or (self.units and self.sized)
+        return self.source in ("list", "list+map", "jsonl", "mix", "remote") or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -96,6 +97,28 @@ def jsonl_file(n: int) -> str:
     return path
 
 
+# -- a remote source with injected faults (issue 14) ------------------------------------------
+_SERVER: Any = None  # (pid, RangeServer) of this process
+
+
+def remote_jsonl(n: int):
+    """``distshard.jsonl`` of :func:`jsonl_file` over HTTP from a loopback range
+    server (started once per process, in a thread) that answers every 7th GET
+    with a 500, a 503, a reset connection or a short body: retried, exactly."""
+    import os
+
+    from distshard.sources import ReadOptions
+    from tests.range_server import RangeServer
+
+    global _SERVER
+    path = jsonl_file(n)
+    if _SERVER is None or _SERVER[0] != os.getpid():
+        _SERVER = (os.getpid(), RangeServer(os.path.dirname(path), fault_every=7).start())
+    # small ranges: a slot makes several requests, so faults land inside epochs
+    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    return distshard.jsonl(_SERVER[1].url(path), read_options=options)
+
+
 def mixed(n: int):
     """Two lists mixed 2:1 until the first runs out: distinct elements."""
     return distshard.mix({"a": IterableWrapper([f"a{i}" for i in range(n)]),
@@ -124,6 +147,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = IterableWrapper(data).shuffle()
     elif spec.source == "jsonl":
         source = distshard.jsonl(jsonl_file(spec.n))
+    elif spec.source == "remote":
+        source = remote_jsonl(spec.n)
     elif spec.source == "mix":
         source = mixed(spec.n)
     else:
@@ -151,6 +176,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return Mapper(DistShardNode(data, **options), upper)
     if spec.source == "jsonl":
         return DistShardNode(distshard.jsonl(jsonl_file(spec.n)), **options)
+    if spec.source == "remote":
+        return DistShardNode(remote_jsonl(spec.n), **options)
     if spec.source == "mix":
         return DistShardNode(mixed(spec.n), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here

@@ -16,7 +16,7 @@ from distshard.sources.coalesce import Range, coalesce
 from distshard.sources.fetch import ReadAhead, Request
 from distshard.sources.index import byte_windows
 from distshard.sources.options import ReadOptions
-from distshard.sources.order import FileOrder
+from distshard.sources.order import FileOrder, expansion
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -168,10 +168,21 @@ def sources(draw):
 
 
 @FAST
-@given(source=sources(), seed=st.integers(0, 2**32))
-def test_file_order_is_a_permutation_that_keeps_files_and_windows_together(source, seed):
+@given(size=st.integers(0, 300), seed=st.integers(0, 2**40))
+def test_an_expansion_is_a_permutation_whose_every_prefix_is_one_run(size, seed):
+    order = expansion(size, seed)
+    assert sorted(order) == list(range(size))
+    lo = hi = order[0] if order else 0
+    for position in order[1:]:
+        assert position in (lo - 1, hi + 1)  # so a slot's share of a window is one run, the rest at most two
+        lo, hi = min(lo, position), max(hi, position)
+
+
+@FAST
+@given(source=sources(), seed=st.integers(0, 2**32), within=st.sampled_from(["expand", "permute"]))
+def test_file_order_is_a_permutation_that_keeps_files_and_windows_together(source, seed, within):
     counts, bounds = source
-    order = FileOrder(counts, seed, lambda f: bounds[f])
+    order = FileOrder(counts, seed, lambda f: bounds[f], within)
     n = sum(counts)
     visited = [order(v) for v in range(n)]
     assert sorted(visited) == list(range(n))
@@ -191,7 +202,7 @@ def test_file_order_is_a_permutation_that_keeps_files_and_windows_together(sourc
     changes_of_window = sum(1 for a, b in zip(runs, runs[1:]) if a != b)
     assert changes_of_window == sum(1 for f, b in enumerate(bounds) for k in range(len(b) - 1) if b[k + 1] > b[k]) - 1 \
         if n else True  # each window visited in one run
-    again = FileOrder(counts, seed, lambda f: bounds[f])
+    again = FileOrder(counts, seed, lambda f: bounds[f], within)
     assert [again(v) for v in reversed(range(n))] == visited[::-1]  # the same from any visit, in any order
 
 

@@ -121,7 +121,11 @@ class SourceSequence(Sequence):
             total += count
         self._starts = starts
         self._total = total
+        self._remote = tuple(is_remote(ref.url) for ref in self.refs)
         self._resolved: dict[int, FileRef] = {}
+        self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
+        self._known: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
+        self._pid = os.getpid()
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
     #: few files: each file's bytes and row groups read about once), not a stride
@@ -130,7 +134,8 @@ class SourceSequence(Sequence):
     #: what ``shuffle=True`` does (see :meth:`distshard_order`), for ``explain()``
     distshard_shuffle_kind = ("files in a permuted order, each file's windows (runs of samples of about "
                               "ReadOptions.window bytes; Parquet row groups) in a permuted order, each "
-                              "window's samples permuted: every slot reads the files it touches in big ranges")
+                              "window's samples in a seeded order: every slot reads the files it touches in "
+                              "big ranges and never another slot's bytes")
 
     def distshard_identity(self) -> str:
         """What a checkpoint records of this data: format, files and their counts,
@@ -140,7 +145,7 @@ class SourceSequence(Sequence):
 
         return (f"{self.fmt.name}:{len(self.refs)} files:{self._total}:"
                 f"{stable_digest([ref.url for ref in self.refs], list(self.counts))}:"
-                f"order=files/{self.access.options.token()}")
+                f"order=files/{self.access.options.token()}/{getattr(self.fmt, 'window_order', 'expand')}")
 
     def __len__(self) -> int:
         return self._total
@@ -169,7 +174,7 @@ class SourceSequence(Sequence):
         """The samples at ``positions``, in that order, read ahead of use as few
         large ranges (see :mod:`.fetch`): what ``dist_shard``'s reader calls."""
         options = self.access.options
-        fetch = ReadAhead(options, self._handle, gap=lambda f: options.max_gap if is_remote(self.refs[f].url) else 0)
+        fetch = ReadAhead(options, self._handle, [options.max_gap if remote else 0 for remote in self._remote])
 
         def requests() -> Iterator[Request]:
             for position in positions:
@@ -182,7 +187,7 @@ class SourceSequence(Sequence):
 
     def distshard_order(self, seed: int) -> FileOrder:
         """The permutation ``shuffle=True`` visits the samples in (see :mod:`.order`)."""
-        return FileOrder(self.counts, seed, self._windows)
+        return FileOrder(self.counts, seed, self._windows, getattr(self.fmt, "window_order", "expand"))
 
     def _windows(self, f: int) -> Sequence[int]:
         _, index = self.file_index(f)
@@ -195,6 +200,11 @@ class SourceSequence(Sequence):
     def file_index(self, f: int) -> tuple[FileRef, FileIndex]:
         """File ``f``'s identity and full index (per process: cached, or read
         from the index cache, or built), its count checked against the declared one."""
+        if self._pid != os.getpid():
+            self._forked()
+        known = self._known.get(f)
+        if known is not None:
+            return known
         ref = self._resolved.get(f) or self.refs[f]
         if ref.size is None:  # counted by a shard index: look at the file now
             ref = self._resolved[f] = FileRef(ref.url, *file_identity(ref.url, self.access))
@@ -206,9 +216,26 @@ class SourceSequence(Sequence):
             _INDEXES.put(key, index, index.weight())
         if index.count != self.counts[f]:
             raise count_error(ref.url, index.count, self.counts[f], f in self.declared)
+        if len(self._known) >= 64:  # the few files a slot is reading now
+            self._known.clear()
+        self._known[f] = (ref, index)
         return ref, index
 
+    def _forked(self) -> None:
+        """In a child made by fork: handles and indexes of its own."""
+        self._open, self._known, self._pid = {}, {}, os.getpid()
+
     def _handle(self, f: int) -> Any:
+        if self._pid != os.getpid():
+            self._forked()
+        handle = self._open.get(f)
+        if handle is None:
+            if len(self._open) >= 64:
+                self._open.clear()
+            handle = self._open[f] = self._shared_handle(f)
+        return handle
+
+    def _shared_handle(self, f: int) -> Any:
         from .files import open_random
 
         ref = self._resolved.get(f) or self.refs[f]
@@ -222,7 +249,7 @@ class SourceSequence(Sequence):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_resolved"] = {}
+        state["_resolved"], state["_open"], state["_known"], state["_pid"] = {}, {}, {}, -1
         return state
 
     def __repr__(self) -> str:

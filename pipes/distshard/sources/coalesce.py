@@ -21,14 +21,12 @@ Everything here works on plain tuples and is property-tested
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 __all__ = ["Range", "coalesce", "find_live"]
 
 
-@dataclass(frozen=True)
-class Range:
+class Range(NamedTuple):
     """Bytes ``[start, stop)`` of file ``file``."""
 
     file: int

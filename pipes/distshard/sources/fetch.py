@@ -20,7 +20,6 @@ reports).
 from __future__ import annotations
 
 import bisect
-import concurrent.futures
 import os
 import threading
 from collections import deque
@@ -34,26 +33,27 @@ __all__ = ["Opened", "ReadAhead", "Request", "STATS", "reset_stats"]
 
 
 class Opened(Protocol):
-    """An open file the read-ahead reads ranges of."""
+    """An open file the read-ahead reads ranges of: ``submit`` returns a
+    future-like object (``result()``, ``cancel()``) of the bytes."""
 
-    def submit(self, start: int, stop: int) -> "concurrent.futures.Future[bytes]": ...
+    def submit(self, start: int, stop: int) -> Any: ...
 
 
-@dataclass
 class Request:
     """One delivery: ``spans`` (``(start, stop)`` of file ``file``) and what the
     caller wants back with the bytes (``payload``)."""
 
-    payload: Any
-    file: int
-    spans: Sequence[tuple[int, int]]
+    __slots__ = ("payload", "file", "spans")
+
+    def __init__(self, payload: Any, file: int, spans: Sequence[tuple[int, int]]) -> None:
+        self.payload, self.file, self.spans = payload, file, spans
 
 
-@dataclass
 class _Held:
-    range: Range
-    future: "concurrent.futures.Future[bytes]"
-    users: int = 0
+    __slots__ = ("range", "future", "users")
+
+    def __init__(self, rng: Range, future: Any) -> None:
+        self.range, self.future, self.users = rng, future, 0
 
 
 @dataclass
@@ -82,25 +82,35 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=reset_stats)
 
 
-class _Deferred(concurrent.futures.Future):
-    """A future that runs its read when first asked for the result (local files:
-    no thread, one ``pread`` per range at the moment it is needed)."""
+class _Deferred:
+    """A future-like read that runs when its result is first asked for (local
+    files: no thread, one ``pread`` per range at the moment it is needed)."""
+
+    __slots__ = ("_read", "_value", "_error")
 
     def __init__(self, read: Callable[[], bytes]) -> None:
-        super().__init__()
         self._read: Callable[[], bytes] | None = read
+        self._value: bytes | None = None
+        self._error: BaseException | None = None
 
     def result(self, timeout: float | None = None) -> bytes:
         read, self._read = self._read, None
         if read is not None:
             try:
-                self.set_result(read())
-            except BaseException as exc:  # noqa: BLE001 - delivered to the caller
-                self.set_exception(exc)
-        return super().result(timeout)
+                self._value = read()
+            except BaseException as exc:  # noqa: BLE001 - raised to every caller
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def cancel(self) -> bool:
+        self._read = None
+        return True
 
 
-def deferred(read: Callable[[], bytes]) -> "concurrent.futures.Future[bytes]":
+def deferred(read: Callable[[], bytes]) -> Any:
+    """A future-like object (``result()``, ``cancel()``) that reads on first use."""
     return _Deferred(read)
 
 
@@ -109,7 +119,7 @@ class ReadAhead:
 
     ``open(file)`` returns the :class:`Opened` of a file id; ``options`` gives
     the budget, the coalescing limits (``max_range``; ``max_gap`` unless
-    ``gap`` overrides it: local files pass 0, so a slot reads exactly its
+    ``gaps[file]`` overrides it: local files pass 0, so a slot reads exactly its
     samples' bytes) and how far to pull requests ahead.
     """
 
@@ -117,10 +127,10 @@ class ReadAhead:
     MAX_PENDING = 1 << 16
 
     def __init__(self, options: ReadOptions, open: Callable[[int], Opened],
-                 gap: Callable[[int], int] | None = None) -> None:
+                 gaps: Sequence[int] | None = None) -> None:
         self.options = options
         self.open = open
-        self.gap = gap
+        self.gaps = gaps
         self.batch = min(options.budget, max(options.max_range, 4 * options.window))
 
     def run(self, requests: Iterable[Request]) -> Iterator[tuple[Any, list[memoryview]]]:
@@ -163,8 +173,9 @@ class ReadAhead:
             if not batch:
                 return
             by_gap: dict[int, list[tuple[int, int, int]]] = {}
+            gaps = self.gaps
             for request in batch:
-                gap = options.max_gap if self.gap is None else self.gap(request.file)
+                gap = options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
                     if stop > start:
                         by_gap.setdefault(gap, []).append((request.file, start, stop))

@@ -163,7 +163,8 @@ class LocalRandomFile:
             data += more
         return data
 
-    def submit(self, start: int, stop: int) -> "concurrent.futures.Future[bytes]":
+    def submit(self, start: int, stop: int) -> Any:
+        """A future-like object whose ``result()`` reads the bytes (when first asked)."""
         from .fetch import deferred
 
         return deferred(lambda: self.read_at(start, stop - start))

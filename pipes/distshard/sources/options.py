@@ -44,7 +44,7 @@ class ReadOptions:
     budget: int = 64 * MiB
     max_range: int = 8 * MiB
     max_gap: int = 64 << 10
-    window: int = 256 << 10
+    window: int = 512 << 10
     concurrency: int = 8
     retries: int = 6
     retry_seconds: float = 60.0

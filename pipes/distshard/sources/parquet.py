@@ -105,6 +105,7 @@ class ParquetFormat:
 
     name = "parquet"
     file_kind = "Parquet file"
+    window_order = "permute"  # a row group is fetched whole: its rows may come in any order
     access = "random access by row group (its column chunks read, decoded once while its rows are read)"
 
     def __init__(self, columns: Sequence[str] | None = None) -> None:
