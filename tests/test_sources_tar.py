@@ -492,3 +492,11 @@ def test_the_local_header_walk_reads_headers_not_payloads(tmp_path):
     before = _rchar()
     assert len([s for s in webdataset(paths).dist_shard()]) == len(expected)
     assert _rchar() - before <= total  # the epoch: each sample's span once
+
+
+def test_samples_report_their_stored_bytes(tmp_path):
+    urls, expected = write_shards(tmp_path, shards=1, per_shard=5)
+    sequence = webdataset(urls).__distshard_sequence__()
+    _, index = sequence.file_index(0)
+    assert sequence.fmt.sample_sizes(index) == [sum(len(v) for k, v in s.items() if not k.startswith("__"))
+                                                for s in expected]

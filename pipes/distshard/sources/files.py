@@ -150,8 +150,9 @@ class LocalRandomFile:
     def fileno(self) -> int:
         return self.fd
 
-    def read_at(self, offset: int, size: int) -> bytes:
-        self.check()
+    def read_at(self, offset: int, size: int, checked: bool = True) -> bytes:
+        if checked:
+            self.check()
         data = os.pread(self.fd, size, offset)
         while len(data) < size:
             more = os.pread(self.fd, size - len(data), offset + len(data))
@@ -256,8 +257,8 @@ class ScanFile(io.RawIOBase):
         end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
         if end <= self.pos:
             return b""
-        if not self.remote:
-            data = self.handle.read_at(self.pos, end - self.pos)
+        if not self.remote:  # the identity is checked when the scan opens and when it closes
+            data = self.handle.read_at(self.pos, end - self.pos, checked=False)  # type: ignore[call-arg]
             self.pos = end
             return data
         out = []
@@ -316,7 +317,8 @@ class ScanFile(io.RawIOBase):
 
 def open_scan(ref: FileRef, access: Access = DEFAULT_ACCESS) -> ScanFile:
     """A seekable reader for building ``ref``'s index (see :class:`ScanFile`),
-    checked against ``ref``'s identity."""
+    checked against ``ref``'s identity (locally when it opens and closes,
+    remotely on every response)."""
     assert ref.size is not None
     return ScanFile(open_random(ref, access), ref.size, access.options)
 

@@ -292,10 +292,11 @@ def _collective() -> tuple[int, int] | None:
 
 
 def _threads(urls: list[str]) -> int:
-    """Files indexed at once in one process: remote files wait on round trips."""
+    """Files indexed at once in one process: remote files wait on round trips;
+    local ones are indexed one after the other (the header walk is CPU)."""
     from .urls import is_remote
 
-    return min(len(urls), 16 if any(is_remote(u) for u in urls) else 4) or 1
+    return min(len(urls), 16 if any(is_remote(u) for u in urls) else 1) or 1
 
 
 def _summarize(fmt: str, urls: list[str], build: Builder, identify: Callable[[str], tuple[int, str]],
@@ -310,18 +311,30 @@ def _summarize(fmt: str, urls: list[str], build: Builder, identify: Callable[[st
         return []
     order = [(start + k) % len(urls) for k in range(len(urls))]
     out: list[tuple[FileRef, int, bytes | None] | None] = [None] * len(urls)
-    with ThreadPoolExecutor(max_workers=_threads(urls), thread_name_prefix="distshard-index") as pool:
-        refs = dict(zip(order, pool.map(lambda k: FileRef(urls[k], *identify(urls[k])), order)))
+    refs: dict[int, FileRef] = {}
 
-        def attempt(k: int, wait: bool) -> bool:
-            index, built = obtain(fmt, refs[k], build, header_only=True, wait=wait)
-            if index is None:
-                return False
-            out[k] = (refs[k], index.count, built)
-            return True
+    def identified(k: int) -> None:
+        refs[k] = FileRef(urls[k], *identify(urls[k]))
 
-        busy = [k for k, done in zip(order, pool.map(lambda k: attempt(k, False), order)) if not done]
-        list(pool.map(lambda k: attempt(k, True), busy))
+    def attempt(k: int, wait: bool) -> bool:
+        index, built = obtain(fmt, refs[k], build, header_only=True, wait=wait)
+        if index is None:
+            return False
+        out[k] = (refs[k], index.count, built)
+        return True
+
+    threads = _threads(urls)
+    if threads == 1:  # local files: the header walk is CPU, threads would only contend
+        for k in order:
+            identified(k)
+        busy = [k for k in order if not attempt(k, False)]
+        for k in busy:
+            attempt(k, True)
+    else:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="distshard-index") as pool:
+            list(pool.map(identified, order))
+            busy = [k for k, done in zip(order, pool.map(lambda k: attempt(k, False), order)) if not done]
+            list(pool.map(lambda k: attempt(k, True), busy))
     assert all(item is not None for item in out)
     return out  # type: ignore[return-value]
 
