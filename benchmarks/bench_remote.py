@@ -290,7 +290,7 @@ def table(rows: list[dict[str, Any]], manifest: dict[str, Any], shards: int) -> 
             f"{row['peak_held'] / MiB:.1f} / {row['budget'] / MiB:.0f} MiB {'✓' if row['peak_held'] <= row['budget'] else '✗'}"
         lines.append(
             f"| {label} | {row['wall_s']:.2f} | {ratio}{wall_target} | {row['requests']:.0f} ({row['gets']:.0f} + "
-            f"{row['heads']:.0f}) | {req_target} | {row['bytes'] / total:.2f} | {byte_target} | {row['once']} | "
+            f"{row['heads']:.0f}) | {req_target} | {row['bytes'] / total:.3f} | {byte_target} | {row['once']} | "
             f"{peak} | {row['maxrss_mib']:.0f} |")
     return "\n".join(lines)
 

@@ -39,7 +39,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
     def __init__(self, root: Path, latency: float = 0.0, bandwidth: float | None = None,
                  fault_every: int = 0, faults: tuple[str, ...] = FAULTS, scheme: str = "http",
                  certfile: str | None = None, keyfile: str | None = None,
-                 require: dict[str, str] | None = None) -> None:
+                 require: dict[str, str] | None = None, head: bool = True) -> None:
         super().__init__(("127.0.0.1", 0), RangeHandler)
         self.root = Path(root)
         self.latency = latency
@@ -48,6 +48,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.faults = faults
         self.scheme = scheme
         self.require = dict(require or {})  # headers a request must carry (else 403)
+        self.head = head  # False: HEAD answers 405, as some signed URLs do
         if scheme == "https":
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(certfile, keyfile)  # type: ignore[arg-type]
@@ -125,6 +126,11 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_HEAD(self) -> None:
+        if not self.server.head:
+            with self.server.lock:
+                self.server.requests["HEAD"] += 1
+            self._empty(405)
+            return
         self.respond(body=False)
 
     def do_GET(self) -> None:

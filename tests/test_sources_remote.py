@@ -18,7 +18,6 @@ from typing import Iterator
 
 import pytest
 
-import distshard
 from distshard.sources import ReadOptions, RemoteReadError, jsonl, parquet, webdataset
 from distshard.verify import run_on_group
 from tests import source_factories
@@ -172,6 +171,14 @@ def test_storage_options_reach_fsspec(tmp_path):
         index.write_text(json.dumps({"shardlist": [{"url": "shard-000000.tar", "nsamples": 10}]}))
         wds = webdataset(None, index=server.url(index), storage_options=options)
         assert len(list(wds.dist_shard())) == 10
+
+
+def test_a_server_without_head_is_asked_with_a_one_byte_range(tmp_path):
+    paths, expected = write_jsonl(tmp_path / "j", files=1, lines=12)
+    with serve(tmp_path, head=False) as server:
+        source = jsonl([server.url(p) for p in paths])
+        assert len(source) == 12 and [x for x in source.dist_shard()] == expected
+        assert ("GET", "/j/part-000.jsonl", "bytes=0-0") in server.log
 
 
 def test_remote_jsonl(tmp_path, server):

@@ -164,15 +164,18 @@ class SourceSequence(Sequence):
         through :meth:`distshard_read`)."""
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self._total))]
-        f, j = self._locate(i)
-        ref, index = self.file_index(f)
-        handle = self._handle(f)
-        views = [memoryview(handle.read_at(start, stop - start)) for start, stop in self.fmt.spans(index, j)]
-        return self.fmt.parse(handle, index, j, ref, views)
+        return next(self._read_each([i]))
 
     def distshard_read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
-        """The samples at ``positions``, in that order, read ahead of use as few
-        large ranges (see :mod:`.fetch`): what ``dist_shard``'s reader calls."""
+        """The samples at ``positions``, in that order: what ``dist_shard``'s
+        reader calls. Remote files are read ahead of use as few large ranges (see
+        :mod:`.fetch`); local files are read exactly, one ``pread`` per sample
+        span (the page cache reads ahead; the read-ahead's bookkeeping would only
+        cost CPU), a span read once while consecutive samples share it (a Parquet
+        row group's column chunks)."""
+        if not any(self._remote):
+            yield from self._read_each(positions)
+            return
         options = self.access.options
         fetch = ReadAhead(options, self._handle, [options.max_gap if remote else 0 for remote in self._remote])
 
@@ -184,6 +187,20 @@ class SourceSequence(Sequence):
 
         for (f, j, ref, index), views in fetch.run(requests()):
             yield self.fmt.parse(self._handle(f), index, j, ref, views)
+
+    def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
+        last: tuple[int, list[tuple[int, int]], list[memoryview]] | None = None
+        for position in positions:
+            f, j = self._locate(position)
+            ref, index = self.file_index(f)
+            handle = self._handle(f)
+            spans = self.fmt.spans(index, j)
+            if last is not None and last[0] == f and last[1] == spans:
+                views = last[2]
+            else:
+                views = [memoryview(handle.read_at(start, stop - start)) for start, stop in spans]
+                last = (f, spans, views)
+            yield self.fmt.parse(handle, index, j, ref, views)
 
     def distshard_order(self, seed: int) -> FileOrder:
         """The permutation ``shuffle=True`` visits the samples in (see :mod:`.order`)."""

@@ -253,6 +253,18 @@ class ScanFile(io.RawIOBase):
         self.pos = max(0, base + offset)
         return self.pos
 
+    def read_block(self, position: int, size: int = 512) -> bytes:
+        """``size`` bytes at ``position`` (fewer at the end); the position moves past them."""
+        if not self.remote:
+            end = min(self.size, position + size)
+            data = os.pread(self.handle.fd, end - position, position) if end > position else b""  # type: ignore
+            if len(data) != max(0, end - position):
+                data = self.handle.read_at(position, end - position, checked=False)  # type: ignore[call-arg]
+            self.pos = end if end > position else position
+            return data
+        self.pos = position
+        return self.read(size)
+
     def read(self, size: int | None = -1) -> bytes:
         end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
         if end <= self.pos:

@@ -172,6 +172,11 @@ _S3_RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTi
                    "ThrottlingException", "RequestTimeTooSkewed", "500", "502", "503", "504"}
 
 
+def _http_stamp(headers: Mapping[str, str]) -> str:
+    """The version an HTTP answer names: its ETag, else ``lm:`` and its Last-Modified."""
+    return headers.get("ETag") or (f"lm:{headers['Last-Modified']}" if headers.get("Last-Modified") else "")
+
+
 def _strong_etag(stamp: str | None) -> str | None:
     """The ETag to send as ``If-Match`` (a strong one, ``"..."``), if ``stamp`` is one."""
     if stamp and stamp.startswith('"') and stamp.endswith('"') and len(stamp) >= 2:
@@ -244,13 +249,22 @@ class Client:
             headers["Accept-Encoding"] = "identity"
             kw.setdefault("allow_redirects", True)
             async with session.head(self.fs.encode_url(url), headers=headers, **kw) as r:
-                _check_status(url, r.status, "metadata")
-                size = r.headers.get("Content-Length")
-                if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-                    raise ValueError(f"{url}: the server does not report the file's size; random access needs it")
-                stamp = r.headers.get("ETag") or (f"lm:{r.headers['Last-Modified']}"
-                                                  if r.headers.get("Last-Modified") else "")
-                return int(size), stamp
+                if r.status not in (403, 405):  # some signed URLs allow GET only: ask with a 1-byte range
+                    _check_status(url, r.status, "metadata")
+                    size = r.headers.get("Content-Length")
+                    if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                        raise ValueError(f"{url}: the server does not report the file's size; random access "
+                                         "needs it")
+                    return int(size), _http_stamp(r.headers)
+            headers["Range"] = "bytes=0-0"
+            async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
+                match = _CONTENT_RANGE.match(r.headers.get("Content-Range", "")) or re.match(
+                    r"bytes \*/(\d+)", r.headers.get("Content-Range", ""))
+                if r.status not in (206, 416) or match is None or not match.groups()[-1].isdigit():
+                    _check_status(url, r.status, "metadata")
+                    raise ValueError(f"{url}: the server reports no size (no Content-Range); random access needs it")
+                await r.read()
+                return int(match.groups()[-1]), _http_stamp(r.headers)
         if self.kind == "s3":
             bucket, key, version = self.fs.split_path(self.path_of(url))
             s3 = await self._s3(bucket)

@@ -155,11 +155,13 @@ def walk(f: Any, url: str, file_size: int | None, seekable: bool, where: str = "
     names, pax headers, odd fields) by :class:`tarfile.TarInfo`, with the same
     result."""
     state = _Walk(f)
+    block = getattr(f, "read_block", None) if seekable else None  # ScanFile: one read at a position
     while True:
         position = state.offset
-        _goto(f, position, seekable)
+        if block is None:
+            _goto(f, position, seekable)
         try:
-            buf = f.read(_BLOCK)
+            buf = f.read(_BLOCK) if block is None else block(position)
             info: Any = None if state.pax_headers else _plain(buf, position)
             if info is None:
                 info = tarfile.TarInfo.frombuf(buf, state.encoding, state.errors)
