@@ -88,8 +88,9 @@ def test_two_ranks_two_workers_exactly_once_with_the_identity_asked_once(tmp_pat
     got = Counter(key for o in outcomes for key in o.value)
     assert got == Counter(source_factories.sample_key(s) for s in expected)  # exactly once
     server.settle()
-    heads = [entry for entry in server.log if entry[0] == "HEAD"]
-    assert len(heads) == len(urls), heads  # once per job: the ranks split it, workers ask nothing
+    heads = Counter(path for method, path, _ in server.log if method == "HEAD")
+    # once per job: the ranks split it, the 4 workers ask nothing (a retried HEAD at most)
+    assert len(heads) == len(urls) and sum(heads.values()) <= len(urls) + 1, heads
     epoch = server.served - total  # the cold index read each shard once
     assert epoch <= (1.0 if not shuffle else 1.0 + 3 * 16 / (total / 1024)) * total, (epoch, total)
     assert server.requests["GET"] <= len(urls) + (4 if not shuffle else 4 * 12) + len(urls)

@@ -500,3 +500,14 @@ def test_samples_report_their_stored_bytes(tmp_path):
     _, index = sequence.file_index(0)
     assert sequence.fmt.sample_sizes(index) == [sum(len(v) for k, v in s.items() if not k.startswith("__"))
                                                 for s in expected]
+
+
+def test_compressed_shards_go_whole_through_the_nodes_front_end(tmp_path):
+    pytest.importorskip("torchdata.nodes")
+    from distshard import DistShardNode
+
+    zipped, expected = gzipped_shards(tmp_path, shards=3)
+    got = [s["__key__"] for rank in range(2) for s in DistShardNode(webdataset(zipped), rank=rank, world_size=2)]
+    assert sorted(got) == sorted(s["__key__"] for s in expected)
+    with pytest.raises(ValueError, match="needs random access.*compressed"):
+        DistShardNode(webdataset(zipped), rank=0, world_size=2, even="drop")
