@@ -6,9 +6,10 @@ The formats never read: they name the byte spans a sample needs
 :class:`ReadAhead` sits between: it pulls requests from the slot's positions
 (pure arithmetic, so looking ahead is free), coalesces the spans of the next
 batch of them into ranges (:func:`.coalesce.coalesce`), submits those ranges to
-the file's opener (remote: concurrent requests on the client's event loop;
-local: a ``pread`` when first needed) and hands each request its bytes, in
-order, as soon as they are there.
+the file's opener (remote: concurrent requests on the client's event loop; a
+local file among remote ones: a ``pread`` when first needed) and hands each
+request its bytes, in order, as soon as they are there. Sources of local files
+only do not use it (``SourceSequence.distshard_read`` reads them exactly).
 
 Memory: the bytes of submitted ranges not yet released stay within
 ``ReadOptions.budget`` (a range is released once every request it serves was
