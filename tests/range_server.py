@@ -206,10 +206,12 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         with open(path, "rb") as f:
             f.seek(start)
             data = f.read(end - start)
+        if len(data) != end - start:  # the file changed under us: a short body, and no keep-alive
+            fault = "short"
         with server.lock:
             server.by_path[path.name] += 1
-        if fault in ("reset", "short") and len(data) > 1:
-            half = data[: len(data) // 2]
+        if fault in ("reset", "short") and (len(data) > 1 or len(data) != end - start):
+            half = data[: len(data) // 2] if len(data) == end - start else data
             self.wfile.write(half)
             self.wfile.flush()
             with server.lock:

@@ -13,8 +13,9 @@ lock (``fcntl.flock`` on ``<entry>.lock``) and look at the cache again once they
 hold it, so each file is indexed once and the others read the result. A builder
 first goes over the files taking only the locks nobody holds (starting at a
 place of its own), so concurrent builders index different files instead of
-queueing on one; then it waits for the rest. Within a process several files are
-indexed at once (threads: their time is spent waiting for remote ranges). When
+queueing on one; then it waits for the rest. Within a process several remote
+files are indexed at once (threads: their time is spent waiting for ranges;
+local files one after the other: their header walk is CPU). When
 ``torch.distributed`` is initialized, :func:`summarize_files` splits the files
 across ranks, each rank indexes its share and the results (counts, identities
 and the entries themselves, for nodes that share no file system) are exchanged
@@ -301,10 +302,9 @@ def _threads(urls: list[str]) -> int:
 
 def _summarize(fmt: str, urls: list[str], build: Builder, identify: Callable[[str], tuple[int, str]],
                start: int = 0) -> list[tuple[FileRef, int, bytes | None]]:
-    """``(ref, count, entry built here)`` per url, in order: identities and
-    indexes fetched by several threads; files another builder is indexing are
-    left for last (see the module docstring). ``start`` rotates where this
-    builder begins."""
+    """``(ref, count, entry built here)`` per url, in order (remote files by
+    several threads at once); files another builder is indexing are left for
+    last (see the module docstring). ``start`` rotates where this builder begins."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not urls:
