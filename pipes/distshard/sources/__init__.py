@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence, Union
 from urllib.parse import urljoin
 
 from .base import FileSourceIterDataPipe, SourceSequence
-from .files import Access, key_of
+from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
 from .options import ReadOptions
 from .parquet import ParquetFormat
@@ -77,7 +77,7 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
         base = os.fspath(index)
         try:
             if is_remote(base):
-                text = Access(storage_options=storage_options).client(base).cat(base).decode("utf-8")
+                text = FileAccess(storage_options=storage_options).client(base).cat(base).decode("utf-8")
             else:
                 with open(os.path.expanduser(base), encoding="utf-8") as f:
                     text = f.read()

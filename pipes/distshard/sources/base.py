@@ -32,7 +32,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ._lru import LRU
 from .fetch import ReadAhead, Request
-from .files import DEFAULT_ACCESS, Access, FileRef, file_identity, key_of, local_path
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, file_identity, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
 from .options import ReadOptions
 from .order import FileOrder
@@ -50,9 +50,9 @@ class Format(Protocol):
 
     def compression(self, url: str) -> str | None: ...
 
-    def stream(self, url: str, access: Access) -> Iterator[Any]: ...
+    def stream(self, url: str, access: FileAccess) -> Iterator[Any]: ...
 
-    def build_index(self, ref: FileRef, access: Access) -> FileIndex: ...
+    def build_index(self, ref: FileRef, access: FileAccess) -> FileIndex: ...
 
     def spans(self, index: FileIndex, i: int) -> list[tuple[int, int]]: ...
 
@@ -75,7 +75,7 @@ class StreamFile:
     """``expand`` for whole-file hand-out: ``StreamFile(fmt)(url)`` yields the
     samples of one file in order (picklable)."""
 
-    def __init__(self, fmt: Format, access: Access = DEFAULT_ACCESS) -> None:
+    def __init__(self, fmt: Format, access: FileAccess = DEFAULT_FILE_ACCESS) -> None:
         self.fmt = fmt
         self.access = access
 
@@ -86,11 +86,11 @@ class StreamFile:
         return f"StreamFile({self.fmt.name})"
 
 
-def _build(fmt: Format, access: Access, ref: FileRef) -> FileIndex:
+def _build(fmt: Format, access: FileAccess, ref: FileRef) -> FileIndex:
     return fmt.build_index(ref, access)
 
 
-def _access_key(access: Access) -> Any:
+def _access_key(access: FileAccess) -> Any:
     from .remote import _frozen
 
     return _frozen(access.storage_options or {})
@@ -108,7 +108,7 @@ class SourceSequence(Sequence):
     index), before any of its samples is yielded.
     """
 
-    def __init__(self, fmt: Format, files: list[tuple[FileRef, int]], access: Access = DEFAULT_ACCESS,
+    def __init__(self, fmt: Format, files: list[tuple[FileRef, int]], access: FileAccess = DEFAULT_FILE_ACCESS,
                  declared: Iterable[int] = ()) -> None:
         self.fmt = fmt
         self.access = access
@@ -309,7 +309,7 @@ class FileSourceIterDataPipe(IterDataPipe):
         self.fmt = fmt
         self.urls = list(urls)
         self.declared = dict(counts or {})
-        self.access = Access(read_options or ReadOptions(), dict(storage_options) if storage_options else None)
+        self.access = FileAccess(read_options or ReadOptions(), dict(storage_options) if storage_options else None)
         self._summary: list[tuple[FileRef, int]] | None = None
         self._sequence: SourceSequence | None = None
         if _collective() is not None:

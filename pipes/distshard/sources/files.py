@@ -18,7 +18,7 @@ Three ways to open a file:
 - :func:`open_stream`: a buffered sequential reader, decompressed if the name
   says the file is compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``).
 
-Every function takes an :class:`Access`: the source's ``ReadOptions`` and
+Every function takes an :class:`FileAccess`: the source's ``ReadOptions`` and
 ``storage_options`` (handed to fsspec).
 """
 
@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, Mapping
 from .options import ReadOptions
 from .urls import is_remote
 
-__all__ = ["Access", "FileRef", "compression_of", "file_identity", "key_of", "open_random", "open_scan",
+__all__ = ["FileAccess", "FileRef", "compression_of", "file_identity", "key_of", "open_random", "open_scan",
            "open_stream"]
 
 _COMPRESSIONS = {".gz": "gzip", ".tgz": "gzip", ".bz2": "bz2", ".tbz2": "bz2", ".tbz": "bz2",
@@ -59,7 +59,7 @@ class FileRef:
 
 
 @dataclass(frozen=True, eq=False)
-class Access:
+class FileAccess:
     """How a source reaches its files: read options and fsspec's ``storage_options``."""
 
     options: ReadOptions = field(default_factory=ReadOptions)
@@ -71,7 +71,7 @@ class Access:
         return client_for(url, self.storage_options)
 
 
-DEFAULT_ACCESS = Access()
+DEFAULT_FILE_ACCESS = FileAccess()
 
 
 def key_of(url: str) -> str:
@@ -107,7 +107,7 @@ def _missing(url: str) -> FileNotFoundError:
     return FileNotFoundError(f"{url}: no such file (named by the source's urls)")
 
 
-def file_identity(url: str, access: Access = DEFAULT_ACCESS) -> tuple[int, str]:
+def file_identity(url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> tuple[int, str]:
     """``(size, stamp)`` of the file now (a ``stat``, or one metadata request remotely)."""
     if is_remote(url):
         return access.client(url).identity(url, access.options)
@@ -186,7 +186,7 @@ class RemoteRandomFile:
     """Range reads of one remote file through this process's client, every
     response checked against the indexed identity (no metadata request)."""
 
-    def __init__(self, ref: FileRef, access: Access) -> None:
+    def __init__(self, ref: FileRef, access: FileAccess) -> None:
         self.ref = ref
         self.access = access
         self.client = access.client(ref.url)
@@ -202,7 +202,7 @@ class RemoteRandomFile:
         pass
 
 
-def open_random(ref: FileRef, access: Access = DEFAULT_ACCESS) -> LocalRandomFile | RemoteRandomFile:
+def open_random(ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> LocalRandomFile | RemoteRandomFile:
     """A handle with ``read_at(offset, size)`` and ``submit(start, stop)``, checked
     against ``ref``'s identity."""
     if is_remote(ref.url):
@@ -327,7 +327,7 @@ class ScanFile(io.RawIOBase):
         super().close()
 
 
-def open_scan(ref: FileRef, access: Access = DEFAULT_ACCESS) -> ScanFile:
+def open_scan(ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> ScanFile:
     """A seekable reader for building ``ref``'s index (see :class:`ScanFile`),
     checked against ``ref``'s identity (locally when it opens and closes,
     remotely on every response)."""
@@ -391,7 +391,7 @@ class StreamFile:
         self.close()
 
 
-def open_stream(url: str, compression: str | None = None, access: Access = DEFAULT_ACCESS) -> StreamFile:
+def open_stream(url: str, compression: str | None = None, access: FileAccess = DEFAULT_FILE_ACCESS) -> StreamFile:
     """A buffered sequential reader of ``url``'s (decompressed) bytes. Remotely:
     one metadata request, then large range requests (the next one fetched
     ahead), each checked against that identity and retried."""

@@ -13,7 +13,7 @@ import json
 from array import array
 from typing import Any, Iterator, Sequence
 
-from .files import DEFAULT_ACCESS, Access, FileRef, compression_of, key_of, open_scan, open_stream
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream
 from .index import FileIndex, byte_windows
 from .remote import RemoteReadError
 
@@ -60,7 +60,7 @@ class JsonlFormat:
     def compression(self, url: str) -> str | None:
         return compression_of(url)
 
-    def stream(self, url: str, access: Access = DEFAULT_ACCESS) -> Iterator[Any]:
+    def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[Any]:
         """Every value of the file, in order."""
         compression = self.compression(url)
         where = " of the decompressed stream" if compression else ""
@@ -73,7 +73,7 @@ class JsonlFormat:
             except (OSError, EOFError) as exc:  # a corrupt compressed stream
                 raise ValueError(f"{url}: cannot read the file: {exc}") from None
 
-    def build_index(self, ref: FileRef, access: Access = DEFAULT_ACCESS) -> FileIndex:
+    def build_index(self, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex:
         """Scan for newlines: the byte range of every non-blank line. A
         compressed file is streamed once to count its lines."""
         assert ref.size is not None and ref.stamp is not None

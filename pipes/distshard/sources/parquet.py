@@ -21,7 +21,7 @@ from array import array
 from typing import Any, Iterator, Sequence
 
 from ._lru import LRU
-from .files import DEFAULT_ACCESS, Access, FileRef, key_of, local_path, open_scan, open_stream
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path, open_scan, open_stream
 from .index import FileIndex
 from .urls import is_remote
 
@@ -118,7 +118,7 @@ class ParquetFormat:
     def compression(self, url: str) -> str | None:
         return None  # Parquet compresses inside the file: row groups stay addressable
 
-    def stream(self, url: str, access: Access = DEFAULT_ACCESS) -> Iterator[dict[str, Any]]:
+    def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[dict[str, Any]]:
         """Every row of the file, in order."""
         pq = require_pyarrow()
         if is_remote(url):
@@ -140,7 +140,7 @@ class ParquetFormat:
         finally:
             source.close()
 
-    def build_index(self, ref: FileRef, access: Access = DEFAULT_ACCESS) -> FileIndex:
+    def build_index(self, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex:
         """The footer: rows per row group, column chunk ranges, the footer bytes."""
         assert ref.size is not None and ref.stamp is not None
         pq = require_pyarrow()

@@ -29,7 +29,7 @@ import tarfile
 from array import array
 from typing import Any, Iterator, Sequence
 
-from .files import DEFAULT_ACCESS, Access, FileRef, compression_of, key_of, open_scan, open_stream, sniff_compression
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream, sniff_compression
 from .index import FileIndex, byte_windows
 from .remote import RemoteReadError
 
@@ -256,7 +256,7 @@ class TarFormat:
         return compression_of(url)
 
     # -- plain iteration --------------------------------------------------------
-    def stream(self, url: str, access: Access = DEFAULT_ACCESS) -> Iterator[dict[str, Any]]:
+    def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[dict[str, Any]]:
         """Every sample of the shard, reading it once from start to end."""
         compression = self.compression(url)
         where = " of the decompressed stream" if compression else ""
@@ -282,7 +282,7 @@ class TarFormat:
                 yield _sample(key, url, parts)
 
     # -- the index ----------------------------------------------------------------
-    def build_index(self, ref: FileRef, access: Access = DEFAULT_ACCESS) -> FileIndex:
+    def build_index(self, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex:
         """Walk the headers (seeking over contents); a compressed shard is
         streamed once to count its samples."""
         assert ref.size is not None and ref.stamp is not None
