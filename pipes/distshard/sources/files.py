@@ -25,7 +25,6 @@ Every function takes an :class:`FileAccess`: the source's ``ReadOptions`` and
 from __future__ import annotations
 
 import bz2
-import concurrent.futures
 import gzip
 import io
 import lzma
@@ -194,7 +193,8 @@ class RemoteRandomFile:
     def read_at(self, offset: int, size: int) -> bytes:
         return self.submit(offset, offset + size).result()
 
-    def submit(self, start: int, stop: int) -> "concurrent.futures.Future[bytes]":
+    def submit(self, start: int, stop: int) -> Any:
+        """A future-like object (``result()``, ``cancel()``) of the bytes."""
         return self.client.submit_range(self.ref.url, start, stop, self.ref.size, self.ref.stamp,
                                         self.access.options)
 
@@ -231,7 +231,7 @@ class ScanFile(io.RawIOBase):
         self.largest = options.max_range
         self.buffer = b""
         self.buffer_at = 0
-        self.ahead: tuple[int, int, concurrent.futures.Future[bytes]] | None = None
+        self.ahead: tuple[int, int, Any] | None = None
         self.requests = 0
         if not self.remote:
             try:

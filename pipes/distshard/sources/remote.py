@@ -290,16 +290,23 @@ class Client:
 
     # -- range reads ----------------------------------------------------------------------------
     def submit_range(self, url: str, start: int, stop: int, size: int | None, stamp: str | None,
-                     options: ReadOptions = _DEFAULT) -> "concurrent.futures.Future[bytes]":
+                     options: ReadOptions = _DEFAULT) -> "_Pending":
         """Bytes ``[start, stop)`` of ``url``, checked against ``(size, stamp)``
-        (the indexed identity; ``None`` skips the check), retried; a future."""
+        (the indexed identity; ``None`` skips the check), retried; a future-like
+        object (``result()``, ``cancel()``)."""
         what = f"bytes [{start}, {stop})"
 
-        async def limited() -> bytes:
-            async with self._semaphore(options.concurrency):
-                return await self._retrying(url, what, lambda: self._get(url, start, stop, size, stamp), options)
+        async def limited() -> tuple[bool, Any]:
+            # a failure is returned, not raised: a read the caller no longer waits for
+            # (cancelled after an earlier error) must not make asyncio print its error
+            try:
+                async with self._semaphore(options.concurrency):
+                    return True, await self._retrying(url, what, lambda: self._get(url, start, stop, size, stamp),
+                                                      options)
+            except Exception as exc:  # noqa: BLE001 - raised by _Pending.result
+                return False, exc
 
-        return self.submit(limited())
+        return _Pending(self.submit(limited()))
 
     def read_range(self, url: str, start: int, stop: int, size: int | None, stamp: str | None,
                    options: ReadOptions = _DEFAULT) -> bytes:
@@ -433,6 +440,24 @@ class Client:
             f"{url}: {what}: {len(failures)} attempt{'s' if len(failures) != 1 else ''} failed in "
             f"{time.monotonic() - started:.1f} s (retries={options.retries}, retry_seconds="
             f"{options.retry_seconds:g}); last: {failures[-1] if failures else '?'}")
+
+
+class _Pending:
+    """The future of a range read (see ``Client.submit_range``)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: "concurrent.futures.Future[tuple[bool, Any]]") -> None:
+        self.future = future
+
+    def result(self, timeout: float | None = None) -> bytes:
+        ok, value = self.future.result(timeout)
+        if not ok:
+            raise value
+        return value
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
 
 
 def _looks_transient(exc: BaseException) -> bool:
