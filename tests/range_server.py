@@ -94,6 +94,13 @@ class RangeServer(http.server.ThreadingHTTPServer):
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that goes away mid-answer (a cancelled read, a reset) is no error of the server's."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
     def next_fault(self) -> str | None:
         """The fault the next GET gets, if any (thread-safe)."""
         with self.lock:
