@@ -115,3 +115,53 @@ class LoggedDecode:
             path.unlink()
         assert sum(decoded.values()) == epochs * kept, (sum(decoded.values()), epochs, kept)
         assert max(decoded.values()) <= epochs, "a record was decoded twice in an epoch"
+
+
+_CLEANUPS: list[Callable[[], None]] = []
+
+
+def cleanup() -> None:
+    """Undo what the fixtures started (servers, environment), last first."""
+    while _CLEANUPS:
+        _CLEANUPS.pop()()
+
+
+def s3_store(bucket: str, objects: dict[str, str]) -> str:
+    """An S3 API on 127.0.0.1 (moto's server, stopped by :func:`cleanup`) holding
+    ``objects`` (key -> local path) in ``bucket``; test credentials in the environment
+    while it runs. Returns its endpoint URL."""
+    import logging
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    saved = {name: os.environ.get(name) for name in
+             ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED",
+              "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
+
+    def restore() -> None:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    for name in saved:
+        os.environ.pop(name, None)
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                      AWS_EC2_METADATA_DISABLED="true")
+    _CLEANUPS.append(restore)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    _CLEANUPS.append(server.stop)
+    endpoint = f"http://127.0.0.1:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    for key, path in objects.items():
+        client.upload_file(path, bucket, key)
+    return endpoint

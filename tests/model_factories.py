@@ -22,8 +22,10 @@ import distshard
 # lists: "mix" (stop="first_exhausted", so no element repeats), the same in two
 # weight phases: "mix-phases", and weighted by per-element costs: "mix-cost"; a
 # random-access source whose elements change with the epoch (as weighted_sample's
-# draws do): "tagged"
-SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix", "mix-phases", "mix-cost", "tagged")
+# draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
+# that fails every 7th request: "remote"
+SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix", "mix-phases", "mix-cost", "tagged",
+           "remote")
 MIXES = ("mix", "mix-phases", "mix-cost")
 
 
@@ -46,7 +48,7 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "tagged", *MIXES) or (self.units and self.sized)
+        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", *MIXES) or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -172,6 +174,28 @@ def _options(spec: Spec, rank: int | None, world_size: int | None) -> dict[str, 
                 multiple_of=spec.multiple if spec.even in ("drop", "carry") else 1)
 
 
+# -- a remote source with injected faults (issue 14) ------------------------------------------
+_SERVER: Any = None  # (pid, RangeServer) of this process
+
+
+def remote_jsonl(n: int):
+    """``distshard.jsonl`` of :func:`jsonl_file` over HTTP from a loopback range
+    server (started once per process, in a thread) that answers every 7th GET
+    with a 500, a 503, a reset connection or a short body: retried, exactly."""
+    import os
+
+    from distshard.sources import ReadOptions
+    from tests.range_server import RangeServer
+
+    global _SERVER
+    path = jsonl_file(n)
+    if _SERVER is None or _SERVER[0] != os.getpid():
+        _SERVER = (os.getpid(), RangeServer(os.path.dirname(path), fault_every=7).start())
+    # small ranges: a slot makes several requests, so faults land inside epochs
+    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    return distshard.jsonl(_SERVER[1].url(path), read_options=options)
+
+
 def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The ``dist_shard`` pipe of ``spec``; rank and world_size explicit unless None."""
     options = _options(spec, rank, world_size)
@@ -195,6 +219,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = mixed(spec.n, spec.source)
     elif spec.source == "tagged":
         source = Tagged(spec.n)
+    elif spec.source == "remote":
+        source = remote_jsonl(spec.n)
     else:
         raise ValueError(f"unknown source {spec.source!r}")
     return source.dist_shard(**options)
@@ -222,6 +248,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(mixed(spec.n, spec.source), **options)
     if spec.source == "tagged":  # the node seeds nothing: the same elements every epoch
         return DistShardNode(Tagged(spec.n), **options)
+    if spec.source == "remote":
+        return DistShardNode(remote_jsonl(spec.n), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 

@@ -91,10 +91,10 @@ class LoggedTarFormat(TarFormat):
     def __init__(self, log: str) -> None:
         self.log = log
 
-    def build_index(self, ref):  # type: ignore[override]
+    def build_index(self, ref, access):  # type: ignore[override]
         with open(self.log, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()} {ref.url}\n")
-        return super().build_index(ref)
+        return super().build_index(ref, access)
 
 
 def logged_source(urls: list[str], log: str):
@@ -156,11 +156,12 @@ def sample_key(sample: dict) -> str:
     return f"{sample['__url__']}#{sample['__key__']}"
 
 
-def rank_reads(rank: int, world_size: int, urls: list[str], cache: str, shuffle: bool) -> list[str]:
+def rank_reads(rank: int, world_size: int, urls: list[str], cache: str, shuffle: bool,
+               read_options: Any = None) -> list[str]:
     """On a gloo rank: what this rank's 2 DataLoader workers yield from the shards."""
     from torch.utils.data import DataLoader
 
     os.environ["DISTSHARD_CACHE"] = cache
-    pipe = webdataset(urls).dist_shard(shuffle=shuffle).map(sample_key)
+    pipe = webdataset(urls, read_options=read_options).dist_shard(shuffle=shuffle).map(sample_key)
     loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork")
     return list(loader)

@@ -123,6 +123,9 @@ def test_every_example_runs(page, tmp_path, monkeypatch):
     finally:
         import torch.distributed as dist
 
+        from tests import docs_fixtures
+
+        docs_fixtures.cleanup()
         if dist.is_initialized():
             dist.destroy_process_group()
 

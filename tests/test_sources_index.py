@@ -33,9 +33,9 @@ def builds(monkeypatch):
     seen: list[str] = []
     original = TarFormat.build_index
 
-    def counted(self, ref):
+    def counted(self, ref, access):
         seen.append(ref.url)
-        return original(self, ref)
+        return original(self, ref, access)
 
     monkeypatch.setattr(TarFormat, "build_index", counted)
     return seen

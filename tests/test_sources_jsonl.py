@@ -111,3 +111,11 @@ def test_value_written_by_json_dumps_round_trips(tmp_path):
     path.write_text("".join(json.dumps(v, ensure_ascii=False) + "\n" for v in values), encoding="utf-8")
     source = jsonl(str(path))
     assert list(source) == values == all_items(source.__distshard_sequence__())
+
+
+def test_lines_report_their_stored_bytes(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"a": 1}\n\n"xyz"\r\n')
+    sequence = jsonl(str(path)).__distshard_sequence__()
+    _, index = sequence.file_index(0)
+    assert list(sequence.fmt.sample_sizes(index)) == [8, 6]  # the line without its line end ("\r" kept)

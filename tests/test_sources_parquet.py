@@ -101,3 +101,27 @@ def test_missing_pyarrow_names_the_extra(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError, match=r"pip install distshard\[parquet\]"):
         parquet("whatever.parquet")
+
+
+def test_shuffle_decodes_each_row_group_about_once_per_slot(tmp_path):
+    from distshard.sources.parquet import decodes
+
+    urls, expected = write_tables(tmp_path / "t", files=4, rows=100, row_group_size=10)  # 40 row groups
+    source = parquet(urls, columns=["id", "text"])
+    before = decodes()
+    got = [row["id"] for rank in range(2) for row in source.dist_shard(rank=rank, world_size=2, shuffle=True)]
+    assert sorted(got) == sorted(row["id"] for row in expected)
+    groups = sum(-(-(100 + 3 * f) // 10) for f in range(4))
+    assert decodes() - before <= groups + 1  # the row group the two slots share is decoded by both
+    assert got[:10] != sorted(got[:10])
+
+
+def test_rows_report_their_stored_bytes_for_cost_weighted_mixing(tmp_path):
+    urls, _ = write_tables(tmp_path / "t", files=1, rows=30, row_group_size=7)
+    sequence = parquet(urls, columns=["text"]).__distshard_sequence__()
+    ref, index = sequence.file_index(0)
+    sizes = sequence.fmt.sample_sizes(index)
+    meta = pq.ParquetFile(urls[0]).metadata
+    text = [k for k in range(meta.num_columns) if meta.row_group(0).column(k).path_in_schema == "text"][0]
+    assert len(sizes) == 30
+    assert sum(sizes) == sum(meta.row_group(g).column(text).total_compressed_size for g in range(meta.num_row_groups))

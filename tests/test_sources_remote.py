@@ -1,106 +1,40 @@
-"""Remote shards through fsspec, against a local HTTP server (127.0.0.1) that
-honours Range and HEAD requests and counts the bytes it serves: a slot
-transfers its own samples' bytes, the index build transfers headers only."""
+"""Remote shards through fsspec, against a loopback range server
+(tests/range_server.py: Range, HEAD, ETag, If-Match, injected faults, counts):
+few large requests, a cold index without a round trip per header, the identity
+asked once per job, retries, a rewritten file refused, storage_options, and no
+hang after fork."""
 
 from __future__ import annotations
 
 import builtins
-import http.server
-import random
-import re
+import json
+import os
+import subprocess
 import sys
-import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import unquote
 
 import pytest
 
-from distshard.sources import jsonl, parquet, webdataset
+from distshard.sources import ReadOptions, RemoteReadError, jsonl, parquet, webdataset
 from distshard.verify import run_on_group
 from tests import source_factories
+from tests.range_server import RangeServer, self_signed, serve
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import write_jsonl, write_shards
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
-
-class CountingServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(("127.0.0.1", 0), RangeHandler)
-        self.root = root
-        self.lock = threading.Lock()
-        self.served = 0
-        self.requests = Counter()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/{Path(path).relative_to(self.root).as_posix()}"
-
-
-class RangeHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out as two writes
-    server: CountingServer
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self.respond(body=False)
-
-    def do_GET(self) -> None:
-        self.respond(body=True)
-
-    def respond(self, body: bool) -> None:
-        path = self.server.root / unquote(self.path.split("?", 1)[0].lstrip("/"))
-        if not path.is_file():
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        st = path.stat()
-        start, end, status = 0, st.st_size, 200
-        wanted = self.headers.get("Range")
-        if wanted:
-            match = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted.strip())
-            assert match, wanted
-            start = int(match.group(1))
-            end = min(st.st_size, int(match.group(2)) + 1) if match.group(2) else st.st_size
-            status = 206
-        self.send_response(status)
-        self.send_header("Content-Length", str(end - start))
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{st.st_size}-{st.st_mtime_ns}"')
-        self.send_header("Content-Type", "application/octet-stream")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{st.st_size}")
-        self.end_headers()
-        with self.server.lock:
-            self.server.requests[self.command] += 1
-        if body:
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read(end - start)
-            self.wfile.write(data)
-            with self.server.lock:
-                self.server.served += len(data)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def server(tmp_path) -> Iterator[CountingServer]:
-    srv = CountingServer(tmp_path)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+def server(tmp_path) -> Iterator[RangeServer]:
+    with serve(tmp_path) as srv:
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(timeout=10)
 
 
 def remote_shards(tmp_path, server, shards=4, per_shard=30):
@@ -111,35 +45,145 @@ def remote_shards(tmp_path, server, shards=4, per_shard=30):
 
 
 def test_remote_iteration_equals_local(tmp_path, server):
-    urls, expected, _ = remote_shards(tmp_path, server)
-    assert list(webdataset(urls)) == expected
-
-
-def test_random_order_reads_transfer_about_the_dataset_once(tmp_path, server):
     urls, expected, total = remote_shards(tmp_path, server)
-    server.served = 0
-    sequence = webdataset(urls).__distshard_sequence__()  # cold: the index walks the headers
-    index_bytes = server.served
+    assert [sample for sample in webdataset(urls)] == expected  # (list() would ask len(): an index)
+    assert server.settle().requests["GET"] == len(urls) and server.served == total  # one range per small shard
+
+
+def test_cold_index_and_reads_take_few_large_requests(tmp_path, server):
+    urls, expected, total = remote_shards(tmp_path, server)
+    sequence = webdataset(urls).__distshard_sequence__()  # cold: one pass over each tar in large ranges
+    assert dict(server.settle().requests) == {"HEAD": len(urls), "GET": len(urls)}  # never one per header
+    assert server.served == total
+    server.reset_counters()
+    assert list(sequence.distshard_read(range(len(sequence)))) == expected
+    assert dict(server.settle().requests) == {"GET": len(urls)}  # one range per shard, no metadata request
+    assert server.served <= total
+    server.reset_counters()
+    some = [3, 90, 4, 5, 91, 2]
+    assert list(sequence.distshard_read(some)) == [expected[i] for i in some]  # in the order asked
+    assert server.requests["GET"] <= 2
+
+
+def test_random_order_single_reads_transfer_about_the_dataset_once(tmp_path, server):
+    urls, expected, total = remote_shards(tmp_path, server)
+    sequence = webdataset(urls).__distshard_sequence__()
+    server.reset_counters()
+    import random
+
     order = list(range(len(sequence)))
     random.Random(3).shuffle(order)
     for i in order:
         assert sequence[i] == expected[i]
-    assert index_bytes < 0.5 * total
-    print(f"served {server.served / total:.3f} x the dataset, {dict(server.requests)}")
-    assert server.served <= 1.10 * total, (server.served, total)
+    assert server.settle().served <= 1.05 * total and server.requests["HEAD"] == 0
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffle"])
-def test_four_ranks_two_workers_transfer_each_byte_about_once(tmp_path, server, cache, shuffle):
+def test_two_ranks_two_workers_exactly_once_with_the_identity_asked_once(tmp_path, server, cache, shuffle):
     urls, expected, total = remote_shards(tmp_path, server, shards=6, per_shard=25)
-    server.served = 0
-    outcomes = run_on_group(source_factories.rank_reads, world_size=4, timeout=180,
-                            args=(urls, str(cache), shuffle))
+    options = ReadOptions(window=16 << 10, max_gap=4 << 10)  # small windows: tiny shards, 4 slots
+    outcomes = run_on_group(source_factories.rank_reads, world_size=2, timeout=180,
+                            args=(urls, str(cache), shuffle, options))
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
     got = Counter(key for o in outcomes for key in o.value)
     assert got == Counter(source_factories.sample_key(s) for s in expected)  # exactly once
-    print(f"served {server.served / total:.3f} x the dataset, {dict(server.requests)}")
-    assert server.served <= 1.10 * total, (server.served, total)
+    server.settle()
+    heads = Counter(path for method, path, _ in server.log if method == "HEAD")
+    # once per job: the ranks split it, the 4 workers ask nothing (a retried HEAD at most)
+    assert len(heads) == len(urls) and sum(heads.values()) <= len(urls) + 1, heads
+    epoch = server.served - total  # the cold index read each shard once
+    assert epoch <= (1.0 if not shuffle else 1.0 + 3 * 16 / (total / 1024)) * total, (epoch, total)
+    assert server.requests["GET"] <= len(urls) + (4 if not shuffle else 4 * 12) + len(urls)
+
+
+def test_transient_faults_are_retried_and_the_epoch_stays_exact(tmp_path):
+    paths, expected = write_shards(tmp_path / "data", shards=4, per_shard=20)
+    with serve(tmp_path, fault_every=2) as server:  # every other GET: 500, 503, a reset body, a short body
+        urls = [server.url(p) for p in paths]
+        options = ReadOptions(max_range=4 << 10, budget=32 << 10, max_gap=1 << 10, window=8 << 10, retry_seconds=20)
+        source = webdataset(urls, read_options=options)
+        got = [s["__key__"] for r in range(2) for s in source.dist_shard(rank=r, world_size=2, shuffle=True)]
+        assert sorted(got) == sorted(s["__key__"] for s in expected)
+        assert set(server.faulted) == {"500", "503", "reset", "short"}, server.faulted
+        assert list(webdataset(urls, read_options=options)) == [{**s, "__url__": urls[paths.index(s["__url__"])]}
+                                                                for s in expected]
+
+
+def test_retries_are_bounded_and_name_the_url_and_range(tmp_path):
+    paths, _ = write_shards(tmp_path / "data", shards=1, per_shard=5)
+    with serve(tmp_path) as server:
+        url = server.url(paths[0])
+        source = webdataset([url], read_options=ReadOptions(retries=2, retry_seconds=5))
+        source.counts()
+        server.fault_every, server.faults = 1, ("503",)
+        started = time.monotonic()
+        with pytest.raises(RemoteReadError, match=r"shard-000000\.tar: bytes \[\d+, \d+\): 3 attempts failed.*503"):
+            list(source.dist_shard())
+        assert time.monotonic() - started < 5
+
+
+def _rewrite_same_size(path: Path) -> None:
+    """Replace the file as an object store replaces an object: at once (never a
+    half-written file), the same size, a new ETag."""
+    data = bytearray(path.read_bytes())
+    data[-600] = (data[-600] + 1) % 256 if data[-600] not in b"\n{}\"" else data[-600]
+    stat = path.stat()
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(bytes(data))
+    os.utime(tmp, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "webdataset", "parquet"])
+def test_a_file_rewritten_during_the_epoch_raises_instead_of_mixing_versions(tmp_path, server, kind):
+    small = ReadOptions(budget=1024, max_range=512, max_gap=0, window=1024, timeout=20)  # little read ahead
+    if kind == "jsonl":
+        paths, _ = write_jsonl(tmp_path / "j", files=1, lines=60)
+        source = jsonl([server.url(p) for p in paths], read_options=small)
+    elif kind == "webdataset":
+        paths, _ = write_shards(tmp_path / "t", shards=1, per_shard=40)
+        source = webdataset([server.url(p) for p in paths], read_options=small)
+    else:
+        pa = pytest.importorskip("pyarrow")
+        pq = pytest.importorskip("pyarrow.parquet")
+        paths = [str(tmp_path / "t.parquet")]
+        pq.write_table(pa.table({"i": list(range(400))}), paths[0], row_group_size=20)
+        source = parquet([server.url(p) for p in paths], read_options=small)
+    it = iter(source.dist_shard())
+    for _ in range(3):
+        next(it)
+    _rewrite_same_size(Path(paths[0]))
+    with pytest.raises(ValueError, match="changed after it was indexed"):
+        for _ in it:
+            pass
+
+
+def test_storage_options_reach_fsspec(tmp_path):
+    paths, expected = write_jsonl(tmp_path / "j", files=2, lines=10)
+    with serve(tmp_path, require={"Authorization": "Bearer sesame"}) as server:
+        urls = [server.url(p) for p in paths]
+        with pytest.raises(PermissionError, match="storage_options"):
+            jsonl(urls).counts()
+        options = {"headers": {"Authorization": "Bearer sesame"}}
+        source = jsonl(urls, storage_options=options)
+        assert list(source) == expected
+        assert sorted(map(json.dumps, (x for r in range(2) for x in source.dist_shard(rank=r, world_size=2)))) == \
+            sorted(map(json.dumps, expected))
+        index = tmp_path / "index.json"
+        index.write_text(json.dumps({"shardlist": [{"url": Path(p).name, "nsamples": 10} for p in paths[:1]]}))
+        shards, _ = write_shards(tmp_path / "s", shards=1, per_shard=10)
+        (tmp_path / "shard-000000.tar").write_bytes(Path(shards[0]).read_bytes())
+        index.write_text(json.dumps({"shardlist": [{"url": "shard-000000.tar", "nsamples": 10}]}))
+        wds = webdataset(None, index=server.url(index), storage_options=options)
+        assert len(list(wds.dist_shard())) == 10
+
+
+def test_a_server_without_head_is_asked_with_a_one_byte_range(tmp_path):
+    paths, expected = write_jsonl(tmp_path / "j", files=1, lines=12)
+    with serve(tmp_path, head=False) as server:
+        source = jsonl([server.url(p) for p in paths])
+        assert len(source) == 12 and [x for x in source.dist_shard()] == expected
+        assert ("GET", "/j/part-000.jsonl", "bytes=0-0") in server.log
 
 
 def test_remote_jsonl(tmp_path, server):
@@ -147,32 +191,39 @@ def test_remote_jsonl(tmp_path, server):
     urls = [server.url(p) for p in paths]
     source = jsonl(urls)
     assert list(source) == expected
-    server.served = 0
-    sequence = jsonl(urls).__distshard_sequence__()
-    order = list(range(len(sequence)))
-    random.Random(4).shuffle(order)
-    assert [sequence[i] for i in order] == [expected[i] for i in order]
-    assert server.served <= 2.05 * sum(Path(p).stat().st_size for p in paths)  # a scan, then each line
+    server.reset_counters()
+    got = [x for r in range(3) for x in jsonl(urls).dist_shard(rank=r, world_size=3, shuffle=True)]
+    assert sorted(map(json.dumps, got)) == sorted(map(json.dumps, expected))
+    total = sum(Path(p).stat().st_size for p in paths)
+    assert server.settle().served <= 2.05 * total  # a scan, then each line about once
 
 
-def test_remote_parquet(tmp_path, server):
+def test_remote_parquet_decodes_each_row_group_about_once(tmp_path, server):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    table = pa.table({"i": list(range(40)), "s": [str(i) for i in range(40)]})
+    from distshard.sources.parquet import decodes
+
+    table = pa.table({"i": list(range(400)), "s": [str(i) * 20 for i in range(400)]})
     path = tmp_path / "t.parquet"
-    pq.write_table(table, path, row_group_size=8)
-    source = parquet(server.url(str(path)), columns=["s"])
-    assert list(source) == [{"s": str(i)} for i in range(40)]
-    sequence = source.__distshard_sequence__()
-    assert [sequence[i] for i in (39, 0, 17)] == [{"s": "39"}, {"s": "0"}, {"s": "17"}]
+    pq.write_table(table, path, row_group_size=20)
+    url = server.url(path)
+    source = parquet(url, columns=["s"])
+    assert list(source) == [{"s": str(i) * 20} for i in range(400)]
+    before = decodes()
+    got = [row["s"] for r in range(2) for row in parquet(url, columns=["s"]).dist_shard(rank=r, world_size=2,
+                                                                                        shuffle=True)]
+    assert sorted(got) == sorted(str(i) * 20 for i in range(400))
+    assert decodes() - before <= 20 + 1  # 20 row groups, one shared by the two slots at most
 
 
 def test_missing_remote_file_is_named(tmp_path, server):
     with pytest.raises(FileNotFoundError, match="nothing.tar"):
-        webdataset(server.url(str(tmp_path / "nothing.tar"))).counts()
+        webdataset(server.url(tmp_path / "nothing.tar")).counts()
 
 
 def test_missing_fsspec_names_the_extra(monkeypatch):
+    from distshard.sources import remote
+
     real_import = builtins.__import__
 
     def no_fsspec(name, *args, **kwargs):
@@ -183,5 +234,55 @@ def test_missing_fsspec_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_fsspec)
     for name in [m for m in sys.modules if m == "fsspec" or m.startswith("fsspec.")]:
         monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(remote, "_CLIENTS", {})
     with pytest.raises(ImportError, match=r"pip install distshard\[remote\]"):
         webdataset("s3://bucket/shard-000000.tar").counts()
+
+
+# -- fork safety ------------------------------------------------------------------------------------
+FORK_SCRIPT = r"""
+import gc, json, os, sys, threading
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.range_server import RangeServer
+from tests.source_factories import write_shards
+import distshard
+from torch.utils.data import DataLoader
+
+root = Path({folder!r})
+os.environ["DISTSHARD_CACHE"] = str(root / "cache")
+server = RangeServer(root, scheme={scheme!r}, certfile={cert!r}, keyfile={key!r}).start()
+paths, _ = write_shards(root / "a", shards=4, per_shard=10)
+more, _ = write_shards(root / "b", shards=2, per_shard=10)
+urls, others = [server.url(p) for p in paths], [server.url(p) for p in more]
+source = distshard.webdataset(urls)
+print("before", len(source), flush=True)  # the parent's client holds pooled connections now
+
+def collect(sample):  # what any long epoch does in a worker: a garbage collection
+    gc.collect()
+    return sample["__key__"]
+
+loader = DataLoader(source.dist_shard().map(collect), batch_size=None, num_workers=2,
+                    multiprocessing_context="fork")
+print("epoch", len(list(loader)), flush=True)
+print("after", len(distshard.webdataset(others)), flush=True)  # the parent's next remote requests
+"""
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_no_hang_in_the_parent_after_fork_workers(tmp_path, scheme):
+    cert = key = None
+    env = dict(os.environ)
+    if scheme == "https":
+        made = self_signed(tmp_path)
+        if made is None:
+            pytest.skip("no openssl command to make a test certificate")
+        cert, key = made
+        env["SSL_CERT_FILE"] = cert  # aiohttp reads it at import
+    script = FORK_SCRIPT.format(root=str(ROOT), folder=str(tmp_path), scheme=scheme, cert=cert, key=key)
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, env=env)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the parent hung after its fork workers ended: {exc.stdout!r}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["before", "46", "epoch", "46", "after", "21"], done.stdout

@@ -15,7 +15,7 @@ from .graph import positional
 from .guard import stop_together
 from .mix import mix
 from .sample import weighted_sample
-from .sources import jsonl, parquet, webdataset
+from .sources import ReadOptions, RemoteReadError, jsonl, parquet, webdataset
 from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
 from .verify import VerifyReport, verify
@@ -24,6 +24,8 @@ __all__ = [
     "DistShardIterDataPipe",
     "DistShardNode",
     "Explanation",
+    "ReadOptions",
+    "RemoteReadError",
     "ShardContext",
     "StatefulPipeline",
     "UnknownRankError",

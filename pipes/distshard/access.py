@@ -8,7 +8,8 @@ message for both front-ends, the options a source cannot honour (``shuffle=True`
 ``even="carry"`` need random access). What needs no front-end lives here too: the
 counts a ``sizes`` callable gives, asked once per unit per job (:class:`UnitCounts`),
 and the reader of an earlier epoch that ``even="carry"`` reads its tail through
-(:class:`EpochReader`).
+(:class:`EpochReader`). A file source that cannot be read at random (compressed
+files) is read as whole files (:class:`WholeFiles`): each file goes to one slot.
 """
 
 from __future__ import annotations
@@ -31,12 +32,37 @@ from .readers import (
     SequenceReader,
     SizedUnitsReader,
     StreamReader,
+    WholeFilesReader,
     WholeUnitsReader,
+    stable_digest,
     unit_sizes,
 )
 from .readers.sequence import DEEPCOPY_WARNING
 
-__all__ = ["Access", "EpochReader", "UnitCounts", "check_access", "mode_of", "reader_of", "unwrapped"]
+__all__ = ["Access", "EpochReader", "UnitCounts", "WholeFiles", "check_access", "mode_of", "reader_of", "unwrapped",
+           "whole_files"]
+
+
+@dataclass(frozen=True)
+class WholeFiles:
+    """A file source read as whole files: ``expand(file)`` streams one file's
+    samples in order; ``description`` is the source's line for ``explain()``."""
+
+    files: list[str]
+    expand: Callable[[Any], Iterable[Any]]
+    description: str
+
+
+def whole_files(source: Any) -> WholeFiles | None:
+    """The whole files of ``source`` if it is a file source (it has
+    ``__distshard_units__``) that has no random access (compressed files), else
+    ``None``. Finding out indexes a file source once (its identities then travel to
+    DataLoader workers with the pipe)."""
+    units = getattr(type(source), "__distshard_units__", None)
+    if units is None or getattr(source, "__distshard_sequence__", lambda: None)() is not None:
+        return None
+    files, expand = units(source)
+    return WholeFiles(list(files), expand, source.describe())
 
 
 @dataclass
@@ -46,7 +72,9 @@ class Access:
     * ``sequence``: random access, ``sequence[i]`` being the ``i``-th element
       (``copy_elements``: deep-copy each element read, as ``IterableWrapper`` does);
     * ``stream``: a fresh iterable of the elements, or of the units in unit mode
-      (``name`` and ``identity`` say what it is, the same in every process).
+      (``name`` and ``identity`` say what it is, the same in every process);
+    * ``whole``: whole files, file ``k`` to slot ``k mod num_slots`` (``identity``
+      says what pipes surround them).
     """
 
     sequence: Any = None
@@ -54,15 +82,18 @@ class Access:
     stream: Callable[[], Iterable[Any]] | None = field(default=None, repr=False)
     name: str = ""
     identity: str = ""
+    whole: WholeFiles | None = None
 
     @property
     def random(self) -> bool:
         return self.sequence is not None
 
 
-def mode_of(expand: Callable[[Any], Any] | None, sizes: Any) -> str:
+def mode_of(expand: Callable[[Any], Any] | None, sizes: Any, whole: bool = False) -> str:
     """What a state records as its ``mode``: ``element``, ``units`` (expand without
-    sizes) or ``sized_units``."""
+    sizes, or whole files) or ``sized_units``."""
+    if whole:
+        return "units"
     if expand is None:
         return "element"
     return "units" if sizes is None else "sized_units"
@@ -77,6 +108,12 @@ def check_access(access: Access, *, even: Even, shuffle: bool, expand: Callable[
     ``shuffle=True``."""
     if expand is not None or access.random:
         return
+    if access.whole is not None and (even is not None or shuffle):
+        raise ValueError(
+            f"{'shuffle=True' if shuffle else f'even={even!r}'} needs random access, but "
+            f"{access.whole.description}. Decompress the files to read them at random, or use even=None and "
+            "shuffle=False (end DDP loops with distshard.stop_together(); a .shuffle(buffer) after dist_shard "
+            "mixes what a slot reads)")
     if even == CARRY:
         raise carry_refused(f"a stream ({source}, no random access)", f"Use {fix}, or even='drop' / 'pad'")
     if shuffle:
@@ -88,6 +125,10 @@ def reader_of(access: Access, expand: Callable[[Any], Any] | None, sizes: Any,
     """The reader of one epoch of ``access`` (in unit mode ``expand`` gives a unit's
     elements, ``sizes`` their counts, through ``counts`` when given): the one place
     that decides how a source is read."""
+    if access.whole is not None:
+        whole = access.whole
+        return WholeFilesReader(lambda: whole.files, whole.expand,
+                                f"files:{stable_digest(whole.files)}:{access.identity}", whole.description)
     if expand is not None:
         assert access.stream is not None, "unit mode streams its units"
         if sizes is None:

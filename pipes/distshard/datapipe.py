@@ -21,11 +21,22 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
 from . import frameworks, loaders
-from .access import Access, EpochReader, UnitCounts, check_access, mode_of, reader_of, unwrapped
+from .access import (
+    Access,
+    EpochReader,
+    UnitCounts,
+    WholeFiles,
+    check_access,
+    mode_of,
+    reader_of,
+    unwrapped,
+    whole_files,
+)
 from .engine import SlotRun, remaining_share
 from .graph import (
     Pushdown,
@@ -160,7 +171,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self.global_shuffle = options.shuffle  # not "shuffle": that name is the .shuffle() functional
         self.pushdown = check_flag("pushdown", pushdown)
         self._pushdown: Pushdown | None = None  # per process, never pickled
-        check_access(Access(sequence=None if self.expand is not None else self.read_plan().sequence), even=self.even, shuffle=self.global_shuffle, expand=self.expand,
+        self._whole = self._find_whole_files()
+        check_access(Access(sequence=None if self.expand is not None else self.read_plan().sequence, whole=self._whole),
+                     even=self.even, shuffle=self.global_shuffle, expand=self.expand,
                      source=type(source_datapipe).__name__,
                      fix="IterableWrapper over a list/range/MapDataPipe with only .map() in between, a distshard "
                          "file source or mix, or units with sizes=",
@@ -197,6 +210,21 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         # named like __init__'s parameters; "shuffle" is one, stored as global_shuffle,
         # and the name resolves to the .shuffle() functional, whose partial it printed
         return [name for name in super().__dir__() if name != "shuffle"]
+
+    def _find_whole_files(self) -> WholeFiles | None:
+        """The whole files of a file source below 1:1 maps that cannot be read at
+        random (compressed files): they go whole to slots."""
+        if self.expand is not None:
+            return None
+        base = self.source_datapipe
+        while self.pushdown and isinstance(base, MapperIterDataPipe):
+            base = base.datapipe
+        return whole_files(base)
+
+    @property
+    def whole_files(self) -> bool:
+        """Whether the source is read as whole files (compressed files, each to one slot)."""
+        return self._whole is not None
 
     def _can_shuffle(self) -> bool:
         if self.expand is not None:
@@ -387,8 +415,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     @property
     def mode(self) -> str:
-        """``element``, ``units`` (expand without sizes) or ``sized_units``."""
-        return mode_of(self.expand, self.sizes)
+        """``element``, ``units`` (expand without sizes, or whole files) or ``sized_units``."""
+        return mode_of(self.expand, self.sizes, self._whole is not None)
 
     def chain_identity(self, upstream: list | None = None) -> str:
         """A process-independent identity of the upstream graph: the pipes' types
@@ -420,6 +448,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         plan = self.read_plan()
         if plan.sequence is not None:
             return Access(sequence=random_access(plan.base)[0], copy_elements=plan.copy_elements)
+        if self._whole is not None:
+            return Access(whole=self._whole, identity=self.chain_identity())
         base = plan.base
         return Access(stream=lambda: unwrapped(base), name=type(base).__name__, identity=self.chain_identity())
 
@@ -542,6 +572,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     # -- length ------------------------------------------------------------------------
     def _total(self) -> int:
         """The number of positions ``dist_shard`` splits, if it can be known."""
+        if self._whole is not None:
+            raise TypeError(f"{type(self).__name__} over whole files (compressed) has no length: a slot's count "
+                            "is known only once its files are read")
         if self.expand is not None:
             if self.sizes is None:
                 raise TypeError(f"{type(self).__name__} in unit mode without sizes= has no length")

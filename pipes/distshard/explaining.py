@@ -299,7 +299,10 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
                   + (f"multiple_of={pipe.multiple_of}; " if pipe.multiple_of > 1 else "")
                   + f"shuffle={pipe.global_shuffle}; "
                   f"epoch={pipe.epoch}; seed={'given: ' + str(pipe.seed) if pipe.seed is not None else 'None (0, or the DataLoader shared seed when synced)'}"]
-    if total is None:
+    if total is None and pipe.whole_files:
+        plan_lines.append(f"whole files: file k goes to slot k mod {S}; a slot's count is known once its files "
+                          "are read (counts differ)")
+    elif total is None:
         plan_lines.append(
             "stream length unknown: each slot finds its share while streaming; "
             + {None: "slot counts will differ by at most 1",
@@ -317,7 +320,10 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
     read_plan = pipe.read_plan()
     below = _chain(read_plan.base)
     maps_below = [p for p in below if isinstance(p, MapperIterDataPipe)]
-    if pipe.mode != "element":
+    if pipe.whole_files:  # a compressed file source: whole files, each read once
+        reads.append(pipe.reader().describe())
+        out.reads_per_element = out.decodes_per_element = 1.0
+    elif pipe.mode != "element":
         if pipe.sizes is None:
             reads.append("units go whole to slots as far as they go round; each leftover unit is "
                          f"read by at most ceil({S} / leftover) slots")

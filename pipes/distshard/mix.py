@@ -509,9 +509,10 @@ class MixSequence:
     def __getitem__(self, position: int) -> Any:
         return next(self.distshard_read((position,)))
 
-    def distshard_read(self, positions: Iterable[int]) -> Iterator[Any]:
+    def distshard_read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
         """The elements at ``positions``, in order (``SequenceReader`` reads through it:
-        one generator for a slot's whole share, not a call per element)."""
+        one generator for a slot's whole share, not a call per element; ``shuffled``
+        is not used: each source is read an element at a time)."""
         length, source_at, mix = self.length, self.schedule.source_at, self.mix
         counts, sequences, copiers, maps, random = self.counts, self.sequences, self.copiers, self.maps, self.random
         for position in positions:

@@ -18,7 +18,7 @@ from torch.utils.data import get_worker_info
 from torchdata.nodes.base_node import BaseNode
 
 from . import context as _context
-from .access import Access, check_access, mode_of, reader_of
+from .access import Access, WholeFiles, check_access, mode_of, reader_of, whole_files
 from .engine import SlotRun
 from .graph import is_positional
 from .options import carry_refused, check_epoch, check_options
@@ -113,9 +113,12 @@ class DistShardNode(BaseNode[T]):
     ) -> None:
         super().__init__()
         self._sequence: Any = None
+        self._whole: Optional[WholeFiles] = None  # a file source read as whole files (compressed)
         if not isinstance(source, BaseNode):
             self._sequence = _random_access(source)
-            if self._sequence is None:
+            if self._sequence is None and expand is None:
+                self._whole = whole_files(source)
+            if self._sequence is None and self._whole is None:
                 raise TypeError(
                     f"DistShardNode needs a torchdata.nodes.BaseNode or a random-access sequence, got "
                     f"{type(source).__name__}; wrap an iterable with torchdata.nodes.IterableWrapper, "
@@ -152,7 +155,7 @@ class DistShardNode(BaseNode[T]):
 
     @property
     def mode(self) -> str:
-        return mode_of(self.expand, self.sizes)
+        return mode_of(self.expand, self.sizes, self._whole is not None)
 
     @property
     def epoch(self) -> int:
@@ -256,6 +259,8 @@ class DistShardNode(BaseNode[T]):
         else the node's stream (or, in unit mode, the units, listed)."""
         if self.expand is None and self._sequence is not None:
             return Access(sequence=self._sequence)
+        if self._whole is not None:
+            return Access(whole=self._whole, identity="node")
         name = type(self.source).__qualname__
         stream = self._stream if isinstance(self.source, BaseNode) else (lambda: iter(self.source))
         return Access(stream=stream, name=name, identity=f"node:{name}")

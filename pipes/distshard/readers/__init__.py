@@ -8,19 +8,21 @@ front-end (``DistShardNode``) build one of these and hand it to
 * :class:`StreamReader` (``stream.py``): anything iterable, walked once per slot and
   skipped in C.
 * :class:`WholeUnitsReader`, :class:`SizedUnitsReader` (``units.py``): units (files,
-  shards) expanded into elements, without or with per-unit counts.
+  shards) expanded into elements, without or with per-unit counts;
+  :class:`WholeFilesReader`: units that can only be streamed whole (compressed files).
 """
 
 from .base import RandomAccessReader, Reader, stable_digest
 from .sequence import SequenceReader
 from .stream import StreamReader
-from .units import SizedUnitsReader, WholeUnitsReader, check_sizes, unit_sizes
+from .units import SizedUnitsReader, WholeFilesReader, WholeUnitsReader, check_sizes, unit_sizes
 
 __all__ = [
     "RandomAccessReader",
     "Reader",
     "SequenceReader",
     "SizedUnitsReader",
+    "WholeFilesReader",
     "StreamReader",
     "WholeUnitsReader",
     "check_sizes",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .base import RandomAccessReader, stable_digest
 
@@ -59,6 +59,13 @@ class SequenceReader(RandomAccessReader):
 
     ``copy_elements`` deep-copies each element read, as ``IterableWrapper(deepcopy=True)``
     copies its whole iterable (here only what a slot yields is copied).
+
+    A sequence may read many positions at once and choose its shuffle order
+    (distshard's file sources do, to read ahead in large ranges):
+    ``sequence.distshard_read(positions, shuffled)`` is then called with the
+    whole iterator of a slot's positions instead of one ``[]`` per position, and
+    ``sequence.distshard_order(seed)`` gives the permutation ``shuffle=True``
+    visits (``sequence.distshard_shuffle_kind`` says what it is).
     """
 
     def __init__(self, sequence: Any, copy_elements: bool = False) -> None:
@@ -66,6 +73,9 @@ class SequenceReader(RandomAccessReader):
         self.copy_elements = copy_elements
         # sources whose neighbours share a file (distshard's file sources) ask for blocks
         self.prefers_blocks = bool(getattr(sequence, "distshard_blocks", False))
+        kind = getattr(sequence, "distshard_shuffle_kind", None)
+        if isinstance(kind, str):
+            self.shuffle_kind = kind
 
     def length(self) -> int:
         return len(self.sequence)
@@ -86,14 +96,18 @@ class SequenceReader(RandomAccessReader):
         what = described() if callable(described) else f"{type(self.sequence).__name__} of {len(self.sequence)}"
         return f"random access into {what}: each slot indexes its own positions (read once, O(1) to resume)"
 
+    def order(self, seed: int) -> Callable[[int], int]:
+        own = getattr(self.sequence, "distshard_order", None)
+        return own(seed) if callable(own) else super().order(seed)
+
     def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
         sequence = self.sequence
-        own = getattr(sequence, "distshard_read", None)  # a sequence that reads many positions faster
-        if callable(own) and not self.copy_elements:
-            return own(positions)
-        return self._read(positions)
+        many = getattr(sequence, "distshard_read", None)
+        if callable(many) and not self.copy_elements:
+            return many(positions, shuffled)
+        return self._read_each(positions)
 
-    def _read(self, positions: Iterable[int]) -> Iterator[Any]:
+    def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
         sequence = self.sequence
         if not self.copy_elements:
             for position in positions:

@@ -30,7 +30,7 @@ from .base import RandomAccessReader, Reader, stable_digest
 Expand = Callable[[Any], Any]
 Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]
 
-__all__ = ["SizedUnitsReader", "WholeUnitsReader", "check_sizes", "unit_sizes",
+__all__ = ["SizedUnitsReader", "WholeFilesReader", "WholeUnitsReader", "check_sizes", "unit_sizes",
            "iterate_whole_units", "iterate_sized_units"]
 
 
@@ -250,6 +250,30 @@ class WholeUnitsReader(Reader):
 
     def select(self, slot: int, num_slots: int, skip: int) -> Iterator[Any]:
         return iterate_whole_units(self._open_units(), self.expand, slot, num_slots, skip)
+
+
+class WholeFilesReader(WholeUnitsReader):
+    """Units that can only be streamed whole (compressed files): slot ``s`` of
+    ``S`` streams units ``s, s + S, ...``, so each unit is read (decompressed)
+    once over the cluster and none is split; slot counts differ, and ``even``
+    and ``shuffle=True`` do not apply. ``skip`` resumes by streaming past what
+    the slot yielded."""
+
+    def __init__(self, open_units: Callable[[], Iterable[Any]], expand: Expand, identity: str,
+                 description: str = "") -> None:
+        super().__init__(open_units, expand, identity)
+        self.description = description
+
+    def describe(self) -> str:
+        return self.description or ("whole units only: slot s streams units s, s + num_slots, ..., each read "
+                                    "once over the cluster (slot counts differ)")
+
+    def select(self, slot: int, num_slots: int, skip: int) -> Iterator[Any]:
+        def elements() -> Iterator[Any]:
+            for unit in islice(self._open_units(), slot, None, num_slots):
+                yield from _expand(self.expand, unit)
+
+        return islice(elements(), skip, None)
 
 
 class SizedUnitsReader(RandomAccessReader):

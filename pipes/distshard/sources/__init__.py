@@ -7,6 +7,10 @@ protocol), so each slot reads only its own samples' bytes::
     import distshard
 
     dp = distshard.webdataset("shards/train-{000000..000063}.tar").dist_shard(even="drop", shuffle=True)
+
+Remote URLs (``s3://``, ``gs://``, ``https://``) go through fsspec with
+``storage_options=``; reads are checked, retried and read ahead (see
+:mod:`.remote`, :mod:`.fetch` and :class:`ReadOptions`).
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ import json
 import os
 import posixpath
 from collections.abc import Mapping
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 from urllib.parse import urljoin
 
 from .base import FileSourceIterDataPipe, SourceSequence
-from .files import key_of
+from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
+from .options import ReadOptions
 from .parquet import ParquetFormat
+from .remote import RemoteReadError
 from .tar import TarFormat
 from .urls import UrlsArg, braceexpand, expand_urls, is_remote
 
@@ -29,6 +35,8 @@ __all__ = [
     "FileSourceIterDataPipe",
     "JsonLinesIterDataPipe",
     "ParquetIterDataPipe",
+    "ReadOptions",
+    "RemoteReadError",
     "SourceSequence",
     "WebDatasetIterDataPipe",
     "braceexpand",
@@ -40,6 +48,7 @@ __all__ = [
 ]
 
 ShardIndex = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+StorageOptions = Optional[Mapping[str, Any]]
 
 
 class WebDatasetIterDataPipe(FileSourceIterDataPipe):
@@ -54,7 +63,7 @@ class ParquetIterDataPipe(FileSourceIterDataPipe):
     """Parquet files; see :func:`distshard.parquet`."""
 
 
-def read_shard_index(index: ShardIndex) -> tuple[list[str], dict[str, int]]:
+def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) -> tuple[list[str], dict[str, int]]:
     """The shards and sample counts of a wids-style shard index
     (``{"shardlist": [{"url": ..., "nsamples": ...}, ...]}``): ``(urls, {url: count})``.
 
@@ -68,10 +77,7 @@ def read_shard_index(index: ShardIndex) -> tuple[list[str], dict[str, int]]:
         base = os.fspath(index)
         try:
             if is_remote(base):
-                from .remote import filesystem
-
-                fs, path = filesystem(base)
-                text = fs.cat_file(path).decode("utf-8")
+                text = FileAccess(storage_options=storage_options).client(base).cat(base).decode("utf-8")
             else:
                 with open(os.path.expanduser(base), encoding="utf-8") as f:
                     text = f.read()
@@ -101,15 +107,16 @@ def read_shard_index(index: ShardIndex) -> tuple[list[str], dict[str, int]]:
     return urls, counts
 
 
-def _files(urls: UrlsArg | None, index: ShardIndex | None) -> tuple[list[str], dict[str, int]]:
+def _files(urls: UrlsArg | None, index: ShardIndex | None,
+           storage_options: StorageOptions) -> tuple[list[str], dict[str, int]]:
     if index is None:
         if urls is None:
             raise TypeError("urls is required (a list of files, a glob or a brace pattern)")
-        return expand_urls(urls), {}
-    listed, declared = read_shard_index(index)
+        return expand_urls(urls, storage_options), {}
+    listed, declared = read_shard_index(index, storage_options)
     if urls is None:
         return listed, declared
-    files = expand_urls(urls)
+    files = expand_urls(urls, storage_options)
     by_key = {key_of(url): n for url, n in declared.items()}
     by_name = {posixpath.basename(url): n for url, n in declared.items()}
     counts = {}
@@ -122,51 +129,67 @@ def _files(urls: UrlsArg | None, index: ShardIndex | None) -> tuple[list[str], d
     return files, counts
 
 
-def webdataset(urls: UrlsArg | None, *, index: ShardIndex | None = None) -> WebDatasetIterDataPipe:
+def webdataset(urls: UrlsArg | None, *, index: ShardIndex | None = None, storage_options: StorageOptions = None,
+               read_options: ReadOptions | None = None) -> WebDatasetIterDataPipe:
     """WebDataset tar shards as an ``IterDataPipe`` of samples.
 
     Each sample is a dict ``{"__key__": key, "__url__": shard, "<ext>": bytes, ...}``
     grouping consecutive members that share a key (the member path up to the
-    first dot of its basename), exactly as ``webdataset`` groups them.
+    first dot of its basename), exactly as ``webdataset`` groups them (and, as
+    it does, without samples that hold a non-empty ``__bad__`` member).
     ``.dist_shard()`` reads each slot's samples at random from a per-shard index
-    of member offsets (built once, cached under ``$DISTSHARD_CACHE``); gzip /
-    bz2 / xz shards are streamed whole instead.
+    of member offsets (built once, cached under ``$DISTSHARD_CACHE``), as few
+    large range requests fetched ahead of use; gzip / bz2 / xz / zstd shards go
+    whole to slots instead (each decompressed once).
 
     Args:
         urls: a list of paths or URLs, a glob, or a brace pattern
             (``"shard-{000000..000063}.tar"``); ``None`` takes the shards of ``index``.
         index: a wids-style shard index (``{"shardlist": [{"url", "nsamples"}]}``,
-            its path or the dict): counts come from it without opening the shards.
+            its path or the dict): counts come from it without opening the shards;
+            a count that does not match its shard raises ``ValueError`` before
+            any of that shard's samples is yielded.
+        storage_options: for remote URLs, handed to fsspec (``{"endpoint_url": ...,
+            "key": ..., "secret": ...}`` for S3, ``{"headers": ...}`` for HTTP, ...);
+            the environment keeps working as it does for fsspec.
+        read_options: read-ahead budget, range sizes, shuffle window, retries
+            (:class:`distshard.ReadOptions`).
 
     Example:
         >>> dp = distshard.webdataset("data/shard-{000000..000063}.tar").dist_shard(even="drop")
         >>> dp = dp.map(lambda s: (decode_jpeg(s["jpg"]), int(s["cls"])))
     """
-    files, counts = _files(urls, index)
-    return WebDatasetIterDataPipe(TarFormat(), files, counts)
+    files, counts = _files(urls, index, storage_options)
+    return WebDatasetIterDataPipe(TarFormat(), files, counts, storage_options, read_options)
 
 
-def jsonl(urls: UrlsArg) -> JsonLinesIterDataPipe:
+def jsonl(urls: UrlsArg, *, storage_options: StorageOptions = None,
+          read_options: ReadOptions | None = None) -> JsonLinesIterDataPipe:
     """JSON-lines files as an ``IterDataPipe``: one parsed JSON value per non-blank line.
 
     Lines are UTF-8 (``\\n`` or ``\\r\\n``); a bad line raises ``ValueError``
     naming the file, the line number and the byte offset. ``.dist_shard()`` reads
     each line at random from an index of line offsets (one scan per file, cached);
-    compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) are streamed whole.
+    compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) go whole to slots.
+    ``storage_options`` and ``read_options`` as for :func:`webdataset`.
 
     Example:
         >>> dp = distshard.jsonl("corpus/part-*.jsonl").dist_shard(even="drop").map(tokenize)
     """
-    return JsonLinesIterDataPipe(JsonlFormat(), expand_urls(urls))
+    return JsonLinesIterDataPipe(JsonlFormat(), expand_urls(urls, storage_options), None, storage_options,
+                                 read_options)
 
 
-def parquet(urls: UrlsArg, columns: Sequence[str] | None = None) -> ParquetIterDataPipe:
+def parquet(urls: UrlsArg, columns: Sequence[str] | None = None, *, storage_options: StorageOptions = None,
+            read_options: ReadOptions | None = None) -> ParquetIterDataPipe:
     """Parquet files as an ``IterDataPipe``: one dict per row.
 
     Needs ``pyarrow`` (``pip install distshard[parquet]``). ``columns`` selects
     the columns. ``.dist_shard()`` reads rows at random: the index is the files'
-    footers (row counts per row group), and a decoded row group is kept while its
-    rows are read.
+    footers (rows and column chunk ranges per row group); a slot fetches a row
+    group's selected column chunks and decodes it once while its rows are read
+    (``shuffle=True`` keeps a row group's rows together). ``storage_options`` and
+    ``read_options`` as for :func:`webdataset`.
 
     Example:
         >>> dp = distshard.parquet("table/*.parquet", columns=["text", "label"]).dist_shard(even="drop")
@@ -174,4 +197,5 @@ def parquet(urls: UrlsArg, columns: Sequence[str] | None = None) -> ParquetIterD
     from .parquet import require_pyarrow
 
     require_pyarrow()
-    return ParquetIterDataPipe(ParquetFormat(columns), expand_urls(urls))
+    return ParquetIterDataPipe(ParquetFormat(columns), expand_urls(urls, storage_options), None, storage_options,
+                               read_options)

@@ -5,26 +5,38 @@ it streams every file from start to end and yields every sample in file order.
 For ``dist_shard`` it speaks a small protocol:
 
 - ``__distshard_sequence__()``: a :class:`SourceSequence` (``len`` and
-  ``seq[i]`` = the ``i``-th sample of plain iteration, reading only that
-  sample's bytes), or ``None`` when some file cannot be read at random
-  (compressed);
+  ``seq[i]`` = the ``i``-th sample of plain iteration), or ``None`` when some
+  file cannot be read at random (compressed). The sequence also reads a whole
+  iterator of positions at once (``distshard_read``, through the read-ahead of
+  :mod:`.fetch`) and gives the order ``shuffle=True`` visits it in
+  (``distshard_order``: files, windows, samples; see :mod:`.order`);
 - ``__distshard_units__()``: ``(files, expand)`` where ``expand(file)`` streams
-  one file's samples, for whole-file hand-out when there is no random access;
+  one file's samples: compressed files go whole to slots, each decompressed once;
 - ``describe()``: one line for ``explain()``.
+
+Formats (``tar.py``, ``jsonl.py``, ``parquet.py``) never read: they name the
+byte spans of a sample (``spans``) and parse the bytes they are handed
+(``parse``).
 """
 
 from __future__ import annotations
 
 import bisect
 import operator
+import os
 from collections.abc import Sequence
-from typing import Any, Callable, Iterator, Protocol
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ._lru import LRU
-from .files import FileRef, file_identity, key_of
-from .index import FileIndex, _collective, obtain, summarize_files
+from .fetch import ReadAhead, Request
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, file_identity, key_of, local_path
+from .index import FileIndex, _collective, load_cached, obtain, summarize_files
+from .options import ReadOptions
+from .order import FileOrder
+from .urls import is_remote
 
 __all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "StreamFile"]
 
@@ -38,20 +50,24 @@ class Format(Protocol):
 
     def compression(self, url: str) -> str | None: ...
 
-    def stream(self, url: str) -> Iterator[Any]: ...
+    def stream(self, url: str, access: FileAccess) -> Iterator[Any]: ...
 
-    def build_index(self, ref: FileRef) -> FileIndex: ...
+    def build_index(self, ref: FileRef, access: FileAccess) -> FileIndex: ...
 
-    def open(self, ref: FileRef) -> Any: ...
+    def spans(self, index: FileIndex, i: int) -> list[tuple[int, int]]: ...
 
-    def read(self, handle: Any, index: FileIndex, i: int, ref: FileRef) -> Any: ...
+    def parse(self, handle: Any, index: FileIndex, i: int, ref: FileRef, views: list[memoryview]) -> Any: ...
+
+    def windows(self, index: FileIndex, window: int) -> Sequence[int]: ...
+
+    def sample_sizes(self, index: FileIndex) -> Sequence[int]: ...
 
 
 # per process: open files, and the full indexes of the files read lately. An
 # evicted handle is not closed here: a thread may still be reading through it,
 # and a closed descriptor number can be reused by the next open; handles close
 # themselves when the last reference goes.
-_HANDLES: LRU[Any] = LRU(max_items=32)
+_HANDLES: LRU[Any] = LRU(max_items=64)
 _INDEXES: LRU[FileIndex] = LRU(max_items=4096, max_weight=1 << 24)
 
 
@@ -59,14 +75,25 @@ class StreamFile:
     """``expand`` for whole-file hand-out: ``StreamFile(fmt)(url)`` yields the
     samples of one file in order (picklable)."""
 
-    def __init__(self, fmt: Format) -> None:
+    def __init__(self, fmt: Format, access: FileAccess = DEFAULT_FILE_ACCESS) -> None:
         self.fmt = fmt
+        self.access = access
 
     def __call__(self, url: str) -> Iterator[Any]:
-        return self.fmt.stream(url)
+        return self.fmt.stream(url, self.access)
 
     def __repr__(self) -> str:
         return f"StreamFile({self.fmt.name})"
+
+
+def _build(fmt: Format, access: FileAccess, ref: FileRef) -> FileIndex:
+    return fmt.build_index(ref, access)
+
+
+def _access_key(access: FileAccess) -> Any:
+    from .remote import _frozen
+
+    return _frozen(access.storage_options or {})
 
 
 class SourceSequence(Sequence):
@@ -75,67 +102,140 @@ class SourceSequence(Sequence):
 
     Holds only file names, identities and counts (picklable, no open file);
     each process opens files and loads per-file indexes lazily, keeping a few
-    of each in small LRUs. A file whose size or modification time differs from
-    when it was indexed raises ``ValueError`` instead of returning wrong bytes.
+    of each in small LRUs. A file that is no longer the one that was indexed
+    raises ``ValueError`` instead of returning wrong bytes, and so does a file
+    whose sample count is not the one declared (a wrong ``nsamples`` in a shard
+    index), before any of its samples is yielded.
     """
 
-    def __init__(self, fmt: Format, files: list[tuple[FileRef, int]]) -> None:
+    def __init__(self, fmt: Format, files: list[tuple[FileRef, int]], access: FileAccess = DEFAULT_FILE_ACCESS,
+                 declared: Iterable[int] = ()) -> None:
         self.fmt = fmt
+        self.access = access
         self.refs = tuple(ref for ref, _ in files)
         self.counts = tuple(count for _, count in files)
+        self.declared = frozenset(declared)  # files whose count came from a shard index
         starts, total = [], 0
         for count in self.counts:
             starts.append(total)
             total += count
         self._starts = starts
         self._total = total
+        self._remote = tuple(is_remote(ref.url) for ref in self.refs)
         self._resolved: dict[int, FileRef] = {}
+        self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
+        self._known: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
+        self._pid = os.getpid()
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
     #: few files: each file's bytes and row groups read about once), not a stride
     distshard_blocks = True
 
+    #: what ``shuffle=True`` does (see :meth:`distshard_order`), for ``explain()``
+    distshard_shuffle_kind = ("files in a permuted order, each file's windows (runs of samples of about "
+                              "ReadOptions.window bytes; Parquet row groups) in a permuted order, each "
+                              "window's samples in a seeded order: every slot reads the files it touches in "
+                              "big ranges and never another slot's bytes")
+
     def distshard_identity(self) -> str:
-        """What a checkpoint records of this data: format, files and their counts
-        (the same in every process; a changed file changes its count or is refused
-        when read)."""
+        """What a checkpoint records of this data: format, files and their counts,
+        and the shuffle order's version and window (the same in every process; a
+        changed file changes its count or is refused when read)."""
         from ..readers.base import stable_digest
 
         return (f"{self.fmt.name}:{len(self.refs)} files:{self._total}:"
-                f"{stable_digest([ref.url for ref in self.refs], list(self.counts))}")
+                f"{stable_digest([ref.url for ref in self.refs], list(self.counts))}:"
+                f"order=files/{self.access.options.token()}/{getattr(self.fmt, 'window_order', 'expand')}")
 
     def __len__(self) -> int:
         return self._total
 
-    def __getitem__(self, i: Any) -> Any:  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._total))]
+    def _locate(self, i: Any) -> tuple[int, int]:
         i = operator.index(i)
         if i < 0:
             i += self._total
         if not 0 <= i < self._total:
             raise IndexError(f"sample index {i} out of range for {self._total} samples")
         f = bisect.bisect_right(self._starts, i) - 1
-        ref, index = self._file(f)
-        key = (self.fmt.name, key_of(ref.url), ref.size, ref.stamp)
-        handle = _HANDLES.get(key)
-        if handle is None:
-            handle = _HANDLES.setdefault(key, self.fmt.open(ref))
-        return self.fmt.read(handle, index, i - self._starts[f], ref)
+        return f, i - self._starts[f]
 
-    def _file(self, f: int) -> tuple[FileRef, FileIndex]:
+    def __getitem__(self, i: Any) -> Any:  # type: ignore[override]
+        """One sample, read on its own (``dist_shard`` reads many at once
+        through :meth:`distshard_read`)."""
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._total))]
+        return next(self._read_each([i]))
+
+    def distshard_read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
+        """The samples at ``positions``, in that order: what ``dist_shard``'s
+        reader calls. Remote files are read ahead of use as few large ranges (see
+        :mod:`.fetch`); local files are read exactly, one ``pread`` per sample
+        span (the page cache reads ahead; the read-ahead's bookkeeping would only
+        cost CPU), a span read once while consecutive samples share it (a Parquet
+        row group's column chunks)."""
+        if not any(self._remote):
+            yield from self._read_each(positions)
+            return
+        options = self.access.options
+        fetch = ReadAhead(options, self._handle, [options.max_gap if remote else 0 for remote in self._remote])
+
+        def requests() -> Iterator[Request]:
+            for position in positions:
+                f, j = self._locate(position)
+                ref, index = self.file_index(f)
+                yield Request((f, j, ref, index), f, self.fmt.spans(index, j))
+
+        for (f, j, ref, index), views in fetch.run(requests()):
+            yield self.fmt.parse(self._handle(f), index, j, ref, views)
+
+    def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
+        last: tuple[int, list[tuple[int, int]], list[memoryview]] | None = None
+        for position in positions:
+            f, j = self._locate(position)
+            ref, index = self.file_index(f)
+            handle = self._handle(f)
+            spans = self.fmt.spans(index, j)
+            if last is not None and last[0] == f and last[1] == spans:
+                views = last[2]
+            else:
+                views = [memoryview(handle.read_at(start, stop - start)) for start, stop in spans]
+                last = (f, spans, views)
+            yield self.fmt.parse(handle, index, j, ref, views)
+
+    def distshard_order(self, seed: int) -> FileOrder:
+        """The permutation ``shuffle=True`` visits the samples in (see :mod:`.order`)."""
+        return FileOrder(self.counts, seed, self._windows, getattr(self.fmt, "window_order", "expand"))
+
+    def _windows(self, f: int) -> Sequence[int]:
+        _, index = self.file_index(f)
+        window = self.access.options.window
+        found = index.derived.get(("windows", window))
+        if found is None:
+            found = index.derived[("windows", window)] = self.fmt.windows(index, window)
+        return found
+
+    def file_index(self, f: int) -> tuple[FileRef, FileIndex]:
+        """File ``f``'s identity and full index (per process: cached, or read
+        from the index cache, or built), its count checked against the declared one."""
+        if self._pid != os.getpid():
+            self._forked()
+        known = self._known.get(f)
+        if known is not None:
+            return known
         ref = self._resolved.get(f) or self.refs[f]
         if ref.size is None:  # counted by a shard index: look at the file now
-            ref = self._resolved[f] = FileRef(ref.url, *file_identity(ref.url))
+            ref = self._resolved[f] = FileRef(ref.url, *file_identity(ref.url, self.access))
         key = (self.fmt.name, key_of(ref.url), ref.size, ref.stamp)
         index = _INDEXES.get(key)
         if index is None:
-            index, _ = obtain(self.fmt.name, ref, self.fmt.build_index)
-            if index.count != self.counts[f]:
-                raise ValueError(
-                    f"{ref.url} holds {index.count} samples but {self.counts[f]} were expected "
-                    "(from the shard index given as index=, or the file changed): fix or drop the shard index")
+            index, _ = obtain(self.fmt.name, ref, partial(_build, self.fmt, self.access))
+            assert index is not None
             _INDEXES.put(key, index, index.weight())
+        if index.count != self.counts[f]:
+            raise count_error(ref.url, index.count, self.counts[f], f in self.declared)
+        if len(self._known) >= 64:  # the few files a slot is reading now
+            self._known.clear()
+        self._known[f] = (ref, index)
         return ref, index
 
     def sample_bytes(self) -> list[int]:
@@ -145,7 +245,7 @@ class SourceSequence(Sequence):
         whose index has no bytes per sample (Parquet stores rows in row groups)."""
         out: list[int] = []
         for f in range(len(self.refs)):
-            ref, index = self._file(f)
+            ref, index = self.file_index(f)
             arrays = index.arrays
             if "first" in arrays and "length" in arrays:  # tar: sample i is members first[i] .. first[i + 1]
                 first, lengths = arrays["first"], arrays["length"]
@@ -156,14 +256,47 @@ class SourceSequence(Sequence):
                 raise ValueError(f"{ref.url}: a {self.fmt.name} index has no stored bytes per sample; "
                                  "give per-sample costs instead of cost='bytes'")
         return out
+    def _forked(self) -> None:
+        """In a child made by fork: handles and indexes of its own."""
+        self._open, self._known, self._pid = {}, {}, os.getpid()
+
+    def _handle(self, f: int) -> Any:
+        if self._pid != os.getpid():
+            self._forked()
+        handle = self._open.get(f)
+        if handle is None:
+            if len(self._open) >= 64:
+                self._open.clear()
+            handle = self._open[f] = self._shared_handle(f)
+        return handle
+
+    def _shared_handle(self, f: int) -> Any:
+        from .files import open_random
+
+        ref = self._resolved.get(f) or self.refs[f]
+        if ref.size is None:
+            ref = self.file_index(f)[0]
+        key = (key_of(ref.url), ref.size, ref.stamp, _access_key(self.access))
+        handle = _HANDLES.get(key)
+        if handle is None:
+            handle = _HANDLES.setdefault(key, open_random(ref, self.access))
+        return handle
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_resolved"] = {}
+        state["_resolved"], state["_open"], state["_known"], state["_pid"] = {}, {}, {}, -1
         return state
 
     def __repr__(self) -> str:
         return f"SourceSequence({self.fmt.name}, files={len(self.refs)}, samples={self._total})"
+
+
+def count_error(url: str, real: int, expected: int, declared: bool) -> ValueError:
+    if declared:
+        return ValueError(f"{url} holds {real} samples but the shard index given as index= says nsamples="
+                          f"{expected}: fix its nsamples (or drop index= to count the file)")
+    return ValueError(f"{url} holds {real} samples but {expected} were counted when the source was built: "
+                      "the file changed; build the source again")
 
 
 class FileSourceIterDataPipe(IterDataPipe):
@@ -178,12 +311,23 @@ class FileSourceIterDataPipe(IterDataPipe):
         urls: the files, in order.
         counts: known sample counts by file (from a shard index); such files are
             not opened to count them.
+        storage_options: handed to fsspec for remote URLs (endpoint, credentials, ...).
+        read_options: read-ahead, coalescing, shuffle window and retries
+            (:class:`distshard.sources.ReadOptions`).
     """
 
-    def __init__(self, fmt: Format, urls: list[str], counts: dict[str, int] | None = None) -> None:
+    def __init__(self, fmt: Format, urls: list[str], counts: dict[str, int] | None = None,
+                 storage_options: Mapping[str, Any] | None = None,
+                 read_options: ReadOptions | None = None) -> None:
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}")
+        if read_options is not None and not isinstance(read_options, ReadOptions):
+            raise TypeError(f"read_options must be a distshard.sources.ReadOptions, got "
+                            f"{type(read_options).__name__}")
         self.fmt = fmt
         self.urls = list(urls)
         self.declared = dict(counts or {})
+        self.access = FileAccess(read_options or ReadOptions(), dict(storage_options) if storage_options else None)
         self._summary: list[tuple[FileRef, int]] | None = None
         self._sequence: SourceSequence | None = None
         if _collective() is not None:
@@ -194,7 +338,7 @@ class FileSourceIterDataPipe(IterDataPipe):
 
     def __iter__(self) -> Iterator[Any]:
         for url in self.urls:
-            yield from self.fmt.stream(url)
+            yield from self.fmt.stream(url, self.access)
 
     # -- the index ------------------------------------------------------------------
     @property
@@ -204,20 +348,40 @@ class FileSourceIterDataPipe(IterDataPipe):
 
     def prepare(self, collective: bool = False) -> list[tuple[FileRef, int]]:
         """Index the files (or read their cached indexes) once, and remember the
-        counts; returns ``(file, count)`` per file.
+        counts and identities; returns ``(file, count)`` per file.
 
         ``collective=True`` (what construction does when ``torch.distributed`` is
         initialized) is a collective every rank must make: the files are split
         across ranks, each indexes its share and they exchange the results.
         Otherwise every file is indexed here or read from the cache, each under a
-        lock, so concurrent processes index a file once.
+        lock, so concurrent processes index a file once. Either way a file's
+        identity is asked here only, once per job: it travels with the pipe into
+        the DataLoader workers, which check every response against it.
         """
         if self._summary is None:
             declared = {key_of(url): n for url, n in self.declared.items()}
             todo = [url for url in self.urls if key_of(url) not in declared]
-            found = dict(zip(todo, summarize_files(self.fmt.name, todo, self.fmt.build_index, collective)))
-            self._summary = [found.get(url) or (FileRef(url), declared[key_of(url)]) for url in self.urls]
+            found = dict(zip(todo, summarize_files(self.fmt.name, todo, partial(_build, self.fmt, self.access),
+                                                   collective, identify=partial(file_identity, access=self.access))))
+            self._summary = [found.get(url) or (self._declared_ref(url, declared[key_of(url)]), declared[key_of(url)])
+                             for url in self.urls]
         return self._summary
+
+    def _declared_ref(self, url: str, count: int) -> FileRef:
+        """A file counted by a shard index. Local files are looked at (a ``stat``,
+        not an open): one already indexed in the cache is checked against the
+        declared count now."""
+        if is_remote(url) or self.fmt.compression(url):
+            return FileRef(url)
+        try:
+            st = os.stat(local_path(url))
+        except OSError:
+            return FileRef(url)  # reported when it is read
+        ref = FileRef(url, st.st_size, str(st.st_mtime_ns))
+        cached = load_cached(self.fmt.name, ref, header_only=True)
+        if cached is not None and cached.count != count:
+            raise count_error(url, cached.count, count, declared=True)
+        return ref
 
     def counts(self) -> list[int]:
         """Samples per file (from the index; a compressed file is streamed once to count)."""
@@ -237,13 +401,16 @@ class FileSourceIterDataPipe(IterDataPipe):
         if not self.random_access:
             return None
         if self._sequence is None:
-            self._sequence = SourceSequence(self.fmt, self.prepare())
+            summary = self.prepare()
+            declared = {key_of(url) for url in self.declared}
+            self._sequence = SourceSequence(self.fmt, summary, self.access,
+                                            [f for f, url in enumerate(self.urls) if key_of(url) in declared])
         return self._sequence
 
     def __distshard_units__(self) -> tuple[list[str], Callable[[str], Iterator[Any]]]:
         """``(files, expand)``: whole files to hand to slots; ``expand(file)``
         streams the samples of one file in order."""
-        return list(self.urls), StreamFile(self.fmt)
+        return list(self.urls), StreamFile(self.fmt, self.access)
 
     def describe(self) -> str:
         """One line for ``explain()``: format, files, samples, how it is read."""
@@ -252,10 +419,13 @@ class FileSourceIterDataPipe(IterDataPipe):
         if self._summary is not None:
             text += f", {sum(c for _, c in self._summary):,} samples"
         if self.random_access:
-            return f"{text}, {self.fmt.access}"
+            return f"{text}, {self.fmt.access}, read ahead in ranges of up to " \
+                   f"{self.access.options.max_range >> 20} MiB"
         compressed = sum(1 for url in self.urls if self.fmt.compression(url))
         which = "" if compressed == n else f" ({compressed} of {n} files compressed)"
-        return f"{text}, whole-file streaming (compressed){which}"
+        return (f"{text}, whole-file streaming (compressed){which}: no random access, so each file goes whole "
+                "to one slot (file k to slot k mod num_slots) and is decompressed once; slot counts differ; "
+                "even= and shuffle=True are refused")
 
     def __repr__(self) -> str:
         first = self.urls[0] if self.urls else ""

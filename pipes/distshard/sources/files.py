@@ -3,13 +3,23 @@
 
 Three ways to open a file:
 
-- :func:`open_random`: a handle with ``read_at(offset, size)`` that reads exactly
-  those bytes (``os.pread`` locally, one range request remotely) and checks that
-  the file is still the one that was indexed;
-- :func:`open_walk`: a file object whose ``read(n)`` reads exactly ``n`` bytes
-  and whose ``seek`` reads nothing (to walk headers without touching the data);
+- :func:`open_random`: a handle with ``read_at(offset, size)`` and
+  ``submit(start, stop)`` (a future of the bytes, for the read-ahead) that reads
+  exactly those bytes (``os.pread`` locally, a range request remotely) and checks
+  that the file is still the one that was indexed: locally with an ``fstat`` per
+  read, remotely on every response (see :mod:`.remote`), never with a metadata
+  request of its own;
+- :func:`open_scan`: a seekable file object for building an index: locally its
+  ``read(n)`` is one ``pread`` of ``n`` bytes and ``seek`` reads nothing (a tar's
+  header walk reads the headers, not the payloads; kernel read-ahead is turned
+  off for it); remotely it reads large ranges (``ReadOptions.max_range``) and
+  serves the small reads from them, so a cold index never costs a round trip per
+  header;
 - :func:`open_stream`: a buffered sequential reader, decompressed if the name
   says the file is compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``).
+
+Every function takes an :class:`FileAccess`: the source's ``ReadOptions`` and
+``storage_options`` (handed to fsspec).
 """
 
 from __future__ import annotations
@@ -19,12 +29,14 @@ import gzip
 import io
 import lzma
 import os
-from dataclasses import dataclass
-from typing import BinaryIO
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Mapping
 
+from .options import ReadOptions
 from .urls import is_remote
 
-__all__ = ["FileRef", "compression_of", "file_identity", "key_of", "open_random", "open_stream", "open_walk"]
+__all__ = ["FileAccess", "FileRef", "compression_of", "file_identity", "key_of", "open_random", "open_scan",
+           "open_stream"]
 
 _COMPRESSIONS = {".gz": "gzip", ".tgz": "gzip", ".bz2": "bz2", ".tbz2": "bz2", ".tbz": "bz2",
                  ".xz": "xz", ".txz": "xz", ".zst": "zstd", ".zstd": "zstd", ".tzst": "zstd"}
@@ -36,13 +48,29 @@ STREAM_BUFFER = 1 << 20
 class FileRef:
     """A file of a source, with the identity it had when it was indexed.
 
-    ``size`` and ``stamp`` (``st_mtime_ns`` locally; the ETag or modification
-    time remotely) are ``None`` until the file has been looked at (counts given
-    by a shard index do not need to open it)."""
+    ``size`` and ``stamp`` (``st_mtime_ns`` locally; the ETag, generation or
+    modification time remotely) are ``None`` until the file has been looked at
+    (counts given by a shard index do not need to open it)."""
 
     url: str
     size: int | None = None
     stamp: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class FileAccess:
+    """How a source reaches its files: read options and fsspec's ``storage_options``."""
+
+    options: ReadOptions = field(default_factory=ReadOptions)
+    storage_options: Mapping[str, Any] | None = None
+
+    def client(self, url: str) -> Any:
+        from .remote import client_for
+
+        return client_for(url, self.storage_options)
+
+
+DEFAULT_FILE_ACCESS = FileAccess()
 
 
 def key_of(url: str) -> str:
@@ -78,12 +106,10 @@ def _missing(url: str) -> FileNotFoundError:
     return FileNotFoundError(f"{url}: no such file (named by the source's urls)")
 
 
-def file_identity(url: str) -> tuple[int, str]:
-    """``(size, stamp)`` of the file now (a ``stat``, or a metadata request remotely)."""
+def file_identity(url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> tuple[int, str]:
+    """``(size, stamp)`` of the file now (a ``stat``, or one metadata request remotely)."""
     if is_remote(url):
-        from .remote import remote_identity
-
-        return remote_identity(url)
+        return access.client(url).identity(url, access.options)
     try:
         st = os.stat(local_path(url))
     except FileNotFoundError:
@@ -117,11 +143,15 @@ class LocalRandomFile:
         st = os.fstat(self.fd)
         return st.st_size, str(st.st_mtime_ns)
 
-    def check(self) -> None:
-        check_identity(self.ref, *self.identity())
+    def check(self, when: str = "read") -> None:
+        check_identity(self.ref, *self.identity(), when)
 
-    def read_at(self, offset: int, size: int) -> bytes:
-        self.check()
+    def fileno(self) -> int:
+        return self.fd
+
+    def read_at(self, offset: int, size: int, checked: bool = True) -> bytes:
+        if checked:
+            self.check()
         data = os.pread(self.fd, size, offset)
         while len(data) < size:
             more = os.pread(self.fd, size - len(data), offset + len(data))
@@ -132,6 +162,12 @@ class LocalRandomFile:
                 )
             data += more
         return data
+
+    def submit(self, start: int, stop: int) -> Any:
+        """A future-like object whose ``result()`` reads the bytes (when first asked)."""
+        from .fetch import deferred
+
+        return deferred(lambda: self.read_at(start, stop - start))
 
     def close(self) -> None:
         fd, self.fd = getattr(self, "fd", -1), -1
@@ -145,33 +181,158 @@ class LocalRandomFile:
             pass
 
 
-def open_random(ref: FileRef) -> "LocalRandomFile":
-    """A handle with ``read_at(offset, size)``, checked against ``ref``'s identity."""
-    if is_remote(ref.url):
-        from .remote import RemoteRandomFile
+class RemoteRandomFile:
+    """Range reads of one remote file through this process's client, every
+    response checked against the indexed identity (no metadata request)."""
 
-        return RemoteRandomFile(ref)  # type: ignore[return-value]
+    def __init__(self, ref: FileRef, access: FileAccess) -> None:
+        self.ref = ref
+        self.access = access
+        self.client = access.client(ref.url)
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return self.submit(offset, offset + size).result()
+
+    def submit(self, start: int, stop: int) -> Any:
+        """A future-like object (``result()``, ``cancel()``) of the bytes."""
+        return self.client.submit_range(self.ref.url, start, stop, self.ref.size, self.ref.stamp,
+                                        self.access.options)
+
+    def close(self) -> None:
+        pass
+
+
+def open_random(ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> LocalRandomFile | RemoteRandomFile:
+    """A handle with ``read_at(offset, size)`` and ``submit(start, stop)``, checked
+    against ``ref``'s identity."""
+    if is_remote(ref.url):
+        return RemoteRandomFile(ref, access)
     return LocalRandomFile(ref)
 
 
-def open_walk(ref: FileRef) -> BinaryIO:
-    """An unbuffered reader (``read(n)`` reads ``n`` bytes, ``seek`` reads none),
-    checked against ``ref``'s identity at open."""
-    if is_remote(ref.url):
-        from .remote import RemoteWalkFile
+class ScanFile(io.RawIOBase):
+    """A seekable reader for building indexes (see :func:`open_scan`).
 
-        return RemoteWalkFile(ref)  # type: ignore[return-value]
-    try:
-        raw = open(local_path(ref.url), "rb", buffering=0)  # noqa: SIM115 - closed by the caller
-    except FileNotFoundError:
-        raise _missing(ref.url) from None
-    st = os.fstat(raw.fileno())
-    try:
-        check_identity(ref, st.st_size, str(st.st_mtime_ns), "index")
-    except ValueError:
-        raw.close()
-        raise
-    return raw  # type: ignore[return-value]
+    Locally ``read(n)`` is one ``pread`` of ``n`` bytes. Remotely reads are
+    served from a buffer of ``max_range`` bytes fetched at the read position
+    (the next one is fetched ahead while a scan goes on sequentially); a seek
+    past the buffer makes the next fetch small (64 KiB, growing on sequential
+    reads), so a tar of large members is walked header by header."""
+
+    SMALL = 64 << 10
+
+    def __init__(self, handle: LocalRandomFile | RemoteRandomFile, size: int, options: ReadOptions) -> None:
+        super().__init__()
+        self.handle = handle
+        self.size = size
+        self.pos = 0
+        self.remote = isinstance(handle, RemoteRandomFile)
+        self.chunk = options.max_range
+        self.largest = options.max_range
+        self.buffer = b""
+        self.buffer_at = 0
+        self.ahead: tuple[int, int, Any] | None = None
+        self.requests = 0
+        if not self.remote:
+            try:
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # type: ignore[union-attr]
+            except (AttributeError, OSError):
+                pass
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def read_block(self, position: int, size: int = 512) -> bytes:
+        """``size`` bytes at ``position`` (fewer at the end); the position moves past them."""
+        if not self.remote:
+            end = min(self.size, position + size)
+            data = os.pread(self.handle.fd, end - position, position) if end > position else b""  # type: ignore
+            if len(data) != max(0, end - position):
+                data = self.handle.read_at(position, end - position, checked=False)  # type: ignore[call-arg]
+            self.pos = end if end > position else position
+            return data
+        self.pos = position
+        return self.read(size)
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
+        if end <= self.pos:
+            return b""
+        if not self.remote:  # the identity is checked when the scan opens and when it closes
+            data = self.handle.read_at(self.pos, end - self.pos, checked=False)  # type: ignore[call-arg]
+            self.pos = end
+            return data
+        out = []
+        while self.pos < end:
+            if not (self.buffer_at <= self.pos < self.buffer_at + len(self.buffer)):
+                self._fill(end)
+            start = self.pos - self.buffer_at
+            piece = self.buffer[start:start + (end - self.pos)]
+            out.append(piece)
+            self.pos += len(piece)
+        return b"".join(out)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def _fill(self, wanted_end: int) -> None:
+        sequential = self.buffer and self.pos == self.buffer_at + len(self.buffer)
+        if sequential:
+            self.chunk = min(self.largest, self.chunk * 4)
+        elif self.buffer:
+            self.chunk = self.SMALL
+        stop = min(self.size, max(wanted_end, self.pos + self.chunk))
+        if self.ahead is not None and self.ahead[0] == self.pos and self.ahead[1] >= wanted_end:
+            start, stop, future = self.ahead
+        else:
+            if self.ahead is not None:
+                self.ahead[2].cancel()
+            start, future = self.pos, self.handle.submit(self.pos, stop)
+            self.requests += 1
+        self.ahead = None
+        self.buffer, self.buffer_at = future.result(), start
+        end = start + len(self.buffer)
+        if self.chunk >= self.largest and end < self.size:  # a long sequential scan: fetch the next range now
+            nxt = min(self.size, end + self.chunk)
+            self.ahead = (end, nxt, self.handle.submit(end, nxt))
+            self.requests += 1
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead[2].cancel()
+            self.ahead = None
+        if not self.remote and not self.closed:
+            try:
+                self.handle.check("index")  # type: ignore[union-attr]
+            finally:
+                super().close()
+                self.handle.close()
+            return
+        super().close()
+
+
+def open_scan(ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> ScanFile:
+    """A seekable reader for building ``ref``'s index (see :class:`ScanFile`),
+    checked against ``ref``'s identity (locally when it opens and closes,
+    remotely on every response)."""
+    assert ref.size is not None
+    return ScanFile(open_random(ref, access), ref.size, access.options)
 
 
 def _decompressed(raw: BinaryIO, compression: str, url: str) -> BinaryIO:
@@ -191,7 +352,7 @@ def _decompressed(raw: BinaryIO, compression: str, url: str) -> BinaryIO:
 class StreamFile:
     """A sequential reader that closes both the decompressor and the file below it."""
 
-    def __init__(self, inner: BinaryIO, owner: BinaryIO | None = None) -> None:
+    def __init__(self, inner: BinaryIO, owner: Any = None) -> None:
         self.inner = inner
         self.owner = owner
 
@@ -230,12 +391,13 @@ class StreamFile:
         self.close()
 
 
-def open_stream(url: str, compression: str | None = None) -> StreamFile:
-    """A buffered sequential reader of ``url``'s (decompressed) bytes."""
+def open_stream(url: str, compression: str | None = None, access: FileAccess = DEFAULT_FILE_ACCESS) -> StreamFile:
+    """A buffered sequential reader of ``url``'s (decompressed) bytes. Remotely:
+    one metadata request, then large range requests (the next one fetched
+    ahead), each checked against that identity and retried."""
     if is_remote(url):
-        from .remote import open_remote_stream
-
-        raw = open_remote_stream(url, STREAM_BUFFER)
+        ref = FileRef(url, *file_identity(url, access))
+        raw: Any = io.BufferedReader(open_scan(ref, access), STREAM_BUFFER)
     else:
         try:
             raw = open(local_path(url), "rb", buffering=STREAM_BUFFER)  # noqa: SIM115
@@ -248,4 +410,4 @@ def open_stream(url: str, compression: str | None = None) -> StreamFile:
     except BaseException:
         raw.close()
         raise
-    return StreamFile(inner, raw)  # type: ignore[arg-type]
+    return StreamFile(inner, raw)

@@ -10,11 +10,16 @@ rebuilt. Writes are atomic (a temporary file, then ``os.replace``).
 
 Concurrent builders (DataLoader workers, the ranks of a node) take a per-file
 lock (``fcntl.flock`` on ``<entry>.lock``) and look at the cache again once they
-hold it, so each file is indexed once and the others read the result. When
+hold it, so each file is indexed once and the others read the result. A builder
+first goes over the files taking only the locks nobody holds (starting at a
+place of its own), so concurrent builders index different files instead of
+queueing on one; then it waits for the rest. Within a process several remote
+files are indexed at once (threads: their time is spent waiting for ranges;
+local files one after the other: their header walk is CPU). When
 ``torch.distributed`` is initialized, :func:`summarize_files` splits the files
-across ranks, each rank indexes its share and the results (counts and the
-entries themselves, for nodes that share no file system) are exchanged with
-``all_gather_object``.
+across ranks, each rank indexes its share and the results (counts, identities
+and the entries themselves, for nodes that share no file system) are exchanged
+with ``all_gather_object``: a file's identity is asked once per job.
 
 Entry layout: ``MAGIC``, the header's length and CRC-32 (4 bytes each, little
 endian), the header (JSON: identity, count, array specs), then the body
@@ -42,7 +47,7 @@ from .files import FileRef, file_identity, key_of
 
 __all__ = ["FileIndex", "cache_dir", "cache_path", "load_cached", "obtain", "summarize_files"]
 
-VERSION = 1
+VERSION = 2  # 2: tar drops WebDataset's __bad__ samples, Parquet records column chunk ranges
 MAGIC = b"DSIDX\x00\x01\n"
 _PREFIX = struct.Struct("<II")
 _SHARE_LIMIT = 256 << 20  # entries larger than this in total are not exchanged between ranks
@@ -62,10 +67,32 @@ class FileIndex:
     strings: dict[str, list[str]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     complete: bool = True
+    derived: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # per process, never stored
 
     def weight(self) -> int:
         """A memory estimate, in array items, for the per-process LRU."""
         return 1 + sum(len(a) for a in self.arrays.values()) + 4 * sum(len(s) for s in self.strings.values())
+
+
+def byte_windows(count: int, extent: Callable[[int], tuple[int, int]], window: int) -> array:
+    """Shuffle windows over ``count`` samples whose byte extents ``extent(i)``
+    (``(start, stop)``, ``(-1, -1)`` for none) increase: the sample index where
+    each window starts, then ``count``. A window grows while its samples span at
+    most ``window`` bytes (one larger sample is a window of its own)."""
+    bounds = array("q", [0])
+    begin = None
+    for i in range(count):
+        start, stop = extent(i)
+        if start < 0:
+            continue
+        if begin is None:
+            begin = start
+        elif stop - begin > window:
+            bounds.append(i)
+            begin = start
+    if count:
+        bounds.append(count)
+    return bounds
 
 
 def cache_dir() -> Path:
@@ -193,22 +220,28 @@ def write_entry(path: Path, data: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``<path>.lock``; no lock where that is impossible."""
+def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``<path>.lock``: yields whether it is held
+    (``wait=False`` gives up at once if another builder holds it); no lock
+    where that is impossible."""
     try:
         import fcntl
     except ImportError:  # not POSIX: concurrent builders may build twice, each writes atomically
-        yield
+        yield True
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
     except OSError:
-        yield
+        yield True
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)  # closing releases the lock
 
@@ -216,14 +249,18 @@ def _locked(path: Path) -> Iterator[None]:
 Builder = Callable[[FileRef], FileIndex]
 
 
-def obtain(fmt: str, ref: FileRef, build: Builder, header_only: bool = False) -> tuple[FileIndex, bytes | None]:
+def obtain(fmt: str, ref: FileRef, build: Builder, header_only: bool = False,
+           wait: bool = True) -> tuple[FileIndex | None, bytes | None]:
     """``ref``'s index from the cache, or built (once: under the file's lock) and
-    cached. Returns the index and, when it was built here, its cache entry."""
+    cached. Returns the index and, when it was built here, its cache entry;
+    ``(None, None)`` if ``wait=False`` and another builder holds the lock."""
     cached = load_cached(fmt, ref, header_only)
     if cached is not None:
         return cached, None
     path = cache_path(fmt, ref)
-    with _locked(path):
+    with _locked(path, wait) as held:
+        if not held:
+            return None, None
         cached = load_cached(fmt, ref, header_only)  # another process may have built it meanwhile
         if cached is not None:
             return cached, None
@@ -255,18 +292,71 @@ def _collective() -> tuple[int, int] | None:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _summarize_one(fmt: str, url: str, build: Builder) -> tuple[FileRef, int, bytes | None]:
-    ref = FileRef(url, *file_identity(url))
-    index, built = obtain(fmt, ref, build, header_only=True)
-    return ref, index.count, built
+def _threads(urls: list[str]) -> int:
+    """Files indexed at once in one process: remote files wait on round trips;
+    local ones are indexed one after the other (the header walk is CPU)."""
+    from .urls import is_remote
+
+    return min(len(urls), 16 if any(is_remote(u) for u in urls) else 1) or 1
+
+
+def _summarize(fmt: str, urls: list[str], build: Builder, identify: Callable[[str], tuple[int, str]],
+               start: int = 0) -> list[tuple[FileRef, int, bytes | None]]:
+    """``(ref, count, entry built here)`` per url, in order (remote files by
+    several threads at once); files another builder is indexing are left for
+    last (see the module docstring). ``start`` rotates where this builder begins."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not urls:
+        return []
+    order = [(start + k) % len(urls) for k in range(len(urls))]
+    out: list[tuple[FileRef, int, bytes | None] | None] = [None] * len(urls)
+    refs: dict[int, FileRef] = {}
+
+    def identified(k: int) -> None:
+        refs[k] = FileRef(urls[k], *identify(urls[k]))
+
+    def attempt(k: int, wait: bool) -> bool:
+        index, built = obtain(fmt, refs[k], build, header_only=True, wait=wait)
+        if index is None:
+            return False
+        out[k] = (refs[k], index.count, built)
+        return True
+
+    threads = _threads(urls)
+    if threads == 1:  # local files: the header walk is CPU, threads would only contend
+        for k in order:
+            identified(k)
+        busy = [k for k in order if not attempt(k, False)]
+        for k in busy:
+            attempt(k, True)
+    else:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="distshard-index") as pool:
+            list(pool.map(identified, order))
+            busy = [k for k, done in zip(order, pool.map(lambda k: attempt(k, False), order)) if not done]
+            list(pool.map(lambda k: attempt(k, True), busy))
+    assert all(item is not None for item in out)
+    return out  # type: ignore[return-value]
+
+
+def _start_of(count: int) -> int:
+    """Where a builder begins: DataLoader workers of one loader each start at
+    another file."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is None or not count:
+        return 0
+    return info.id * count // max(1, info.num_workers)
 
 
 _ERRORS = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "ImportError": ImportError,
-           "PermissionError": PermissionError, "TypeError": TypeError}
+           "PermissionError": PermissionError, "TypeError": TypeError, "RemoteReadError": OSError,
+           "OSError": OSError}
 
 
-def summarize_files(fmt: str, urls: list[str], build: Builder,
-                    collective: bool = False) -> list[tuple[FileRef, int]]:
+def summarize_files(fmt: str, urls: list[str], build: Builder, collective: bool = False,
+                    identify: Callable[[str], tuple[int, str]] = file_identity) -> list[tuple[FileRef, int]]:
     """``(ref with identity, sample count)`` for every url, in order.
 
     With ``collective`` (and this process a rank of an initialized
@@ -274,17 +364,19 @@ def summarize_files(fmt: str, urls: list[str], build: Builder,
     rank must make: rank ``r`` indexes files ``r, r + world, ...`` and the counts
     and new cache entries are exchanged with ``all_gather_object``; an error on
     any rank is raised on every rank. Otherwise every file is indexed here (or
-    read from the cache), under its lock.
+    read from the cache), under its lock. ``identify(url)`` gives a file's
+    ``(size, stamp)`` (a ``stat``, or one metadata request).
     """
     group = _collective() if collective else None
     if group is None:
-        return [(ref, count) for ref, count, _ in (_summarize_one(fmt, url, build) for url in urls)]
+        return [(ref, count) for ref, count, _ in _summarize(fmt, urls, build, identify, _start_of(len(urls)))]
     rank, world = group
     mine: list[tuple[int, str, int | None, str | None, int, bytes | None]] = []
     error: tuple[str, str] | None = None
     try:
-        for position in range(rank, len(urls), world):
-            ref, count, built = _summarize_one(fmt, urls[position], build)
+        positions = list(range(rank, len(urls), world))
+        for position, (ref, count, built) in zip(positions, _summarize(fmt, [urls[p] for p in positions], build,
+                                                                       identify)):
             if built is None:
                 built = _read_entry(cache_path(fmt, ref), header_only=False)
             mine.append((position, ref.url, ref.size, ref.stamp, count, built))

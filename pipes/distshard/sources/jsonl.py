@@ -1,8 +1,9 @@
 """JSON lines: one parsed JSON value per non-blank line (UTF-8, ``\\n`` or
 ``\\r\\n`` line ends, an optional byte-order mark, blank lines skipped).
 
-The index must scan the file for newlines (once, then cached); reading a line
-at random reads exactly its bytes.
+The index must scan the file for newlines (once, then cached; remotely in
+large ranges); reading a line at random reads exactly its bytes (the
+read-ahead coalesces neighbouring lines of a slot into large ranges).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import io
 import json
 from array import array
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-from .files import FileRef, compression_of, key_of, open_stream, open_walk
-from .index import FileIndex
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream
+from .index import FileIndex, byte_windows
+from .remote import RemoteReadError
 
 __all__ = ["JsonlFormat", "parse_line"]
 
@@ -58,31 +60,35 @@ class JsonlFormat:
     def compression(self, url: str) -> str | None:
         return compression_of(url)
 
-    def stream(self, url: str) -> Iterator[Any]:
+    def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[Any]:
         """Every value of the file, in order."""
         compression = self.compression(url)
         where = " of the decompressed stream" if compression else ""
-        with open_stream(url, compression) as f:
+        with open_stream(url, compression, access) as f:
             try:
                 for number, start, raw in _lines(f):
                     yield parse_line(raw, url, number, start, where)
+            except RemoteReadError:
+                raise
             except (OSError, EOFError) as exc:  # a corrupt compressed stream
                 raise ValueError(f"{url}: cannot read the file: {exc}") from None
 
-    def build_index(self, ref: FileRef) -> FileIndex:
+    def build_index(self, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex:
         """Scan for newlines: the byte range of every non-blank line. A
         compressed file is streamed once to count its lines."""
         assert ref.size is not None and ref.stamp is not None
         if self.compression(ref.url):
             count = 0
-            with open_stream(ref.url, self.compression(ref.url)) as f:
+            with open_stream(ref.url, self.compression(ref.url), access) as f:
                 try:
                     count = sum(1 for _ in _lines(f))
+                except RemoteReadError:
+                    raise
                 except (OSError, EOFError) as exc:
                     raise ValueError(f"{ref.url}: cannot read the file: {exc}") from None
             return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, count, meta={"streaming": True})
         starts, lengths = array("q"), array("q")
-        raw = open_walk(ref)
+        raw = open_scan(ref, access)
         try:
             for _, start, line in _lines(io.BufferedReader(raw, 1 << 20)):  # type: ignore[arg-type]
                 starts.append(start)
@@ -92,21 +98,29 @@ class JsonlFormat:
         return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, len(starts),
                          arrays={"start": starts, "length": lengths})
 
-    def open(self, ref: FileRef) -> Any:
-        from .files import open_random
+    def spans(self, index: FileIndex, i: int) -> list[tuple[int, int]]:
+        """Line ``i``: exactly its bytes."""
+        start = index.arrays["start"][i]
+        return [(start, start + index.arrays["length"][i])]
 
-        return open_random(ref)
-
-    def read(self, handle: Any, index: FileIndex, i: int, ref: FileRef) -> Any:
-        """Line ``i``: one read of exactly its bytes."""
-        start, length = index.arrays["start"][i], index.arrays["length"][i]
-        raw = handle.read_at(start, length)
+    def parse(self, handle: Any, index: FileIndex, i: int, ref: FileRef, views: list[memoryview]) -> Any:
+        start = index.arrays["start"][i]
+        raw = bytes(views[0])
         try:
             return parse_line(raw, ref.url, None, start)
         except ValueError:
             pass
         line = _line_number(handle, start)  # the error path: count the newlines before it
         return parse_line(raw, ref.url, line, start)
+
+    def windows(self, index: FileIndex, window: int) -> Sequence[int]:
+        """Shuffle windows: runs of consecutive lines spanning about ``window`` bytes."""
+        starts, lengths = index.arrays["start"], index.arrays["length"]
+        return byte_windows(index.count, lambda i: (starts[i], starts[i] + lengths[i]), window)
+
+    def sample_sizes(self, index: FileIndex) -> Sequence[int]:
+        """Stored bytes per line (without its line end)."""
+        return index.arrays["length"]
 
 
 def _line_number(handle: Any, offset: int) -> int:

@@ -1,26 +1,41 @@
 """Parquet: one dict per row (``pyarrow``, an optional extra).
 
-The index is the footer's row-group row counts (no data read). Reading row
-``i`` decodes its row group (only the selected ``columns``) and keeps the last
-few decoded row groups of the process in a small LRU, so neighbouring rows cost
-nothing more; the granularity of random access is the row group.
+The index is the footer: rows per row group, the byte range of every column
+chunk, and the footer itself (so a worker never asks the store for it). Reading
+row ``i`` needs the column chunks of its row group (the selected ``columns``
+only): the read-ahead fetches them like any other span, and parsing decodes the
+row group from those bytes once (``pyarrow`` reads nothing else: it is handed
+the footer and an in-memory view of the chunks), keeping the last few decoded
+row groups of the process. With ``shuffle=True`` a file source keeps a row
+group's rows together (see ``order.py``), so each row group is decoded about
+once per slot that reads from it.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
+import io
+import struct
+import threading
 from array import array
 from typing import Any, Iterator, Sequence
 
 from ._lru import LRU
-from .files import FileRef, check_identity, key_of, local_path, open_walk
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path, open_scan, open_stream
 from .index import FileIndex
 from .urls import is_remote
 
-__all__ = ["ParquetFormat", "require_pyarrow"]
+__all__ = ["ParquetFormat", "decodes", "require_pyarrow"]
 
 _ROW_GROUPS: LRU[list] = LRU(max_items=4, max_weight=1 << 20)
+_METADATA: LRU[Any] = LRU(max_items=64)
+_DECODES = [0]  # row groups decoded by this process (what the tests count)
+_DECODES_LOCK = threading.Lock()
+
+
+def decodes() -> int:
+    """Row groups this process decoded so far."""
+    return _DECODES[0]
 
 
 def require_pyarrow() -> Any:
@@ -34,39 +49,55 @@ def require_pyarrow() -> Any:
     return pq
 
 
-class ParquetHandle:
-    """An open Parquet file; decoding a row group first checks that the file
-    is still the one that was indexed."""
-
-    def __init__(self, ref: FileRef) -> None:
-        pq = require_pyarrow()
-        self.ref = ref
-        self.raw = open_walk(ref)  # checked against ref's identity at open
-        try:
-            self.file = pq.ParquetFile(self.raw)
-        except Exception as exc:
-            self.raw.close()
-            raise ValueError(f"{ref.url}: not a readable Parquet file: {exc}") from None
-
-    def check(self) -> None:
-        if is_remote(self.ref.url):
-            return  # checked at open: one metadata request per handle, not per read
-        st = os.fstat(self.raw.fileno())
-        check_identity(self.ref, st.st_size, str(st.st_mtime_ns))
-
-    def close(self) -> None:
-        self.raw.close()
-
-    def __del__(self) -> None:
-        raw = getattr(self, "raw", None)
-        if raw is not None:
-            raw.close()
-
-
 def _check_columns(url: str, names: Sequence[str], columns: Sequence[str] | None) -> None:
     missing = [c for c in columns or () if c not in names]
     if missing:
         raise ValueError(f"{url}: no column {missing[0]!r} (columns: {', '.join(names)})")
+
+
+class _Chunks(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only ``pieces`` (``offset ->
+    bytes``) are present: what pyarrow decodes one row group from. A read of
+    anything else goes to ``fallback`` (never happens when the index is right)."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, memoryview]], fallback: Any) -> None:
+        super().__init__()
+        self.size = size
+        self.pieces = sorted(pieces, key=lambda p: p[0])
+        self.starts = [p[0] for p in self.pieces]
+        self.fallback = fallback
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: 0, 1: self.pos, 2: self.size}[whence] + offset
+        return self.pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
+        at = bisect.bisect_right(self.starts, self.pos) - 1
+        if at >= 0:
+            start, data = self.pieces[at]
+            if self.pos >= start and end <= start + len(data):
+                out = bytes(data[self.pos - start:end - start])
+                self.pos = end
+                return out
+        out = self.fallback.read_at(self.pos, end - self.pos) if end > self.pos else b""
+        self.pos = end
+        return out
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 class ParquetFormat:
@@ -74,7 +105,8 @@ class ParquetFormat:
 
     name = "parquet"
     file_kind = "Parquet file"
-    access = "random access by row group (decoded row groups kept in a small LRU)"
+    window_order = "permute"  # a row group is fetched whole: its rows may come in any order
+    access = "random access by row group (its column chunks read, decoded once while its rows are read)"
 
     def __init__(self, columns: Sequence[str] | None = None) -> None:
         if columns is not None:
@@ -86,13 +118,11 @@ class ParquetFormat:
     def compression(self, url: str) -> str | None:
         return None  # Parquet compresses inside the file: row groups stay addressable
 
-    def stream(self, url: str) -> Iterator[dict[str, Any]]:
+    def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[dict[str, Any]]:
         """Every row of the file, in order."""
         pq = require_pyarrow()
         if is_remote(url):
-            from .remote import open_remote_stream
-
-            source: Any = open_remote_stream(url, 1 << 22)
+            source: Any = open_stream(url, None, access).inner
         else:
             try:
                 source = open(local_path(url), "rb")  # noqa: SIM115 - closed below
@@ -110,34 +140,109 @@ class ParquetFormat:
         finally:
             source.close()
 
-    def build_index(self, ref: FileRef) -> FileIndex:
-        """The footer: rows per row group."""
+    def build_index(self, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex:
+        """The footer: rows per row group, column chunk ranges, the footer bytes."""
         assert ref.size is not None and ref.stamp is not None
-        handle = ParquetHandle(ref)
+        pq = require_pyarrow()
+        scan = open_scan(ref, access)
         try:
-            meta = handle.file.metadata
-            starts = array("q", [0])
-            for group in range(meta.num_row_groups):
-                starts.append(starts[-1] + meta.row_group(group).num_rows)
-            names = list(handle.file.schema_arrow.names)
+            try:
+                file = pq.ParquetFile(scan)
+            except Exception as exc:
+                raise ValueError(f"{ref.url}: not a readable Parquet file: {exc}") from None
+            meta = file.metadata
+            names = list(file.schema_arrow.names)
+            scan.seek(ref.size - 8)
+            tail = scan.read(8)
+            (length,) = struct.unpack("<I", tail[:4])
+            scan.seek(ref.size - 8 - length)
+            footer = array("B", scan.read(length + 8))
         finally:
-            handle.close()
+            scan.close()
+        starts = array("q", [0])
+        chunk_start, chunk_size = array("q"), array("q")
+        leaves = [meta.row_group(0).column(c).path_in_schema for c in range(meta.num_columns)] \
+            if meta.num_row_groups else []
+        for group in range(meta.num_row_groups):
+            rg = meta.row_group(group)
+            starts.append(starts[-1] + rg.num_rows)
+            for c in range(rg.num_columns):
+                chunk = rg.column(c)
+                begin = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+                chunk_start.append(begin)
+                chunk_size.append(chunk.total_compressed_size)
         return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, starts[-1],
-                         arrays={"starts": starts}, strings={"columns": names})
+                         arrays={"starts": starts, "chunk_start": chunk_start, "chunk_size": chunk_size,
+                                 "footer": footer},
+                         strings={"columns": names, "leaves": leaves})
 
-    def open(self, ref: FileRef) -> ParquetHandle:
-        return ParquetHandle(ref)
+    # -- random access ------------------------------------------------------------------------
+    def _leaves(self, index: FileIndex) -> list[int]:
+        """The leaf columns the selected ``columns`` read."""
+        found = index.derived.get(("leaves", self.columns))
+        if found is None:
+            leaves = index.strings["leaves"]
+            if self.columns is None:
+                found = list(range(len(leaves)))
+            else:
+                found = [k for k, path in enumerate(leaves)
+                         if any(path == c or path.startswith(c + ".") for c in self.columns)]
+            index.derived[("leaves", self.columns)] = found
+        return found
 
-    def read(self, handle: ParquetHandle, index: FileIndex, i: int, ref: FileRef) -> dict[str, Any]:
+    def _group(self, index: FileIndex, i: int) -> int:
+        return bisect.bisect_right(index.arrays["starts"], i) - 1
+
+    def spans(self, index: FileIndex, i: int) -> list[tuple[int, int]]:
+        """Row ``i``: the column chunks of its row group (the selected columns)."""
+        group = self._group(index, i)
+        width = len(index.strings["leaves"])
+        starts, sizes = index.arrays["chunk_start"], index.arrays["chunk_size"]
+        return [(starts[group * width + k], starts[group * width + k] + sizes[group * width + k])
+                for k in self._leaves(index)]
+
+    def parse(self, handle: Any, index: FileIndex, i: int, ref: FileRef, views: list[memoryview]) -> dict[str, Any]:
         """Row ``i``: its row group, decoded once per process while it stays in the LRU."""
         starts = index.arrays["starts"]
-        group = bisect.bisect_right(starts, i) - 1
+        group = self._group(index, i)
         cache_key = (key_of(ref.url), index.size, index.stamp, self.columns, group)
         rows = _ROW_GROUPS.get(cache_key)
         if rows is None:
             _check_columns(ref.url, index.strings["columns"], self.columns)
-            handle.check()
+            pq = require_pyarrow()
+            pieces = [(start, view) for (start, _), view in zip(self.spans(index, i), views)]
+            file = pq.ParquetFile(_Chunks(index.size, pieces, handle), metadata=self._metadata(index, ref))
             columns = list(self.columns) if self.columns is not None else None
-            rows = handle.file.read_row_group(group, columns=columns).to_pylist()
+            rows = file.read_row_group(group, columns=columns).to_pylist()
+            with _DECODES_LOCK:
+                _DECODES[0] += 1
             _ROW_GROUPS.put(cache_key, rows, weight=max(1, len(rows)))
         return dict(rows[i - starts[group]])
+
+    def _metadata(self, index: FileIndex, ref: FileRef) -> Any:
+        key = (key_of(ref.url), index.size, index.stamp)
+        meta = _METADATA.get(key)
+        if meta is None:
+            import pyarrow as pa
+
+            pq = require_pyarrow()
+            meta = _METADATA.put(key, pq.read_metadata(pa.BufferReader(index.arrays["footer"].tobytes())))
+        return meta
+
+    def windows(self, index: FileIndex, window: int) -> Sequence[int]:
+        """Shuffle windows: the row groups (each decoded once per slot that reads it)."""
+        return index.arrays["starts"]
+
+    def sample_sizes(self, index: FileIndex) -> list[int]:
+        """Stored bytes per row: its row group's selected column chunks, spread
+        evenly over the rows (Parquet stores no size per row)."""
+        starts = index.arrays["starts"]
+        out: list[int] = []
+        for group in range(len(starts) - 1):
+            rows = starts[group + 1] - starts[group]
+            if not rows:
+                continue
+            total = sum(stop - start for start, stop in self.spans(index, starts[group]))
+            share, extra = divmod(total, rows)
+            out.extend(share + (1 if k < extra else 0) for k in range(rows))
+        return out

@@ -1,143 +1,550 @@
 """Remote files (``s3://``, ``gs://``, ``http(s)://``, ...) through fsspec.
 
-Every read is a range read (``fs.cat_file(path, start, end)``), so reading a
-sample transfers its own bytes only, and walking a tar's headers transfers the
-headers only. fsspec is an optional extra: ``pip install distshard[remote]``
-(plus the filesystem's own package: ``s3fs``, ``gcsfs``; ``http(s)`` needs
-``aiohttp``).
+fsspec is an optional extra: ``pip install distshard[remote]`` (``http(s)``;
+it brings aiohttp) or ``distshard[s3]`` (s3fs), ``gcsfs`` for ``gs://``.
+``storage_options`` are handed to the filesystem as fsspec takes them; the
+environment (``AWS_*``, ...) keeps working as it does for fsspec.
+
+What this module adds to fsspec:
+
+* **Range reads checked against the indexed identity.** A file's size and
+  version (ETag, generation, modification time) are asked once per job, when
+  the source is indexed, and travel with the pipe into the DataLoader workers.
+  Every range response is then checked against them for free: HTTP and S3 send
+  ``If-Match: <ETag>`` (the store answers 412 if the object changed) and the
+  response's ``Content-Range`` total and ``ETag`` must match; a changed file
+  raises ``ValueError`` instead of mixing two versions. Other stores are checked
+  once per process and file (a metadata request).
+* **Retries.** Transient failures (5xx, 429, a reset connection, a short body,
+  a timeout) are retried with exponential backoff, bounded in count and time
+  (``ReadOptions.retries`` / ``retry_seconds`` / ``timeout``), then raise
+  :class:`RemoteReadError` naming the URL and the byte range.
+* **Fork safety.** Clients are per process. A child made by ``fork`` (a
+  DataLoader worker) never uses, closes or garbage-collects what it inherited:
+  closing an inherited aiohttp connection in the child removes the parent's
+  socket from the parent's epoll set (the same kernel object), and the parent
+  then waits forever for its next response. So the child keeps every inherited
+  fsspec filesystem alive, detaches their close-on-collect finalizers, and makes
+  its own.
 """
 
 from __future__ import annotations
 
-import io
-from typing import Any, BinaryIO
+import asyncio
+import concurrent.futures
+import os
+import random
+import re
+import threading
+import time
+import weakref
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from .files import FileRef, check_identity
+from .options import ReadOptions
 
-__all__ = ["RemoteRandomFile", "RemoteWalkFile", "filesystem", "glob_remote", "open_remote_stream",
-           "remote_identity"]
+__all__ = ["Client", "RemoteReadError", "client_for", "forget_clients", "glob_remote", "remote_identity"]
 
-_STAMP_FIELDS = ("ETag", "etag", "generation", "mtime", "LastModified", "last_modified", "updated",
-                 "Last-Modified", "md5Hash", "Content-MD5")
+T = TypeVar("T")
+
+_DEFAULT = ReadOptions()
 
 
-def filesystem(url: str) -> tuple[Any, str]:
-    """``(fs, path)`` for ``url``; a clear ``ImportError`` when fsspec is missing."""
+class RemoteReadError(OSError):
+    """A remote read that kept failing after its retries (names the URL and range)."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying."""
+
+
+class _Changed(Exception):
+    """The store says the object is no longer the indexed version."""
+
+
+def _missing(url: str) -> FileNotFoundError:
+    return FileNotFoundError(f"{url}: no such file (named by the source's urls)")
+
+
+def changed_error(url: str, what: str) -> ValueError:
+    return ValueError(
+        f"{url} changed after it was indexed ({what}); refusing to read it with a stale index: "
+        "build the source again (the index is rebuilt for the new file)")
+
+
+def _import_fsspec(url: str) -> Any:
     try:
-        import fsspec.core
+        import fsspec
     except ImportError:
         raise ImportError(
             f"reading the remote URL {url!r} needs fsspec: `pip install distshard[remote]` "
-            "(plus the filesystem's package: s3fs for s3://, gcsfs for gs://, aiohttp for http(s)://)"
-        ) from None
-    return fsspec.core.url_to_fs(url)
+            "(distshard[s3] for s3://; gcsfs for gs://)") from None
+    return fsspec
 
 
-def remote_identity(url: str) -> tuple[int, str]:
-    """``(size, stamp)``: the size and the first version marker the store reports
-    (ETag, generation, modification time)."""
-    fs, path = filesystem(url)
+def _frozen(value: Any) -> Any:
+    """A hashable stand-in for storage options (dicts, lists, objects by id)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
     try:
-        info = fs.info(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{url}: no such file (named by the source's urls)") from None
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return value
+
+
+# -- per-process clients --------------------------------------------------------------------
+_LOCK = threading.Lock()
+_CLIENTS: dict[Any, "Client"] = {}
+_ORPHANS: list[Any] = []  # what a forked child inherited: kept alive, never closed or collected
+
+
+def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> "Client":
+    """This process's client for ``url``'s protocol and ``storage_options``."""
+    protocol = url.split("://", 1)[0].lower()
+    key = (protocol, _frozen(storage_options or {}))
+    client = _CLIENTS.get(key)
+    if client is None:
+        with _LOCK:
+            client = _CLIENTS.get(key)
+            if client is None:
+                client = _CLIENTS[key] = Client(url, protocol, dict(storage_options or {}))
+    return client
+
+
+def forget_clients() -> None:
+    """Drop this process's clients without closing them (what a forked child does)."""
+    with _LOCK:
+        _ORPHANS.extend(_CLIENTS.values())
+        _CLIENTS.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+    _ORPHANS.extend(_CLIENTS.values())
+    _CLIENTS.clear()
+    _keep_inherited_filesystems()
+
+
+def _keep_inherited_filesystems() -> None:
+    """Keep every fsspec filesystem this child inherited alive and detach the
+    finalizers that would close its sessions (see the module docstring): fsspec
+    empties its instance cache in a new process, which would collect them."""
+    import sys
+
+    spec = sys.modules.get("fsspec.spec")
+    if spec is None:
+        return
+    inherited: list[Any] = []
+    todo = [spec.AbstractFileSystem]
+    seen: set[int] = set()
+    while todo:
+        cls = todo.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        todo.extend(cls.__subclasses__())
+        cache = cls.__dict__.get("_cache")
+        if isinstance(cache, dict):
+            inherited.extend(cache.values())
+    for client in _ORPHANS:
+        if isinstance(client, Client) and client._fs is not None:
+            inherited.append(client._fs)
+    _ORPHANS.extend(inherited)
+    ids = {id(obj) for obj in inherited}
+    registry = getattr(weakref.finalize, "_registry", {})
+    for finalizer, info in list(registry.items()):
+        target = info.weakref() if getattr(info, "weakref", None) is not None else None
+        if target is not None and id(target) in ids:
+            finalizer.detach()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- the client -----------------------------------------------------------------------------
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+_S3_RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling",
+                   "ThrottlingException", "RequestTimeTooSkewed", "500", "502", "503", "504"}
+
+
+def _http_stamp(headers: Mapping[str, str]) -> str:
+    """The version an HTTP answer names: its ETag, else ``lm:`` and its Last-Modified."""
+    return headers.get("ETag") or (f"lm:{headers['Last-Modified']}" if headers.get("Last-Modified") else "")
+
+
+def _strong_etag(stamp: str | None) -> str | None:
+    """The ETag to send as ``If-Match`` (a strong one, ``"..."``), if ``stamp`` is one."""
+    if stamp and stamp.startswith('"') and stamp.endswith('"') and len(stamp) >= 2:
+        return stamp
+    return None
+
+
+class Client:
+    """fsspec's filesystem for one protocol and set of storage options, in one process.
+
+    ``kind`` is ``http`` (``HTTPFileSystem``), ``s3`` (``s3fs``) or ``generic``
+    (anything else fsspec reads: ``cat_file`` plus a metadata check per process
+    and file). Blocking calls run on the filesystem's event loop."""
+
+    def __init__(self, url: str, protocol: str, storage_options: dict[str, Any]) -> None:
+        self.protocol = protocol
+        self.storage_options = storage_options
+        self.pid = os.getpid()
+        fsspec = _import_fsspec(url)
+        try:
+            cls = fsspec.get_filesystem_class(protocol)
+        except (ImportError, ValueError) as exc:
+            hint = {"s3": "distshard[s3] (s3fs)", "s3a": "distshard[s3] (s3fs)", "gs": "gcsfs", "gcs": "gcsfs",
+                    "http": "distshard[remote] (aiohttp)", "https": "distshard[remote] (aiohttp)"}.get(protocol)
+            more = f": `pip install {hint}`" if hint else ""
+            raise ImportError(f"reading {url!r} needs the fsspec filesystem for {protocol}://{more} ({exc})") from None
+        self.kind = "http" if cls.__name__ == "HTTPFileSystem" else "s3" if cls.__name__ == "S3FileSystem" \
+            else "generic"
+        self._cls = cls
+        self._fs: Any = None
+        self._checked: dict[str, tuple[int, str]] = {}  # generic stores: identity checked per process
+        self._semaphores: dict[int, asyncio.Semaphore] = {}
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._fs = self._cls(skip_instance_cache=True, **self.storage_options)
+        return self._fs
+
+    def path_of(self, url: str) -> str:
+        return url if self.kind == "http" else self.fs._strip_protocol(url)
+
+    # -- running coroutines on the filesystem's loop ------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        fs = self.fs
+        loop = getattr(fs, "loop", None)
+        if loop is None:
+            from fsspec.asyn import get_loop
+
+            loop = get_loop()
+        return loop
+
+    def submit(self, coro: Awaitable[T]) -> "concurrent.futures.Future[T]":
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return self.submit(coro).result()
+
+    # -- identity ------------------------------------------------------------------------------
+    def identity(self, url: str, options: ReadOptions = _DEFAULT) -> tuple[int, str]:
+        """``(size, stamp)`` of ``url`` now: one metadata request (retried)."""
+        return self.run(self._retrying(url, "metadata", lambda: self._identity(url), options))
+
+    async def _identity(self, url: str) -> tuple[int, str]:
+        if self.kind == "http":
+            session = await self.fs.set_session()
+            kw = dict(self.fs.kwargs)
+            headers = dict(kw.pop("headers", None) or {})
+            headers["Accept-Encoding"] = "identity"
+            kw.setdefault("allow_redirects", True)
+            async with session.head(self.fs.encode_url(url), headers=headers, **kw) as r:
+                if r.status not in (403, 405):  # some signed URLs allow GET only: ask with a 1-byte range
+                    _check_status(url, r.status, "metadata")
+                    size = r.headers.get("Content-Length")
+                    if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                        raise ValueError(f"{url}: the server does not report the file's size; random access "
+                                         "needs it")
+                    return int(size), _http_stamp(r.headers)
+            headers["Range"] = "bytes=0-0"
+            async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
+                match = _CONTENT_RANGE.match(r.headers.get("Content-Range", "")) or re.match(
+                    r"bytes \*/(\d+)", r.headers.get("Content-Range", ""))
+                if r.status not in (206, 416) or match is None or not match.groups()[-1].isdigit():
+                    _check_status(url, r.status, "metadata")
+                    raise ValueError(f"{url}: the server reports no size (no Content-Range); random access needs it")
+                await r.read()
+                return int(match.groups()[-1]), _http_stamp(r.headers)
+        if self.kind == "s3":
+            bucket, key, version = self.fs.split_path(self.path_of(url))
+            s3 = await self._s3(bucket)
+            kw = self.fs._get_s3_method_kwargs(s3.head_object, Bucket=bucket, Key=key,
+                                               **({"VersionId": version} if version else {}))
+            head = await _s3_call(url, "metadata", s3.head_object(**kw))
+            return int(head["ContentLength"]), str(head.get("ETag") or head.get("VersionId") or "")
+        info = await self._generic_info(url)
+        return _identity_of(url, info)
+
+    async def _generic_info(self, url: str) -> dict[str, Any]:
+        fs = self.fs
+        try:
+            if getattr(fs, "async_impl", False):
+                return await fs._info(self.path_of(url))
+            return await asyncio.get_running_loop().run_in_executor(None, fs.info, self.path_of(url))
+        except FileNotFoundError:
+            raise _missing(url) from None
+
+    async def _s3(self, bucket: str) -> Any:
+        await self.fs.set_session()
+        return await self.fs.get_s3(bucket)
+
+    # -- range reads ----------------------------------------------------------------------------
+    def submit_range(self, url: str, start: int, stop: int, size: int | None, stamp: str | None,
+                     options: ReadOptions = _DEFAULT) -> "_Pending":
+        """Bytes ``[start, stop)`` of ``url``, checked against ``(size, stamp)``
+        (the indexed identity; ``None`` skips the check), retried; a future-like
+        object (``result()``, ``cancel()``)."""
+        what = f"bytes [{start}, {stop})"
+
+        async def limited() -> tuple[bool, Any]:
+            # a failure is returned, not raised: a read the caller no longer waits for
+            # (cancelled after an earlier error) must not make asyncio print its error
+            try:
+                async with self._semaphore(options.concurrency):
+                    return True, await self._retrying(url, what, lambda: self._get(url, start, stop, size, stamp),
+                                                      options)
+            except Exception as exc:  # noqa: BLE001 - raised by _Pending.result
+                return False, exc
+
+        return _Pending(self.submit(limited()))
+
+    def read_range(self, url: str, start: int, stop: int, size: int | None, stamp: str | None,
+                   options: ReadOptions = _DEFAULT) -> bytes:
+        return self.submit_range(url, start, stop, size, stamp, options).result()
+
+    def _semaphore(self, limit: int) -> asyncio.Semaphore:
+        semaphore = self._semaphores.get(limit)
+        if semaphore is None:
+            semaphore = self._semaphores[limit] = asyncio.Semaphore(limit)
+        return semaphore
+
+    async def _get(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
+        if stop <= start:
+            return b""
+        if self.kind == "http":
+            return await self._get_http(url, start, stop, size, stamp)
+        if self.kind == "s3":
+            return await self._get_s3(url, start, stop, size, stamp)
+        return await self._get_generic(url, start, stop, size, stamp)
+
+    async def _get_http(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
+        session = await self.fs.set_session()
+        kw = dict(self.fs.kwargs)
+        headers = dict(kw.pop("headers", None) or {})
+        headers["Range"] = f"bytes={start}-{stop - 1}"
+        headers["Accept-Encoding"] = "identity"
+        etag = _strong_etag(stamp)
+        if etag is not None:
+            headers["If-Match"] = etag
+        what = f"bytes [{start}, {stop})"
+        async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
+            if r.status == 412:
+                raise _Changed(f"the server's version no longer matches ETag {stamp}")
+            _check_status(url, r.status, what)
+            seen = r.headers.get("ETag")
+            if stamp and seen and stamp.startswith('"') and seen != stamp:
+                raise _Changed(f"ETag {stamp} -> {seen}")
+            modified = r.headers.get("Last-Modified")
+            if stamp and stamp.startswith("lm:") and modified and f"lm:{modified}" != stamp:
+                raise _Changed(f"Last-Modified {stamp[3:]} -> {modified}")
+            if r.status == 206:
+                _check_content_range(url, r.headers.get("Content-Range"), start, stop, size)
+            elif not (r.status == 200 and start == 0 and size is not None and stop == size):
+                raise ValueError(f"{url}: asked for {what} and the server sent status {r.status} without "
+                                 "Content-Range: it does not serve range requests, which random access needs")
+            try:
+                data = await r.read()
+            except Exception as exc:  # noqa: BLE001 - a cut body: the aiohttp error is retried below
+                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+        return _exact(url, data, start, stop)
+
+    async def _get_s3(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
+        bucket, key, version = self.fs.split_path(self.path_of(url))
+        s3 = await self._s3(bucket)
+        extra: dict[str, Any] = {"VersionId": version} if version else {}
+        etag = _strong_etag(stamp)
+        if etag is not None:
+            extra["IfMatch"] = etag
+        what = f"bytes [{start}, {stop})"
+        kw = self.fs._get_s3_method_kwargs(s3.get_object, Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}",
+                                           **extra)
+        response = await _s3_call(url, what, s3.get_object(**kw))
+        body = response["Body"]
+        try:
+            seen = response.get("ETag")
+            if etag is not None and seen and seen != etag:
+                raise _Changed(f"ETag {stamp} -> {seen}")
+            _check_content_range(url, response.get("ContentRange"), start, stop, size)
+            try:
+                data = await body.read()
+            except Exception as exc:  # noqa: BLE001
+                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+        finally:
+            body.close()
+        return _exact(url, data, start, stop)
+
+    async def _get_generic(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
+        if size is not None and url not in self._checked:  # once per process and file
+            now = _identity_of(url, await self._generic_info(url))
+            if now != (size, stamp):
+                raise _Changed(f"size {size} -> {now[0]}, stamp {stamp} -> {now[1]}")
+            self._checked[url] = now
+        fs = self.fs
+        try:
+            if getattr(fs, "async_impl", False):
+                data = await fs._cat_file(self.path_of(url), start=start, end=stop)
+            else:
+                data = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: fs.cat_file(self.path_of(url), start=start, end=stop))
+        except FileNotFoundError:
+            raise _missing(url) from None
+        except (ConnectionError, TimeoutError, asyncio.TimeoutError) as exc:
+            raise _Transient(f"{type(exc).__name__}: {exc}") from None
+        return _exact(url, data, start, stop)
+
+    # -- whole small files and globs ----------------------------------------------------------------
+    def cat(self, url: str, options: ReadOptions = _DEFAULT) -> bytes:
+        size, stamp = self.identity(url, options)
+        return self.read_range(url, 0, size, size, stamp, options) if size else b""
+
+    def glob(self, pattern: str) -> list[str]:
+        fs = self.fs
+        return sorted(fs.unstrip_protocol(p) if self.kind != "http" else p for p in fs.glob(self.path_of(pattern)))
+
+    # -- retries ------------------------------------------------------------------------------------
+    async def _retrying(self, url: str, what: str, attempt: Callable[[], Awaitable[T]], options: ReadOptions) -> T:
+        started = time.monotonic()
+        delay = 0.05
+        failures: list[str] = []
+        for number in range(options.retries + 1):
+            try:
+                return await asyncio.wait_for(attempt(), options.timeout)
+            except _Changed as exc:
+                raise changed_error(url, str(exc)) from None
+            except _Transient as exc:
+                failures.append(str(exc))
+            except asyncio.TimeoutError:
+                failures.append(f"no answer within {options.timeout:g} s")
+            except (ValueError, FileNotFoundError, PermissionError, ImportError, TypeError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - connection errors of aiohttp / botocore
+                if not _looks_transient(exc):
+                    raise
+                failures.append(f"{type(exc).__name__}: {exc}")
+            elapsed = time.monotonic() - started
+            if number == options.retries or elapsed + delay > options.retry_seconds:
+                break
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(delay * 2, 5.0)
+        raise RemoteReadError(
+            f"{url}: {what}: {len(failures)} attempt{'s' if len(failures) != 1 else ''} failed in "
+            f"{time.monotonic() - started:.1f} s (retries={options.retries}, retry_seconds="
+            f"{options.retry_seconds:g}); last: {failures[-1] if failures else '?'}")
+
+
+class _Pending:
+    """The future of a range read (see ``Client.submit_range``)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: "concurrent.futures.Future[tuple[bool, Any]]") -> None:
+        self.future = future
+
+    def result(self, timeout: float | None = None) -> bytes:
+        ok, value = self.future.result(timeout)
+        if not ok:
+            raise value
+        return value
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
+
+
+def _looks_transient(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    transient = {"ClientError", "ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError",
+                 "ClientOSError", "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
+                 "ConnectTimeoutError", "IncompleteReadError", "ResponseStreamingError", "HTTPClientError",
+                 "ConnectionError", "TimeoutError", "ProtocolError"}
+    if "ClientResponseError" in names:
+        return getattr(exc, "status", 0) in _RETRY_STATUS
+    return bool(names & transient) or isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError,
+                                                                                     PermissionError))
+
+
+def _check_status(url: str, status: int, what: str) -> None:
+    if status in (200, 206):
+        return
+    if status == 404:
+        raise _missing(url)
+    if status in (401, 403):
+        raise PermissionError(f"{url}: access denied (HTTP {status}) reading {what}: check the credentials "
+                              "or headers given in storage_options")
+    if status == 416:
+        raise _Changed(f"the server says {what} is beyond the end of the file (HTTP 416)")
+    if status in _RETRY_STATUS or status >= 500:
+        raise _Transient(f"HTTP {status}")
+    raise ValueError(f"{url}: HTTP {status} reading {what}")
+
+
+def _check_content_range(url: str, header: str | None, start: int, stop: int, size: int | None) -> None:
+    match = _CONTENT_RANGE.match(header or "")
+    if match is None:
+        raise ValueError(f"{url}: asked for bytes [{start}, {stop}) and the answer has no Content-Range "
+                         f"({header!r}): the server does not serve range requests")
+    first, last, total = int(match.group(1)), int(match.group(2)), match.group(3)
+    if size is not None and total != "*" and int(total) != size:
+        raise _Changed(f"size {size} -> {total}")
+    if (first, last + 1) != (start, stop):
+        raise _Changed(f"asked for bytes [{start}, {stop}), the server sent [{first}, {last + 1})")
+
+
+def _exact(url: str, data: bytes, start: int, stop: int) -> bytes:
+    if len(data) != stop - start:
+        raise _Transient(f"a short body: {len(data)} of {stop - start} bytes")
+    return bytes(data)
+
+
+async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except Exception as exc:
+        response = getattr(exc, "response", None)
+        if not isinstance(response, dict):
+            raise
+        code = str((response.get("Error") or {}).get("Code", ""))
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode", 0)
+        if code in ("PreconditionFailed", "412") or status == 412:
+            raise _Changed("the store's version no longer matches the indexed ETag") from None
+        if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+            raise _missing(url) from None
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
+            raise PermissionError(f"{url}: access denied ({code}) reading {what}: check the credentials in "
+                                  "storage_options or the environment") from None
+        if code == "InvalidRange" or status == 416:
+            raise _Changed(f"{what} is beyond the end of the object") from None
+        if code in _S3_RETRY_CODES or status >= 500 or status == 429:
+            raise _Transient(f"{code or status}") from None
+        raise
+
+
+def _identity_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:
     size = info.get("size")
     if size is None:
-        raise ValueError(f"{url}: the server does not report the file's size; random access needs it")
-    stamp = next((str(info[name]) for name in _STAMP_FIELDS if info.get(name)), "")
-    return int(size), stamp
+        raise ValueError(f"{url}: the store does not report the file's size; random access needs it")
+    for name in ("ETag", "etag", "generation", "version_id", "VersionId", "mtime", "LastModified",
+                 "last_modified", "updated", "Last-Modified", "md5Hash", "Content-MD5"):
+        if info.get(name):
+            return int(size), str(info[name])
+    return int(size), ""
 
 
-class RemoteRandomFile:
-    """``read_at(offset, size)``: one range request per call. The identity is
-    checked once, when the handle is opened."""
-
-    def __init__(self, ref: FileRef) -> None:
-        self.ref = ref
-        self.fs, self.path = filesystem(ref.url)
-        check_identity(ref, *remote_identity(ref.url))
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        if size == 0:
-            return b""
-        data = self.fs.cat_file(self.path, start=offset, end=offset + size)
-        if len(data) != size:
-            raise ValueError(
-                f"{self.ref.url}: asked for bytes [{offset}, {offset + size}) and got {len(data)} bytes "
-                "(the file is shorter than indexed, or the server ignores range requests)"
-            )
-        return data
-
-    def read_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
-        """Several ``(offset, size)`` ranges, fetched concurrently where fsspec can."""
-        wanted = [(o, n) for o, n in ranges if n]
-        if len(wanted) <= 1:
-            return [self.read_at(o, n) for o, n in ranges]
-        got = iter(self.fs.cat_ranges([self.path] * len(wanted), [o for o, _ in wanted],
-                                      [o + n for o, n in wanted]))
-        out = []
-        for offset, size in ranges:
-            data = next(got) if size else b""
-            if isinstance(data, BaseException):
-                raise data
-            if len(data) != size:
-                raise ValueError(f"{self.ref.url}: asked for bytes [{offset}, {offset + size}) and got {len(data)}")
-            out.append(data)
-        return out
-
-    def close(self) -> None:
-        pass
+def remote_identity(url: str, storage_options: Mapping[str, Any] | None = None,
+                    options: ReadOptions = _DEFAULT) -> tuple[int, str]:
+    """``(size, stamp)`` of a remote file: one metadata request."""
+    return client_for(url, storage_options).identity(url, options)
 
 
-class RemoteWalkFile(io.RawIOBase):
-    """A read-only, seekable file whose ``read(n)`` is one range request of ``n``
-    bytes and whose ``seek`` transfers nothing: walking tar headers this way
-    transfers 512 bytes per member."""
-
-    def __init__(self, ref: FileRef) -> None:
-        super().__init__()
-        self.handle = RemoteRandomFile(ref)
-        self.size = ref.size if ref.size is not None else remote_identity(ref.url)[0]
-        self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def read(self, size: int = -1) -> bytes:
-        end = self.size if size is None or size < 0 else min(self.size, self.pos + size)
-        if end <= self.pos:
-            return b""
-        data = self.handle.read_at(self.pos, end - self.pos)
-        self.pos = end
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-
-def open_remote_stream(url: str, block_size: int) -> BinaryIO:
-    """A sequential reader fetching ``block_size`` bytes per request."""
-    fs, path = filesystem(url)
-    try:
-        return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{url}: no such file (named by the source's urls)") from None
-
-
-def glob_remote(pattern: str) -> list[str]:
+def glob_remote(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The URLs matching a remote glob, sorted."""
-    fs, path = filesystem(pattern)
-    return sorted(fs.unstrip_protocol(p) for p in fs.glob(path))
+    return client_for(pattern, storage_options).glob(pattern)

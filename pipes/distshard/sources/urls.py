@@ -1,24 +1,26 @@
 """Turning the ``urls`` argument of a file source into an ordered list of files.
 
 WebDataset's conventions: a string may hold several patterns separated by
-``::``; each is brace-expanded (``"shard-{000000..000063}.tar"``, ``"{a,b}"``,
-nested groups), in textual order; a pattern with glob characters (``*?[``) is
-globbed (sorted). A list (or tuple) is taken as it is, item by item.
+``::``; each is brace-expanded exactly as the ``braceexpand`` package does
+(``"shard-{000000..000063}.tar"``, ``"{a,b}"``, nested groups, backslash
+escapes), in textual order; a pattern with glob characters (``*?[``) is globbed
+(sorted). A list (or tuple) is taken as it is, item by item.
 """
 
 from __future__ import annotations
 
 import glob as _glob
+import itertools
 import os
 import re
-from typing import Iterable, Sequence, Union
+import string
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 __all__ = ["braceexpand", "expand_urls", "is_remote"]
 
 UrlsArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -27,86 +29,130 @@ def is_remote(url: str) -> bool:
     return bool(_REMOTE.match(url)) and not url.startswith("file://")
 
 
-def _top_level_group(pattern: str) -> tuple[int, int] | None:
-    """``(start, end)`` of the first balanced ``{...}`` group, or ``None``."""
-    depth = 0
-    start = -1
-    for pos, char in enumerate(pattern):
-        if char == "{":
-            if depth == 0:
-                start = pos
-            depth += 1
-        elif char == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                return start, pos
-    return None
-
-
-def _split_alternatives(body: str) -> list[str]:
-    parts, depth, current = [], 0, []
-    for char in body:
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        depth += char == "{"
-        depth -= char == "}" and depth > 0
-        current.append(char)
-    parts.append("".join(current))
-    return parts
-
-
-def _range(body: str) -> list[str] | None:
-    """``{lo..hi}`` / ``{lo..hi..step}`` (integers, zero-padded like braceexpand) or
-    ``{a..e}`` (single characters); ``None`` if ``body`` is not a range."""
-    match = _RANGE.match(body)
-    if match is None:
-        chars = re.match(r"^([A-Za-z])\.\.([A-Za-z])$", body)
-        if chars is None:
-            return None
-        lo, hi = ord(chars.group(1)), ord(chars.group(2))
-        direction = 1 if hi >= lo else -1
-        return [chr(c) for c in range(lo, hi + direction, direction)]
-    first, last, step = match.group(1), match.group(2), int(match.group(3) or 1)
-    lo, hi = int(first), int(last)
-    padded = any(s.startswith(("0", "-0")) for s in (first, last) if s not in ("0", "-0"))
-    width = max(len(first), len(last)) if padded else 0
-    direction = 1 if hi >= lo else -1
-    return [str(n).zfill(width) for n in range(lo, hi + direction, direction * max(step, 1))]
+_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
+_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+_ALPHABET = string.ascii_uppercase + string.ascii_lowercase
+_ESCAPED = re.compile(r"\\(.)")
 
 
 def braceexpand(pattern: str) -> list[str]:
-    """Expand brace groups like the ``braceexpand`` package that WebDataset uses.
+    """Expand brace groups exactly as the ``braceexpand`` package (0.1.7) that
+    WebDataset uses does.
 
     ``"a{0..2}b"`` gives ``a0b a1b a2b``; ``"{00..10}"`` keeps the zero padding;
-    ``"x{a,b{1,2}}"`` gives ``xa xb1 xb2``. A group that is neither a range nor
-    has a comma is kept literally (``"{x}"``).
+    ``"{a..g..2}"`` steps; ``"x{a,b{1,2}}"`` gives ``xa xb1 xb2``; a group that
+    is neither a range nor has a comma stays, braces and all (``"{x}"``, and the
+    outer braces of ``"{{a,b}}"``: ``{a} {b}``); a backslash escapes the next
+    character (``"lit\\{a,b\\}.tar"`` is the one name ``lit{a,b}.tar``) and is
+    removed. Unbalanced braces raise ``ValueError``.
     """
-    group = _top_level_group(pattern)
-    if group is None:
-        return [pattern]
-    start, end = group
-    head, body, tail = pattern[:start], pattern[start + 1:end], pattern[end + 1:]
-    choices = _range(body)
-    if choices is None:
-        alternatives = _split_alternatives(body)
-        if len(alternatives) == 1:  # not a group: literal braces, expand what follows
-            return [head + "{" + body + "}" + rest for rest in braceexpand(tail)]
-        choices = [item for alt in alternatives for item in braceexpand(alt)]
-    return [head + choice + rest for choice in choices for rest in braceexpand(tail)]
+    try:
+        return [_ESCAPED.sub(r"\1", _flatten(item)) for item in _pattern(pattern)]
+    except _Unbalanced:
+        raise ValueError(f"unbalanced braces in the url pattern {pattern!r} (escape a literal brace as \\{{)") \
+            from None
 
 
-def _glob_one(pattern: str) -> list[str]:
+class _Unbalanced(Exception):
+    pass
+
+
+def _flatten(item: Iterable) -> str:
+    return "".join(part if isinstance(part, str) else _flatten(part) for part in item)
+
+
+def _pattern(pattern: str) -> Iterable[tuple]:
+    """``pattern`` -> the product of its literal parts and groups (braceexpand's parse_pattern)."""
+    start = pos = depth = 0
+    items: list[Iterable] = []
+    while pos < len(pattern):
+        char = pattern[pos]
+        if char == "\\":
+            pos += 2
+            continue
+        if char == "{":
+            if depth == 0 and pos > start:
+                items.append([pattern[start:pos]])
+                start = pos
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                body = pattern[start + 1:pos]
+                group = _expression(body)
+                if group is None:  # neither a range nor a sequence: literal braces around it
+                    items.extend([["{"], list(_pattern(body)), ["}"]])
+                else:
+                    items.append(group)
+                start = pos + 1
+        pos += 1
+    if depth != 0:
+        raise _Unbalanced
+    if start < pos:
+        items.append([pattern[start:]])
+    return itertools.product(*items)
+
+
+def _expression(body: str) -> list | None:
+    match = _INT_RANGE.match(body)
+    if match is not None:
+        return list(_int_range(*match.groups()))
+    match = _CHAR_RANGE.match(body)
+    if match is not None:
+        return list(_char_range(*match.groups()))
+    return _sequence(body)
+
+
+def _sequence(body: str) -> list | None:
+    start = pos = depth = 0
+    items: list[Iterable] = []
+    while pos < len(body):
+        char = body[pos]
+        if char == "\\":
+            pos += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(list(_pattern(body[start:pos])))
+            start = pos + 1
+        pos += 1
+    if depth != 0 or not items:
+        return None
+    items.append(list(_pattern(body[start:])))
+    return list(itertools.chain(*items))
+
+
+def _int_range(first: str, last: str, step: str | None) -> Iterable[str]:
+    padded = any(s.startswith(("0", "-0")) for s in (first, last) if s not in ("0", "-0"))
+    width = max(len(first), len(last)) if padded else 0
+    increment = (int(step) or 1) if step else 1
+    lo, hi = int(first), int(last)
+    numbers = range(lo, hi + 1, increment) if lo < hi else range(lo, hi - 1, -increment)
+    return ("%0*d" % (width, n) for n in numbers)
+
+
+def _char_range(first: str, last: str, step: str | None) -> str:
+    increment = (int(step) or 1) if step else 1
+    lo, hi = _ALPHABET.index(first), _ALPHABET.index(last)
+    if lo < hi:
+        return _ALPHABET[lo:hi + 1:increment]
+    hi = hi or -len(_ALPHABET)
+    return _ALPHABET[lo:hi - 1:-increment]
+
+
+def _glob_one(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     if is_remote(pattern):
         from .remote import glob_remote
 
-        return glob_remote(pattern)
+        return glob_remote(pattern, storage_options)
     path = pattern[len("file://"):] if pattern.startswith("file://") else pattern
     return sorted(_glob.glob(os.path.expanduser(path)))
 
 
-def expand_urls(urls: UrlsArg) -> list[str]:
+def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The ordered list of files that ``urls`` names.
 
     Args:
@@ -126,7 +172,7 @@ def expand_urls(urls: UrlsArg) -> list[str]:
         for pattern in text.split("::"):
             for item in braceexpand(pattern):
                 if _GLOB_CHARS.search(item):
-                    matched = _glob_one(item)
+                    matched = _glob_one(item, storage_options)
                     if not matched:
                         raise ValueError(f"the glob {item!r} matches no file")
                     out.extend(matched)

@@ -1,0 +1,266 @@
+"""Read-ahead: a slot's upcoming byte requests, fetched as few large ranges
+ahead of use, under a byte budget, delivered in the order asked.
+
+The formats never read: they name the byte spans a sample needs
+(``Format.spans``) and parse the bytes they are handed (``Format.parse``).
+:class:`ReadAhead` sits between: it pulls requests from the slot's positions
+(pure arithmetic, so looking ahead is free), coalesces the spans of the next
+batch of them into ranges (:func:`.coalesce.coalesce`), submits those ranges to
+the file's opener (remote: concurrent requests on the client's event loop; a
+local file among remote ones: a ``pread`` when first needed) and hands each
+request its bytes, in order, as soon as they are there. Sources of local files
+only do not use it (``SourceSequence.distshard_read`` reads them exactly).
+
+Memory: the bytes of submitted ranges not yet released stay within
+``ReadOptions.budget`` (a range is released once every request it serves was
+delivered); one request larger than the budget is still read whole. The peak is
+recorded per process in :data:`STATS` (what ``benchmarks/bench_remote.py``
+reports).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+
+from .coalesce import Range, coalesce
+from .options import ReadOptions
+
+__all__ = ["Opened", "ReadAhead", "Request", "STATS", "reset_stats"]
+
+
+class Opened(Protocol):
+    """An open file the read-ahead reads ranges of: ``submit`` returns a
+    future-like object (``result()``, ``cancel()``) of the bytes."""
+
+    def submit(self, start: int, stop: int) -> Any: ...
+
+
+class Request:
+    """One delivery: ``spans`` (``(start, stop)`` of file ``file``) and what the
+    caller wants back with the bytes (``payload``)."""
+
+    __slots__ = ("payload", "file", "spans")
+
+    def __init__(self, payload: Any, file: int, spans: Sequence[tuple[int, int]]) -> None:
+        self.payload, self.file, self.spans = payload, file, spans
+
+
+class _Held:
+    __slots__ = ("range", "future", "users")
+
+    def __init__(self, rng: Range, future: Any) -> None:
+        self.range, self.future, self.users = rng, future, 0
+
+
+@dataclass
+class Stats:
+    """Per-process counters of the read-ahead (summed over its runs)."""
+
+    ranges: int = 0
+    bytes: int = 0
+    peak_held: int = 0
+    held: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"ranges": self.ranges, "bytes": self.bytes, "peak_held": self.peak_held}
+
+
+STATS = Stats()
+
+
+def reset_stats() -> None:
+    global STATS
+    STATS = Stats()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=reset_stats)
+
+
+class _Deferred:
+    """A future-like read that runs when its result is first asked for (local
+    files: no thread, one ``pread`` per range at the moment it is needed)."""
+
+    __slots__ = ("_read", "_value", "_error")
+
+    def __init__(self, read: Callable[[], bytes]) -> None:
+        self._read: Callable[[], bytes] | None = read
+        self._value: bytes | None = None
+        self._error: BaseException | None = None
+
+    def result(self, timeout: float | None = None) -> bytes:
+        read, self._read = self._read, None
+        if read is not None:
+            try:
+                self._value = read()
+            except BaseException as exc:  # noqa: BLE001 - raised to every caller
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def cancel(self) -> bool:
+        self._read = None
+        return True
+
+
+def deferred(read: Callable[[], bytes]) -> Any:
+    """A future-like object (``result()``, ``cancel()``) that reads on first use."""
+    return _Deferred(read)
+
+
+class ReadAhead:
+    """Runs requests ahead of use (see the module docstring).
+
+    ``open(file)`` returns the :class:`Opened` of a file id; ``options`` gives
+    the budget, the coalescing limits (``max_range``; ``max_gap`` unless
+    ``gaps[file]`` overrides it: local files pass 0, so a slot reads exactly its
+    samples' bytes) and how far to pull requests ahead.
+    """
+
+    #: the most requests pulled ahead of delivery (each costs a small tuple)
+    MAX_PENDING = 1 << 16
+
+    def __init__(self, options: ReadOptions, open: Callable[[int], Opened],
+                 gaps: Sequence[int] | None = None) -> None:
+        self.options = options
+        self.open = open
+        self.gaps = gaps
+        self.batch = min(options.budget, max(options.max_range, 4 * options.window))
+
+    def run(self, requests: Iterable[Request]) -> Iterator[tuple[Any, list[memoryview]]]:
+        """``(payload, [bytes of each span])`` for every request, in order."""
+        source = iter(requests)
+        pending: deque[tuple[Request, list[tuple[_Held, int, int]]]] = deque()
+        live: dict[int, list[_Held]] = {}
+        starts: dict[int, list[int]] = {}
+        held = 0
+        exhausted = False
+        options = self.options
+
+        def release(item: _Held) -> None:
+            nonlocal held
+            item.users -= 1
+            if item.users == 0:
+                rng = item.range
+                index = bisect.bisect_left(starts[rng.file], rng.start)
+                del live[rng.file][index], starts[rng.file][index]
+                held -= rng.size
+                with STATS.lock:
+                    STATS.held -= rng.size
+
+        def plan() -> None:
+            """Pull the next batch of requests and submit the ranges they need."""
+            nonlocal held, exhausted
+            batch: list[Request] = []
+            new = 0
+            while not exhausted and (not batch or (new < self.batch and held + new < options.budget)) \
+                    and len(pending) + len(batch) < self.MAX_PENDING:
+                try:
+                    request = next(source)
+                except StopIteration:
+                    exhausted = True
+                    break
+                batch.append(request)
+                for start, stop in request.spans:
+                    if stop > start and not self._live(live, starts, request.file, start, stop):
+                        new += stop - start
+            if not batch:
+                return
+            by_gap: dict[int, list[tuple[int, int, int]]] = {}
+            gaps = self.gaps
+            for request in batch:
+                gap = options.max_gap if gaps is None else gaps[request.file]
+                for start, stop in request.spans:
+                    if stop > start:
+                        by_gap.setdefault(gap, []).append((request.file, start, stop))
+            ranges: list[Range] = []
+            for gap, spans in by_gap.items():
+                ranges.extend(coalesce(spans, options.max_range, gap,
+                                       {f: [h.range for h in live[f]] for f in {s[0] for s in spans} if f in live}))
+            for rng in sorted(ranges, key=_first_use(batch)):
+                item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop))
+                at = bisect.bisect_left(starts.setdefault(rng.file, []), rng.start)
+                starts[rng.file].insert(at, rng.start)
+                live.setdefault(rng.file, []).insert(at, item)
+                held += rng.size
+                with STATS.lock:
+                    STATS.ranges += 1
+                    STATS.bytes += rng.size
+                    STATS.held += rng.size
+                    STATS.peak_held = max(STATS.peak_held, STATS.held)
+            for request in batch:
+                uses = []
+                for start, stop in request.spans:
+                    if stop <= start:
+                        uses.append((None, 0, 0))
+                        continue
+                    item = self._live(live, starts, request.file, start, stop)
+                    assert item is not None, (request.file, start, stop)
+                    item.users += 1
+                    uses.append((item, start - item.range.start, stop - item.range.start))
+                pending.append((request, uses))  # type: ignore[arg-type]
+
+        try:
+            while True:
+                if not pending:
+                    plan()
+                    if not pending:
+                        return
+                request, uses = pending.popleft()
+                views: list[memoryview] = []
+                try:
+                    for item, lo, hi in uses:
+                        views.append(memoryview(item.future.result())[lo:hi] if item is not None else memoryview(b""))
+                finally:
+                    for item, _, _ in uses:
+                        if item is not None:
+                            release(item)
+                while not exhausted and held < options.budget and len(pending) < self.MAX_PENDING and (
+                        len(pending) < 2 or held + self.batch <= options.budget):
+                    before = len(pending)
+                    plan()
+                    if len(pending) == before:
+                        break
+                yield request.payload, views
+        finally:
+            for items in live.values():
+                for item in items:
+                    item.future.cancel()
+            with STATS.lock:
+                STATS.held -= held
+
+    @staticmethod
+    def _live(live: dict[int, list[_Held]], starts: dict[int, list[int]], file: int, start: int,
+              stop: int) -> _Held | None:
+        items = live.get(file)
+        if not items:
+            return None
+        at = bisect.bisect_right(starts[file], start) - 1
+        return items[at] if at >= 0 and items[at].range.covers(start, stop) else None
+
+
+def _first_use(batch: list[Request]) -> Callable[[Range], int]:
+    """Order ranges by the first request that needs them, so that the next
+    delivery's bytes are asked for first."""
+    firsts: list[tuple[int, int, int]] = []
+    for order, request in enumerate(batch):
+        for start, _ in request.spans:
+            firsts.append((request.file, start, order))
+    firsts.sort()
+
+    def key(rng: Range) -> int:
+        at = bisect.bisect_left(firsts, (rng.file, rng.start, -1))
+        best = len(batch)
+        while at < len(firsts) and firsts[at][0] == rng.file and firsts[at][1] < rng.stop:
+            best = min(best, firsts[at][2])
+            at += 1
+        return best
+
+    return key

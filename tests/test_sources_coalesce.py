@@ -1,0 +1,243 @@
+"""The pure parts of the file sources' reads, property-tested: coalescing byte
+spans into ranges, the read-ahead's delivery order and memory bound (with a
+fake file), the shuffle order that keeps files and windows together, and the
+windows themselves."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distshard.sources.coalesce import Range, coalesce
+from distshard.sources.fetch import ReadAhead, Request
+from distshard.sources.index import byte_windows
+from distshard.sources.options import ReadOptions
+from distshard.sources.order import FileOrder, expansion
+
+FAST = settings(max_examples=150, deadline=None)
+
+
+@st.composite
+def layouts(draw):
+    """Files of disjoint spans (samples) with gaps between them, as ``(file, start, stop)``."""
+    spans = []
+    for file in range(draw(st.integers(1, 3))):
+        at = 0
+        for _ in range(draw(st.integers(0, 25))):
+            at += draw(st.integers(0, 300))  # a gap: headers, or other slots' samples
+            size = draw(st.integers(1, 400))
+            spans.append((file, at, at + size))
+            at += size
+    return spans
+
+
+@FAST
+@given(layout=layouts(), data=st.data(), max_range=st.integers(1, 2000), max_gap=st.integers(0, 500))
+def test_coalesced_ranges_cover_every_span_once_within_the_limits(layout, data, max_range, max_gap):
+    wanted = data.draw(st.lists(st.sampled_from(layout), max_size=40)) if layout else []
+    live_spans = [s for s in layout if s not in wanted and data.draw(st.booleans())]
+    live: dict[int, list[Range]] = {}
+    for rng in coalesce(live_spans, max_range, max_gap):  # ranges fetched before: disjoint, sorted
+        live.setdefault(rng.file, []).append(rng)
+    ranges = coalesce(wanted, max_range, max_gap, live)
+    assert ranges == sorted(ranges, key=lambda r: (r.file, r.start))
+    for file, start, stop in set(wanted):
+        inside_live = [r for r in live.get(file, []) if r.covers(start, stop)]
+        inside_new = [r for r in ranges if r.file == file and r.covers(start, stop)]
+        assert len(inside_live) + len(inside_new) == 1, (file, start, stop)  # never split, never twice
+    distinct = {s for s in wanted if not any(r.covers(s[1], s[2]) for r in live.get(s[0], []))}
+    assert len(ranges) <= len(distinct)  # at most one range per span (a sample), never one per member
+    for a, b in zip(ranges, ranges[1:]):
+        assert a.file != b.file or a.stop < b.start or (a.stop <= b.start)  # disjoint
+    for rng in ranges:
+        assert not any(r.start < rng.stop and rng.start < r.stop for r in live.get(rng.file, []))  # not re-fetched
+        members = sorted(s for s in distinct if s[0] == rng.file and rng.covers(s[1], s[2]))
+        assert members and rng.start == members[0][1] and rng.stop == max(s[2] for s in members)
+        assert rng.size <= max_range or len(members) == 1
+        for (_, _, stop), (_, start, _) in zip(members, members[1:]):
+            assert start - stop <= max_gap  # only small gaps are read through
+
+
+@FAST
+@given(sizes=st.lists(st.integers(1, 100), min_size=1, max_size=60), max_range=st.integers(100, 1000))
+def test_contiguous_spans_make_about_total_over_max_range_requests(sizes, max_range):
+    spans, at = [], 0
+    for size in sizes:
+        spans.append((0, at, at + size))
+        at += size
+    ranges = coalesce(spans, max_range, 0)
+    assert sum(r.size for r in ranges) == at  # nothing read twice, nothing extra
+    assert len(ranges) <= 2 * at // max_range + 1
+
+
+def test_coalesce_refuses_nonsense():
+    with pytest.raises(ValueError, match="max_range"):
+        coalesce([], 0, 0)
+    with pytest.raises(ValueError, match="not a byte range"):
+        coalesce([(0, 5, 3)], 10, 0)
+
+
+# -- the read-ahead, with a fake file -------------------------------------------------------------
+class FakeFile:
+    """Bytes ``i % 251`` at offset ``i``; counts and checks the ranges asked for."""
+
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor, log: list) -> None:
+        self.pool, self.log = pool, log
+
+    def submit(self, start: int, stop: int):
+        self.log.append((start, stop))
+
+        def read() -> bytes:
+            return bytes(i % 251 for i in range(start, stop))
+
+        return self.pool.submit(read)
+
+
+@FAST
+@given(layout=layouts(), data=st.data(), budget=st.integers(1, 3000), max_range=st.integers(1, 1500),
+       window=st.integers(2, 600))
+def test_read_ahead_delivers_every_request_in_order_within_its_budget(layout, data, budget, max_range, window):
+    from distshard.sources import fetch
+
+    order = data.draw(st.lists(st.sampled_from(layout), max_size=60)) if layout else []
+    options = ReadOptions(budget=budget, max_range=max_range, max_gap=min(window - 1, data.draw(st.integers(0, 300))),
+                          window=window)
+    log: list = []
+    fetch.reset_stats()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        files = {f: FakeFile(pool, log) for f in range(3)}
+        ahead = ReadAhead(options, files.__getitem__)
+        got = list(ahead.run(Request(k, f, [(a, b)]) for k, (f, a, b) in enumerate(order)))
+    assert [k for k, _ in got] == list(range(len(order)))
+    for (k, views), (f, a, b) in zip(got, order):
+        assert bytes(views[0]) == bytes(i % 251 for i in range(a, b))
+    largest = max((b - a for _, a, b in order), default=0)
+    assert fetch.STATS.peak_held <= max(budget, 0) + largest + max_range  # the budget, plus one oversize batch
+    assert fetch.STATS.held == 0  # everything released at the end
+    assert len(log) <= len(order)
+
+
+def test_read_ahead_stays_within_its_budget_on_a_long_run():
+    from distshard.sources import fetch
+
+    fetch.reset_stats()
+    options = ReadOptions(budget=64 << 10, max_range=8 << 10, max_gap=0, window=4 << 10)
+    spans = [(i * 1000, i * 1000 + 1000) for i in range(2000)]  # 2 MB, contiguous
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        log: list = []
+        ahead = ReadAhead(options, lambda f: FakeFile(pool, log))
+        for k, views in ahead.run(Request(k, 0, [span]) for k, span in enumerate(spans)):
+            assert len(views[0]) == 1000
+    assert 0 < fetch.STATS.peak_held <= options.budget + options.max_range
+    assert sum(b - a for a, b in log) == 2000 * 1000  # each byte once
+    assert len(log) <= 2 * 2000 * 1000 // options.max_range + 1
+
+
+def test_a_failed_range_is_raised_at_the_request_that_needs_it():
+    class Failing:
+        def submit(self, start, stop):
+            future = concurrent.futures.Future()
+            if start >= 3000:
+                future.set_exception(OSError(f"bytes [{start}, {stop}) failed"))
+            else:
+                future.set_result(bytes(stop - start))
+            return future
+
+    options = ReadOptions(budget=1 << 20, max_range=1000, max_gap=0, window=2000)
+    got = []
+    with pytest.raises(OSError, match=r"bytes \[3000"):
+        for k, _ in ReadAhead(options, lambda f: Failing()).run(
+                Request(k, 0, [(k * 1000, k * 1000 + 1000)]) for k in range(6)):
+            got.append(k)
+    assert got == [0, 1, 2]  # everything before the failure was delivered, in order
+
+
+# -- the shuffle order ------------------------------------------------------------------------------
+@st.composite
+def sources(draw):
+    counts = draw(st.lists(st.integers(0, 30), min_size=1, max_size=6))
+    bounds = []
+    for count in counts:
+        cuts = sorted(draw(st.sets(st.integers(1, max(1, count - 1)), max_size=5))) if count > 1 else []
+        bounds.append([0, *[c for c in cuts if c < count], count] if count else [0])
+    return counts, bounds
+
+
+@FAST
+@given(size=st.integers(0, 300), seed=st.integers(0, 2**40))
+def test_an_expansion_is_a_permutation_whose_every_prefix_is_one_run(size, seed):
+    order = expansion(size, seed)
+    assert sorted(order) == list(range(size))
+    lo = hi = order[0] if order else 0
+    for position in order[1:]:
+        assert position in (lo - 1, hi + 1)  # so a slot's share of a window is one run, the rest at most two
+        lo, hi = min(lo, position), max(hi, position)
+
+
+@FAST
+@given(source=sources(), seed=st.integers(0, 2**32), within=st.sampled_from(["expand", "permute"]))
+def test_file_order_is_a_permutation_that_keeps_files_and_windows_together(source, seed, within):
+    counts, bounds = source
+    order = FileOrder(counts, seed, lambda f: bounds[f], within)
+    n = sum(counts)
+    visited = [order(v) for v in range(n)]
+    assert sorted(visited) == list(range(n))
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+
+    def where(p):
+        f = next(k for k in range(len(counts)) if offsets[k] <= p < offsets[k + 1])
+        j = p - offsets[f]
+        w = next(k for k in range(len(bounds[f]) - 1) if bounds[f][k] <= j < bounds[f][k + 1])
+        return f, w
+
+    runs = [where(p) for p in visited]
+    changes_of_file = sum(1 for a, b in zip(runs, runs[1:]) if a[0] != b[0])
+    assert changes_of_file == sum(1 for c in counts if c) - 1 if n else True  # each file visited in one run
+    changes_of_window = sum(1 for a, b in zip(runs, runs[1:]) if a != b)
+    assert changes_of_window == sum(1 for f, b in enumerate(bounds) for k in range(len(b) - 1) if b[k + 1] > b[k]) - 1 \
+        if n else True  # each window visited in one run
+    again = FileOrder(counts, seed, lambda f: bounds[f], within)
+    assert [again(v) for v in reversed(range(n))] == visited[::-1]  # the same from any visit, in any order
+
+
+def test_file_order_changes_with_the_seed_and_checks_its_windows():
+    orders = {tuple(FileOrder([10, 10], seed, lambda f: [0, 5, 10]).__call__(v) for v in range(20)) for seed in range(5)}
+    assert len(orders) > 1
+    with pytest.raises(ValueError, match="do not cover"):
+        FileOrder([4], 0, lambda f: [0, 3])(0)
+
+
+@given(sizes=st.lists(st.integers(0, 50), max_size=40), window=st.integers(1, 120))
+@settings(max_examples=100, deadline=None)
+def test_byte_windows_span_at_most_the_window_unless_one_sample_is_larger(sizes, window):
+    extents, at = [], 0
+    for size in sizes:
+        extents.append((at, at + size) if size else (-1, -1))
+        at += size + 7  # a header between samples
+    bounds = list(byte_windows(len(sizes), extents.__getitem__, window))
+    if not sizes:
+        assert bounds == [0]
+        return
+    assert bounds[0] == 0 and bounds[-1] == len(sizes) and bounds == sorted(set(bounds))
+    for lo, hi in zip(bounds, bounds[1:]):
+        present = [extents[i] for i in range(lo, hi) if extents[i][0] >= 0]
+        if len(present) > 1:
+            assert present[-1][1] - present[0][0] <= window
+
+
+def test_read_options_are_checked():
+    with pytest.raises(TypeError, match="budget"):
+        ReadOptions(budget="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_range"):
+        ReadOptions(max_range=0)
+    with pytest.raises(ValueError, match="below window"):
+        ReadOptions(max_gap=1 << 20, window=1 << 20)
+    assert ReadOptions(retries=0).retries == 0
+    assert Counter(ReadOptions().token()) == Counter(ReadOptions(budget=1).token())  # budget is not part of the order
+    assert ReadOptions(window=1 << 10, max_gap=0).token() != ReadOptions().token()

@@ -1,0 +1,136 @@
+"""s3:// sources against a real S3 API: moto's server on 127.0.0.1 (started and
+stopped here), reached through s3fs with ``storage_options`` (and through the
+environment, which keeps working): exact through DataLoader workers, a
+rewritten object refused, globs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+import distshard  # noqa: E402
+from distshard.sources import ReadOptions  # noqa: E402
+from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
+from tests.source_factories import write_jsonl, write_shards  # noqa: E402
+
+BUCKET = "shards"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_real_aws(monkeypatch):
+    """Credentials and a region for the fake store, nothing that reaches AWS."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def bucket(endpoint) -> Iterator:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    try:
+        yield client
+    finally:
+        for item in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+            client.delete_object(Bucket=BUCKET, Key=item["Key"])
+        client.delete_bucket(Bucket=BUCKET)
+
+
+def upload(client, paths: list[str], prefix: str) -> list[str]:
+    urls = []
+    for path in paths:
+        key = f"{prefix}/{Path(path).name}"
+        client.put_object(Bucket=BUCKET, Key=key, Body=Path(path).read_bytes())
+        urls.append(f"s3://{BUCKET}/{key}")
+    return urls
+
+
+def loader_keys(pipe) -> list[str]:
+    from torch.utils.data import DataLoader
+
+    return list(DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60))
+
+
+def key_of(sample: dict) -> str:
+    return f"{sample['__url__']}#{sample['__key__']}"
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffle"])
+def test_webdataset_on_s3_through_fork_workers_is_exact(tmp_path, bucket, endpoint, shuffle):
+    paths, expected = write_shards(tmp_path, shards=4, per_shard=12)
+    urls = upload(bucket, paths, "train")
+    options = {"endpoint_url": endpoint}
+    source = distshard.webdataset(f"s3://{BUCKET}/train/shard-*.tar", storage_options=options)
+    assert source.urls == urls  # a glob through s3fs
+    keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]
+    got = [key for rank in range(2)
+           for key in loader_keys(source.dist_shard(rank=rank, world_size=2, shuffle=shuffle).map(key_of))]
+    assert Counter(got) == Counter(keyed)
+
+
+def test_jsonl_and_parquet_on_s3_and_the_environment_keeps_working(tmp_path, bucket, endpoint, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    paths, expected = write_jsonl(tmp_path / "j", files=2, lines=15)
+    urls = upload(bucket, paths, "text")
+    options = {"endpoint_url": endpoint}
+    source = distshard.jsonl(urls, storage_options=options)
+    assert sorted(map(json.dumps, (x for r in range(3) for x in source.dist_shard(rank=r, world_size=3)))) == \
+        sorted(map(json.dumps, expected))
+    table = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"i": list(range(50))}), table, row_group_size=8)
+    [purl] = upload(bucket, [str(table)], "tables")
+    rows = distshard.parquet(purl, storage_options=options).dist_shard(shuffle=True)
+    assert sorted(row["i"] for row in rows) == list(range(50))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # no storage_options: fsspec's own configuration
+    assert [x for x in distshard.jsonl(urls)] == expected
+
+
+def test_an_object_rewritten_during_the_epoch_raises(tmp_path, bucket, endpoint):
+    paths, _ = write_jsonl(tmp_path / "j", files=1, lines=80)
+    [url] = upload(bucket, paths, "changing")
+    small = ReadOptions(budget=1024, max_range=512, max_gap=0, window=1024)
+    it = iter(distshard.jsonl(url, storage_options={"endpoint_url": endpoint}, read_options=small).dist_shard())
+    for _ in range(3):
+        next(it)
+    data = Path(paths[0]).read_bytes().replace(b'"f": 0', b'"f": 7')
+    bucket.put_object(Bucket=BUCKET, Key="changing/part-000.jsonl", Body=data)  # same size, new ETag
+    with pytest.raises(ValueError, match="changed after it was indexed"):
+        for _ in it:
+            pass
+
+
+def test_a_missing_object_is_named(bucket, endpoint):
+    with pytest.raises(FileNotFoundError, match="nothing.tar"):
+        distshard.webdataset(f"s3://{BUCKET}/nothing.tar", storage_options={"endpoint_url": endpoint}).counts()
