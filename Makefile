@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo check test bench clean
 
 $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,11 +15,17 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m distshard demo
 
-test: setup
+# lint, format and types (seconds); `make test` runs them before the suite
+check: setup
+	$(VENV)/bin/ruff check pipes tests
+	$(VENV)/bin/ruff format --check pipes tests
+	$(VENV)/bin/mypy
+
+test: setup check
 	$(PY) -m pytest
 
 bench: setup
 	$(PY) benchmarks/bench_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis pipes/*.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache pipes/*.egg-info

@@ -151,18 +151,19 @@ def read_fast_path():
 
 
 def read_fast_path_shuffled():
-    return IterableWrapper(CountingSequence(N_READ), deepcopy=False).map(counting_decode).dist_shard(
-        shuffle=True, even="drop")
+    return (
+        IterableWrapper(CountingSequence(N_READ), deepcopy=False)
+        .map(counting_decode)
+        .dist_shard(shuffle=True, even="drop")
+    )
 
 
 def read_pushdown():
-    return IterableWrapper(CountingStream(N_READ), deepcopy=False).map(counting_decode).dist_shard(
-        even="pad")
+    return IterableWrapper(CountingStream(N_READ), deepcopy=False).map(counting_decode).dist_shard(even="pad")
 
 
 def read_no_pushdown():
-    return IterableWrapper(CountingStream(N_READ), deepcopy=False).map(counting_decode).dist_shard(
-        pushdown=False)
+    return IterableWrapper(CountingStream(N_READ), deepcopy=False).map(counting_decode).dist_shard(pushdown=False)
 
 
 UNIT_SIZES = [0, 37, 5, 0, 61, 18, 40, 11, 29, 1, 38]  # 240 elements, empty units too
@@ -201,13 +202,15 @@ def unit_size(unit: int) -> int:
 
 
 def read_units_sized_sequence():
-    return IterableWrapper(range(len(UNIT_SIZES))).shuffle().dist_shard(
-        expand=expand_sequence, sizes=unit_size, even="drop")
+    return (
+        IterableWrapper(range(len(UNIT_SIZES)))
+        .shuffle()
+        .dist_shard(expand=expand_sequence, sizes=unit_size, even="drop")
+    )
 
 
 def read_units_sized_shuffled():
-    return IterableWrapper(range(len(UNIT_SIZES))).dist_shard(
-        expand=expand_sequence, sizes=UNIT_SIZES, shuffle=True)
+    return IterableWrapper(range(len(UNIT_SIZES))).dist_shard(expand=expand_sequence, sizes=UNIT_SIZES, shuffle=True)
 
 
 def read_units_sized_iterator():
@@ -322,8 +325,13 @@ def gather_after(rank, world_size, steps):
     """Consume ``steps`` batches, then merge every rank's state with the collective."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    loader = StatefulDataLoader(distshard.StatefulPipeline(resume_pipeline()), batch_size=None,
-                                num_workers=2, multiprocessing_context="fork", timeout=60)
+    loader = StatefulDataLoader(
+        distshard.StatefulPipeline(resume_pipeline()),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
     consumed, it = [], iter(loader)
     for _ in range(steps):
         consumed.extend(_ids(next(it)))
@@ -352,7 +360,8 @@ def sizes_once_per_job(rank, world_size, workers):
     from torch.utils.data import DataLoader
 
     pipe = IterableWrapper(list(range(len(UNIT_SIZES)))).dist_shard(
-        expand=expand_sequence, sizes=_counted_size, even="drop")
+        expand=expand_sequence, sizes=_counted_size, even="drop"
+    )
     loader = DataLoader(pipe, batch_size=None, num_workers=workers, multiprocessing_context="fork")
     return [list(x) if isinstance(x, tuple) else x for x in loader]
 
@@ -364,8 +373,7 @@ def mixed_sources(stop="first_exhausted"):
     web = IterableWrapper([f"web{i}" for i in range(140)])
     code = IterableWrapper([f"code{i}" for i in range(37)])
     math_ = IterableWrapper([f"math{i}" for i in range(23)])
-    return distshard.mix({"web": web, "code": code, "math": math_}, {"web": 0.7, "code": 0.2, "math": 0.1},
-                         stop=stop)
+    return distshard.mix({"web": web, "code": code, "math": math_}, {"web": 0.7, "code": 0.2, "math": 0.1}, stop=stop)
 
 
 def mixed_first_exhausted_drop():
@@ -386,8 +394,9 @@ def mixed_streams_shuffled():
 
 
 def weighted_draws():
-    return distshard.weighted_sample(IterableWrapper(list(range(50))), [1 + (i % 5) for i in range(50)],
-                                     samples=301).dist_shard(seed=7)
+    return distshard.weighted_sample(
+        IterableWrapper(list(range(50))), [1 + (i % 5) for i in range(50)], samples=301
+    ).dist_shard(seed=7)
 
 
 # -- issue 15: factories that return the wrong thing -------------------------------------

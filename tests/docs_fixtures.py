@@ -45,8 +45,13 @@ def write_parquet(paths: list[str], rows: int) -> list[str]:
     import pyarrow.parquet as pq
 
     for f, path in enumerate(paths):
-        table = pa.table({"text": [f"row {i} of {f}" for i in range(rows)], "label": [i % 3 for i in range(rows)],
-                          "extra": list(range(rows))})
+        table = pa.table(
+            {
+                "text": [f"row {i} of {f}" for i in range(rows)],
+                "label": [i % 3 for i in range(rows)],
+                "extra": list(range(rows)),
+            }
+        )
         pq.write_table(table, path, row_group_size=max(1, rows // 4))
     return paths
 
@@ -136,9 +141,19 @@ def s3_store(bucket: str, objects: dict[str, str]) -> str:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    saved = {name: os.environ.get(name) for name in
-             ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED",
-              "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
+    saved = {
+        name: os.environ.get(name)
+        for name in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "AWS_EC2_METADATA_DISABLED",
+            "AWS_PROFILE",
+            "AWS_SESSION_TOKEN",
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3",
+        )
+    }
 
     def restore() -> None:
         for name, value in saved.items():
@@ -149,8 +164,12 @@ def s3_store(bucket: str, objects: dict[str, str]) -> str:
 
     for name in saved:
         os.environ.pop(name, None)
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
-                      AWS_EC2_METADATA_DISABLED="true")
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     _CLEANUPS.append(restore)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     with socket.socket() as s:

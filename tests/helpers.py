@@ -26,9 +26,7 @@ def as_worker(worker_id: int, num_workers: int) -> Iterator[None]:
     """Run the block as if inside DataLoader worker ``worker_id`` of ``num_workers``."""
     previous = worker_module._worker_info
     if num_workers:
-        worker_module._worker_info = WorkerInfo(
-            id=worker_id, num_workers=num_workers, seed=0, dataset=None
-        )
+        worker_module._worker_info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=0, dataset=None)  # type: ignore[arg-type]
     try:
         yield
     finally:
@@ -71,4 +69,3 @@ def kill_leftover_ranks(out: Path, script: str) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-

@@ -9,6 +9,7 @@ or repeated: ``"e17"`` (element mode), ``"E17"`` (after the 1:1 ``upper`` map),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
@@ -24,8 +25,19 @@ import distshard
 # random-access source whose elements change with the epoch (as weighted_sample's
 # draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
 # that fails every 7th request: "remote"
-SOURCES = ("list", "list+map", "stream", "shuffled", "units", "jsonl", "mix", "mix-phases", "mix-cost", "tagged",
-           "remote")
+SOURCES = (
+    "list",
+    "list+map",
+    "stream",
+    "shuffled",
+    "units",
+    "jsonl",
+    "mix",
+    "mix-phases",
+    "mix-cost",
+    "tagged",
+    "remote",
+)
 MIXES = ("mix", "mix-phases", "mix-cost")
 
 
@@ -106,8 +118,10 @@ def jsonl_file(n: int) -> str:
 def mixed(n: int, kind: str = "mix"):
     """Two lists mixed 2:1 until the first runs out: distinct elements. ``mix-phases``:
     1:3 from the middle on; ``mix-cost``: 2:1 of per-element costs."""
-    sources = {"a": IterableWrapper([f"a{i}" for i in range(n)]),
-               "b": IterableWrapper([f"b{i}" for i in range(n // 2 + 1)])}
+    sources = {
+        "a": IterableWrapper([f"a{i}" for i in range(n)]),
+        "b": IterableWrapper([f"b{i}" for i in range(n // 2 + 1)]),
+    }
     weights: Any = {"a": 2, "b": 1}
     options: dict[str, Any] = {}
     if kind == "mix-phases":
@@ -170,8 +184,14 @@ def untag(element: Any) -> tuple[Any, str | None]:
 
 
 def _options(spec: Spec, rank: int | None, world_size: int | None) -> dict[str, Any]:
-    return dict(rank=rank, world_size=world_size, even=spec.even, seed=spec.seed, shuffle=spec.shuffle,
-                multiple_of=spec.multiple if spec.even in ("drop", "carry") else 1)
+    return dict(
+        rank=rank,
+        world_size=world_size,
+        even=spec.even,
+        seed=spec.seed,
+        shuffle=spec.shuffle,
+        multiple_of=spec.multiple if spec.even in ("drop", "carry") else 1,
+    )
 
 
 # -- a remote source with injected faults (issue 14) ------------------------------------------
@@ -190,7 +210,7 @@ def remote_jsonl(n: int):
     global _SERVER
     path = jsonl_file(n)
     if _SERVER is None or _SERVER[0] != os.getpid():
-        _SERVER = (os.getpid(), RangeServer(os.path.dirname(path), fault_every=7).start())
+        _SERVER = (os.getpid(), RangeServer(Path(path).parent, fault_every=7).start())
     # small ranges: a slot makes several requests, so faults land inside epochs
     options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
     return distshard.jsonl(_SERVER[1].url(path), read_options=options)
@@ -202,9 +222,9 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     if spec.units:
         units = IterableWrapper(list(range(len(spec.unit_sizes))))
         sizes = list(spec.unit_sizes) if spec.sized else None
-        return units.dist_shard(expand=Expand(spec.unit_sizes, spec.expand_list), sizes=sizes,
-                                **options)
+        return units.dist_shard(expand=Expand(spec.unit_sizes, spec.expand_list), sizes=sizes, **options)
     data = [f"e{i}" for i in range(spec.n)]
+    source: IterDataPipe
     if spec.source == "list":
         source = IterableWrapper(data)
     elif spec.source == "list+map":
@@ -228,15 +248,17 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
 
 def build_node(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The same pipeline through the torchdata.nodes front-end (``DistShardNode``)."""
-    from torchdata.nodes import IterableWrapper as NodeWrapper, Mapper
+    from torchdata.nodes import IterableWrapper as NodeWrapper
+    from torchdata.nodes import Mapper
 
     from distshard import DistShardNode
 
     options = _options(spec, rank, world_size)
     if spec.units:
         sizes = list(spec.unit_sizes) if spec.sized else None
-        return DistShardNode(list(range(len(spec.unit_sizes))), expand=Expand(spec.unit_sizes, spec.expand_list),
-                             sizes=sizes, **options)
+        return DistShardNode(
+            list(range(len(spec.unit_sizes))), expand=Expand(spec.unit_sizes, spec.expand_list), sizes=sizes, **options
+        )
     data = [f"e{i}" for i in range(spec.n)]
     if spec.source == "list":
         return DistShardNode(data, **options)
@@ -254,8 +276,7 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 
 
-def gloo_run(rank: int, world_size: int, spec: Spec, workers: int, take: int | None,
-             state: dict | None = None):
+def gloo_run(rank: int, world_size: int, spec: Spec, workers: int, take: int | None, state: dict | None = None):
     """One rank of a training-like run on a real gloo group: the rank comes from
     torch.distributed. Loads ``state`` (a merged state) if given, consumes ``take``
     elements (all if None) through a StatefulDataLoader with ``workers`` workers,

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 __all__ = ["RangeServer", "serve"]
@@ -36,10 +37,19 @@ class RangeServer(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256
 
-    def __init__(self, root: Path, latency: float = 0.0, bandwidth: float | None = None,
-                 fault_every: int = 0, faults: tuple[str, ...] = FAULTS, scheme: str = "http",
-                 certfile: str | None = None, keyfile: str | None = None,
-                 require: dict[str, str] | None = None, head: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        fault_every: int = 0,
+        faults: tuple[str, ...] = FAULTS,
+        scheme: str = "http",
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        require: dict[str, str] | None = None,
+        head: bool = True,
+    ) -> None:
         super().__init__(("127.0.0.1", 0), RangeHandler)
         self.root = Path(root)
         self.latency = latency
@@ -94,7 +104,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    def handle_error(self, request: object, client_address: object) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that goes away mid-answer (a cancelled read, a reset) is no error of the server's."""
         import sys
 
@@ -111,7 +121,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
                 return kind
         return None
 
-    def get_request(self):  # type: ignore[override]
+    def get_request(self):
         sock, address = super().get_request()
         if isinstance(sock, ssl.SSLSocket):
             sock.settimeout(10)
@@ -237,7 +247,7 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
             step = 64 << 10
             started = time.monotonic()
             for at in range(0, len(data), step):
-                self.wfile.write(data[at:at + step])
+                self.wfile.write(data[at : at + step])
                 ahead = (at + step) / server.bandwidth - (time.monotonic() - started)
                 if ahead > 0:
                     time.sleep(ahead)
@@ -267,8 +277,26 @@ def self_signed(folder: Path) -> tuple[str, str] | None:
     if shutil.which("openssl") is None:
         return None
     cert, key = folder / "cert.pem", folder / "key.pem"
-    done = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                           "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-                           "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, timeout=60)
+    done = subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     return (str(cert), str(key)) if done.returncode == 0 else None
-

@@ -58,9 +58,11 @@ def write_shards(folder: Path, shards: int, per_shard: int, prefix: str = "shard
         with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
             for i in range(per_shard + s):
                 key = f"{s:03d}/sample{i:05d}"
-                members = {"jpg": blob(f"{s}-{i}", 100 + (37 * i + 11 * s) % 900),
-                           "cls": str((i * 7 + s) % 10).encode(),
-                           "json": json.dumps({"i": i, "s": s}).encode()}
+                members = {
+                    "jpg": blob(f"{s}-{i}", 100 + (37 * i + 11 * s) % 900),
+                    "cls": str((i * 7 + s) % 10).encode(),
+                    "json": json.dumps({"i": i, "s": s}).encode(),
+                }
                 for ext, data in members.items():
                     add_member(tf, f"{key}.{ext}", data)
                 expected.append({"__key__": key, "__url__": path, **members})
@@ -91,7 +93,7 @@ class LoggedTarFormat(TarFormat):
     def __init__(self, log: str) -> None:
         self.log = log
 
-    def build_index(self, ref, access):  # type: ignore[override]
+    def build_index(self, ref, access):
         with open(self.log, "a", encoding="utf-8") as f:
             f.write(f"{os.getpid()} {ref.url}\n")
         return super().build_index(ref, access)
@@ -112,8 +114,9 @@ def build_concurrently(cache: str, urls: list[str], log: str, barrier: Any, resu
     results.put([sequence[i]["__key__"] for i in (0, len(sequence) - 1)] and list(sequence.counts))
 
 
-def rank_indexes(rank: int, world_size: int, cache_root: str, urls: list[str], log: str,
-                 shared: bool) -> dict[str, Any]:
+def rank_indexes(
+    rank: int, world_size: int, cache_root: str, urls: list[str], log: str, shared: bool
+) -> dict[str, Any]:
     """On a gloo rank: build the source (construction indexes the files
     collectively); report counts and which cache entries this rank can read."""
     from distshard.sources.files import FileRef, file_identity
@@ -156,8 +159,9 @@ def sample_key(sample: dict) -> str:
     return f"{sample['__url__']}#{sample['__key__']}"
 
 
-def rank_reads(rank: int, world_size: int, urls: list[str], cache: str, shuffle: bool,
-               read_options: Any = None) -> list[str]:
+def rank_reads(
+    rank: int, world_size: int, urls: list[str], cache: str, shuffle: bool, read_options: Any = None
+) -> list[str]:
     """On a gloo rank: what this rank's 2 DataLoader workers yield from the shards."""
     from torch.utils.data import DataLoader
 

@@ -41,12 +41,13 @@ from distshard.verify import free_port  # noqa: E402
 
 from .helpers import kill_leftover_ranks  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="uses fork DataLoader workers, loopback gloo and killpg")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
+)
 
 SCRIPT = Path(__file__).parent / "integration_scripts" / "accelerate_train.py"
 N, BATCH, WORKERS, WORLD, EPOCHS = 203, 4, 2, 2, 2
-KEPT_PER_SLOT = N // (WORLD * WORKERS) // BATCH * BATCH   # 50 -> 48: dist_shard(even="drop", multiple_of=4)
+KEPT_PER_SLOT = N // (WORLD * WORKERS) // BATCH * BATCH  # 50 -> 48: dist_shard(even="drop", multiple_of=4)
 WAIT = 150  # seconds for one launch (all its cases)
 CASES = ["working", "prepare_no_dispatch", "prepare_no_dispatch_recipe", "prepare_default"]  # default last
 
@@ -67,19 +68,35 @@ class Run:
         for rank in range(WORLD):
             path = self.out / f"{name}-rank{rank}.json"
             if not path.exists():
-                pytest.fail(f"case {name!r} left no result for rank {rank} (exit status "
-                            f"{self.returncode}); output:\n{self.tail()}")
+                pytest.fail(
+                    f"case {name!r} left no result for rank {rank} (exit status "
+                    f"{self.returncode}); output:\n{self.tail()}"
+                )
             found.append(json.loads(path.read_text()))
         return found
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                        "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
-           and not k.startswith("ACCELERATE_")}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
-               PYTHONWARNINGS="ignore", HF_HOME=str(home))  # no user's accelerate config file
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "ROLE_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID",
+        }
+        and not k.startswith("ACCELERATE_")
+    }
+    env.update(
+        OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", HF_HOME=str(home)
+    )  # no user's accelerate config file
     return env
 
 
@@ -92,9 +109,14 @@ def launch(out: Path, launcher: list[str]) -> Run:
     (out / "home").mkdir(exist_ok=True)
     log_path = out / "output.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(launcher + [str(SCRIPT), str(out)] + CASES, cwd=out,
-                                env=_env(out / "home"), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            launcher + [str(SCRIPT), str(out)] + CASES,
+            cwd=out,
+            env=_env(out / "home"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             returncode: int | None = proc.wait(timeout=WAIT)
         except subprocess.TimeoutExpired:
@@ -129,20 +151,35 @@ def _accelerate_launch() -> list[str]:
 
 @pytest.fixture(scope="module")
 def torchrun(tmp_path_factory) -> Run:
-    run = launch(tmp_path_factory.mktemp("torchrun"),
-                 _torchrun() + ["--nproc-per-node", str(WORLD), "--master-addr", "127.0.0.1",
-                                "--master-port", str(free_port())])
+    run = launch(
+        tmp_path_factory.mktemp("torchrun"),
+        _torchrun() + ["--nproc-per-node", str(WORLD), "--master-addr", "127.0.0.1", "--master-port", str(free_port())],
+    )
     assert run.returncode is not None, f"torchrun did not end in {WAIT}s:\n{run.tail()}"
     return run
 
 
 @pytest.fixture(scope="module")
 def accelerate_launch(tmp_path_factory) -> Run:
-    run = launch(tmp_path_factory.mktemp("accelerate_launch"),
-                 _accelerate_launch() + ["--multi_gpu", "--num_processes", str(WORLD), "--num_machines", "1",
-                                         "--mixed_precision", "no", "--dynamo_backend", "no",
-                                         "--main_process_ip", "127.0.0.1",
-                                         "--main_process_port", str(free_port())])
+    run = launch(
+        tmp_path_factory.mktemp("accelerate_launch"),
+        _accelerate_launch()
+        + [
+            "--multi_gpu",
+            "--num_processes",
+            str(WORLD),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(free_port()),
+        ],
+    )
     assert run.returncode is not None, f"accelerate launch did not end in {WAIT}s:\n{run.tail()}"
     return run
 
@@ -151,22 +188,22 @@ def check_working(ranks: list[dict]) -> None:
     for result in ranks:
         assert result["error"] is None, result["error"]
         assert (result["world"], result["distributed_type"]) == (WORLD, "DistributedType.MULTI_CPU")
-    batches_per_rank = WORKERS * KEPT_PER_SLOT // BATCH                       # 24
+    batches_per_rank = WORKERS * KEPT_PER_SLOT // BATCH  # 24
     for epoch in range(EPOCHS):
         steps = [result["steps"][epoch] for result in ranks]
         assert steps == [batches_per_rank] * WORLD, f"epoch {epoch}: steps {steps}"
         trained = [i for result in ranks for i in result["ids"][epoch]]
         assert len(trained) == len(set(trained)) == WORLD * WORKERS * KEPT_PER_SLOT, f"epoch {epoch}"  # 192 once
-        assert set(trained) <= set(range(N))                                   # 11 dropped: the tail
+        assert set(trained) <= set(range(N))  # 11 dropped: the tail
         assert [len(result["ids"][epoch]) for result in ranks] == [WORKERS * KEPT_PER_SLOT] * WORLD
-    assert all(result["len"] == batches_per_rank for result in ranks)          # len(loader) is exact
+    assert all(result["len"] == batches_per_rank for result in ranks)  # len(loader) is exact
 
 
 def check_refused(result: dict, wrapper: str) -> None:
     error = result["error"]
     assert error is not None and error.startswith("RuntimeError"), error
     assert wrapper in error and "accelerator.prepare()" in error, error
-    assert "batch.to(accelerator.device)" in error, error                      # says what to do
+    assert "batch.to(accelerator.device)" in error, error  # says what to do
     assert result["batches_before_error"] == 0 and result["ids"] == [[]], result
 
 

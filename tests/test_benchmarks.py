@@ -20,11 +20,21 @@ from harness import Col  # noqa: E402
 
 def test_one_table_printer_formats_every_kind_of_cell():
     text = harness.table(
-        [Col("row"), Col("count", 0), Col("CPU s", 2), Col("ratio", 3, "×"), Col("Δ", 1, signed=True),
-         Col("check"), Col("time", fmt=harness.seconds)],
-        [["a", 12345, 1.5, 0.9934, 2.25, True, 0.000113],
-         ["b", None, 10.0, None, -3.0, False, 2.891],
-         ["failed: it broke"]])
+        [
+            Col("row"),
+            Col("count", 0),
+            Col("CPU s", 2),
+            Col("ratio", 3, "×"),
+            Col("Δ", 1, signed=True),
+            Col("check"),
+            Col("time", fmt=harness.seconds),
+        ],
+        [
+            ["a", 12345, 1.5, 0.9934, 2.25, True, 0.000113],
+            ["b", None, 10.0, None, -3.0, False, 2.891],
+            ["failed: it broke"],
+        ],
+    )
     assert text.splitlines() == [
         "| row | count | CPU s | ratio | Δ | check | time |",
         "|---|---:|---:|---:|---:|---|---:|",
@@ -56,7 +66,12 @@ def test_epochs_check_holds_carry_and_drop_to_their_streams():
     carried = Counter(g % 10 for g in range(28))
     workers = [{"epoch": e, "yielded": c} for e, counts in enumerate([(2, 3), (3, 2), (2, 2)]) for c in counts]
     got = harness.epochs_check(carried, keys, workers, epochs=epochs, even="carry", unit=unit, slots=2)
-    assert got["exact"] and (got["delivered"], got["dropped"], got["padded"], got["left_for_next_epoch"]) == (28, 0, 0, 2)
+    assert got["exact"] and (got["delivered"], got["dropped"], got["padded"], got["left_for_next_epoch"]) == (
+        28,
+        0,
+        0,
+        2,
+    )
     assert not got["equal_slots"] and harness.slot_counts(got["per_epoch_slots"]) == "2–3 / 2–3 / 2"
     dropped = Counter(k for _ in range(epochs) for k in keys[:8])
     got = harness.epochs_check(dropped, keys, workers, epochs=epochs, even="drop", unit=unit, slots=2)
@@ -97,7 +112,8 @@ def test_a_small_gloo_group_is_collected_counted_and_checked():
     assert Counter(run.values()) == Counter({i: 2 for i in range(11)})  # 2 epochs, each element once
     assert run.total("decodes") == 22  # counted in the workers, summed through their reports
     assert sorted((w["rank"], w["worker"], w["epoch"]) for w in run.workers) == [
-        (r, w, e) for r in range(2) for w in range(2) for e in range(2)]
+        (r, w, e) for r in range(2) for w in range(2) for e in range(2)
+    ]
     assert sorted(w["yielded"] for w in run.workers if w["epoch"] == 0) == [2, 3, 3, 3]
     assert run.cpu_s > 0 and run.wall_s > 0 and run.rss_mib > 0
     assert harness.GroupRun.of(json.loads(json.dumps(run.__dict__))).total("decodes") == 22

@@ -39,17 +39,23 @@ def weighted(n=N):
 
 
 def mixed(n=N):
-    return distshard.mix({"a": IterableWrapper([f"a{i}" for i in range(n)]),
-                          "b": IterableWrapper([f"b{i}" for i in range(n)])}, {"a": 2, "b": 1},
-                         stop="first_exhausted")
+    return distshard.mix(
+        {"a": IterableWrapper([f"a{i}" for i in range(n)]), "b": IterableWrapper([f"b{i}" for i in range(n)])},
+        {"a": 2, "b": 1},
+        stop="first_exhausted",
+    )
 
 
 def mixed_draws(n=N):
     """A mix that re-draws its weighted_sample every pass, seeding it when a position is
     read (not when the view is made): epoch e-1's tail needs epoch e-1's seeds as it is read."""
-    return distshard.mix({"w": distshard.weighted_sample(IterableWrapper([f"w{i}" for i in range(500)]),
-                                                          [1.0] * 500, samples=5),
-                          "l": IterableWrapper([f"l{i}" for i in range(n)])}, {"w": 1, "l": 2})
+    return distshard.mix(
+        {
+            "w": distshard.weighted_sample(IterableWrapper([f"w{i}" for i in range(500)]), [1.0] * 500, samples=5),
+            "l": IterableWrapper([f"l{i}" for i in range(n)]),
+        },
+        {"w": 1, "l": 2},
+    )
 
 
 SOURCES = {
@@ -138,10 +144,12 @@ def test_streams_and_units_without_sizes_are_refused_naming_carry():
         def __iter__(self):
             return iter(range(5))
 
-    for make in (lambda: IterableWrapper(Stream()).dist_shard(even="carry"),
-                 lambda: IterableWrapper(range(9)).shuffle().dist_shard(even="carry"),
-                 lambda: IterableWrapper(list(range(9))).map(upper).dist_shard(even="carry", pushdown=False),
-                 lambda: IterableWrapper([0, 1]).dist_shard(even="carry", expand=Expand((2, 3), True))):
+    for make in (
+        lambda: IterableWrapper(Stream()).dist_shard(even="carry"),
+        lambda: IterableWrapper(range(9)).shuffle().dist_shard(even="carry"),
+        lambda: IterableWrapper(list(range(9))).map(upper).dist_shard(even="carry", pushdown=False),
+        lambda: IterableWrapper([0, 1]).dist_shard(even="carry", expand=Expand((2, 3), True)),
+    ):
         with pytest.raises(ValueError, match=r"even='carry'.*previous epoch"):
             make()
     from torchdata.nodes import IterableWrapper as NodeWrapper
@@ -152,8 +160,9 @@ def test_streams_and_units_without_sizes_are_refused_naming_carry():
         DistShardNode([0, 1], even="carry", expand=Expand((2, 3), True))
 
 
-@pytest.mark.parametrize("name, multiple", [("list+map, shuffle", 1), ("units+sizes", 1), ("jsonl", 2),
-                                            ("weighted_sample", 1)])
+@pytest.mark.parametrize(
+    "name, multiple", [("list+map, shuffle", 1), ("units+sizes", 1), ("jsonl", 2), ("weighted_sample", 1)]
+)
 def test_resume_at_every_step_of_an_epoch_that_opens_with_a_tail(name, multiple):
     pipe = build(name, 1, 2, multiple=multiple)
     pipe.set_epoch(3)
@@ -195,7 +204,7 @@ def test_merged_states_resume_on_any_layout_and_the_next_epochs_go_on_exactly():
         per_slot = run_epoch(second, 0, epoch)
         assert len({len(got) for got in per_slot}) == 1
         read += [x for got in per_slot for x in got]
-    assert Counter(read) == Counter(concatenated[:len(read)])
+    assert Counter(read) == Counter(concatenated[: len(read)])
     assert 4 * N - len(read) < 3  # the last tail is less than a round of the new layout
 
 
@@ -204,7 +213,7 @@ def stopped_in_epoch_1(slots, take):
     elements of each: the epochs' concatenated streams, what was read, the merged state."""
     streams = epoch_streams("list", 3)
     concatenated = [x for stream in streams for x in stream]
-    read = concatenated[:slots * (N // slots)]
+    read = concatenated[: slots * (N // slots)]
     states = []
     for slot in range(slots):
         pipe = build("list", slot, slots)
@@ -230,7 +239,7 @@ def test_a_state_taken_after_an_epoch_moves_the_next_epochs_start_not_its_progre
         pipe.load_state_dict(ends[rank])
         pipe.set_epoch(2)  # the progress of epoch 1 is gone, where epoch 2 begins is not
         read += list(pipe)
-    assert Counter(read) == Counter(concatenated[:len(read)])
+    assert Counter(read) == Counter(concatenated[: len(read)])
     assert 3 * N - len(read) < 2
 
 
@@ -288,14 +297,13 @@ def test_node_front_end_runs_epochs_as_one_stream_and_resumes():
         node = DistShardNode(data, rank=0, world_size=1, even="carry", shuffle=True, seed=2).set_epoch(epoch)
         streams.append(list(Loader(node)))
     concatenated = [x for s in streams for x in s]
-    loaders = [Loader(DistShardNode(data, rank=r, world_size=3, even="carry", shuffle=True, seed=2))
-               for r in range(3)]
+    loaders = [Loader(DistShardNode(data, rank=r, world_size=3, even="carry", shuffle=True, seed=2)) for r in range(3)]
     read = []
-    for epoch in range(4):  # every iteration of a Loader starts the next epoch
+    for _epoch in range(4):  # every iteration of a Loader starts the next epoch
         per_rank = [list(loader) for loader in loaders]
         assert len({len(got) for got in per_rank}) == 1
         read += [x for got in per_rank for x in got]
-    assert Counter(read) == Counter(concatenated[:3 * (4 * N // 3)])
+    assert Counter(read) == Counter(concatenated[: 3 * (4 * N // 3)])
     node = DistShardNode(data, rank=1, world_size=3, even="carry", shuffle=True, seed=2).set_epoch(2)
     loader = Loader(node)
     whole = list(loader)
@@ -334,8 +342,7 @@ def test_stateful_dataloader_workers_keep_the_boundaries_an_elastic_resume_moved
     # 23 read: 2 ranks x 2 workers end epoch 1 at 43, not at 44 (the formula's)
 
     def loader(pipeline):
-        return StatefulDataLoader(pipeline, batch_size=None, num_workers=2, multiprocessing_context="fork",
-                                  timeout=30)
+        return StatefulDataLoader(pipeline, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=30)
 
     saved = []
     for rank in range(2):
@@ -357,5 +364,5 @@ def test_stateful_dataloader_workers_keep_the_boundaries_an_elastic_resume_moved
         read += list(resumed)
         pipeline.set_epoch(2)
         read += list(resumed)  # new workers, copied from the pipeline here
-    assert Counter(read) == Counter(concatenated[:len(read)])
+    assert Counter(read) == Counter(concatenated[: len(read)])
     assert 3 * N - len(read) < 4

@@ -14,7 +14,9 @@ from .verify_factories import HANG_ON_IMPORT
 def test_demo_reports_exactly_once_and_exits_zero():
     done = subprocess.run(
         [sys.executable, "-m", "distshard", "demo"],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "verdict: EXACTLY-ONCE" in done.stdout
@@ -23,15 +25,19 @@ def test_demo_reports_exactly_once_and_exits_zero():
 
 
 def test_unknown_command_is_a_usage_error():
-    done = subprocess.run([sys.executable, "-m", "distshard", "frobnicate"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "distshard", "frobnicate"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
 
 
 def _check(*args, timeout=180, env=None):
-    return subprocess.run([sys.executable, "-m", "distshard", "check", *args],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "distshard", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_check_passes_a_good_pipeline():
@@ -49,12 +55,25 @@ def test_check_finds_the_duplicates_of_an_unsynced_sharding_filter():
 
 
 def test_check_with_even_requires_equal_slots_and_says_why_not():
-    done = _check("tests.builds:strings_none", "--world-size", "3", "--num-workers", "1", "--even", "drop",
-                  "--timeout", "60", "--json")
+    done = _check(
+        "tests.builds:strings_none",
+        "--world-size",
+        "3",
+        "--num-workers",
+        "1",
+        "--even",
+        "drop",
+        "--timeout",
+        "60",
+        "--json",
+    )
     assert done.returncode == 1, done.stdout + done.stderr  # 1000 over 3 slots cannot be equal
     reasons = json.loads(done.stdout)["reasons"]
-    assert any("per-slot counts differ (334, 333, 333), where even='drop' requires every slot to yield the "
-               "same (the pipeline's own dist_shard has even=None)" in r for r in reasons), reasons
+    assert any(
+        "per-slot counts differ (334, 333, 333), where even='drop' requires every slot to yield the "
+        "same (the pipeline's own dist_shard has even=None)" in r
+        for r in reasons
+    ), reasons
 
 
 @pytest.mark.parametrize(
@@ -88,8 +107,15 @@ def test_check_could_not_run_is_its_own_exit_status(factory, words):
 )
 def test_check_bounds_the_whole_run_and_never_passes_a_factory_that_cannot_run(factory, env, timeout, words):
     started = time.monotonic()
-    done = _check(f"tests.verify_factories:{factory}", "--world-size", "2", "--timeout", str(timeout),
-                  env=env, timeout=timeout + 60)
+    done = _check(
+        f"tests.verify_factories:{factory}",
+        "--world-size",
+        "2",
+        "--timeout",
+        str(timeout),
+        env=env,
+        timeout=timeout + 60,
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 2, done.stdout + done.stderr
     assert "verdict: COULD NOT RUN" in done.stdout and words in done.stderr, done.stdout + done.stderr
@@ -114,10 +140,13 @@ def test_a_factory_that_returns_no_pipeline_is_told_what_to_return():
     assert "AttributeError" not in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("factory, words, started", [
-    ("tests.no_such_module:build", "No module named 'tests.no_such_module'", False),  # found missing at once
-    ("tests.builds:no_such_function", "'tests.builds' has no attribute 'no_such_function'", True),
-])
+@pytest.mark.parametrize(
+    "factory, words, started",
+    [
+        ("tests.no_such_module:build", "No module named 'tests.no_such_module'", False),  # found missing at once
+        ("tests.builds:no_such_function", "'tests.builds' has no attribute 'no_such_function'", True),
+    ],
+)
 def test_a_factory_that_cannot_be_loaded_is_reported_once(factory, words, started):
     done = _check(factory, "--world-size", "2", "--timeout", "60")  # three processes, one report
     assert done.returncode == 2, done.stdout + done.stderr

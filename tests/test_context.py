@@ -99,7 +99,7 @@ def test_malformed_env_names_the_variable_at_construction(env, words, no_env):
 def test_context_is_frozen():
     ctx = distshard.current_context(rank=0, world_size=1)
     with pytest.raises(AttributeError):
-        ctx.rank = 3  # type: ignore[misc]
+        ctx.rank = 3
 
 
 def test_pickling_without_a_process_group_captures_nothing(no_env):
@@ -130,9 +130,11 @@ def test_rank_is_derived_from_local_rank_when_certain(env, expected):
 @pytest.mark.parametrize(
     "env, words",
     [
-        ({"WORLD_SIZE": "8", "LOCAL_RANK": "1", "NODE_RANK": "1"},
-         r"RANK is not set, and LOCAL_RANK=1, NODE_RANK=1 with WORLD_SIZE=8 do not say .* set RANK, "
-         r"or LOCAL_WORLD_SIZE \(processes per node\)$"),
+        (
+            {"WORLD_SIZE": "8", "LOCAL_RANK": "1", "NODE_RANK": "1"},
+            r"RANK is not set, and LOCAL_RANK=1, NODE_RANK=1 with WORLD_SIZE=8 do not say .* set RANK, "
+            r"or LOCAL_WORLD_SIZE \(processes per node\)$",
+        ),
         ({"WORLD_SIZE": "8", "LOCAL_RANK": "1"}, r"set RANK, or LOCAL_WORLD_SIZE \(processes per node\) and NODE_RANK"),
         ({"WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, "set RANK, or NODE_RANK"),
         ({"WORLD_SIZE": "8", "LOCAL_RANK": "x", "NODE_RANK": "0"}, "LOCAL_RANK='x' is not an integer"),
@@ -174,15 +176,18 @@ def test_check_environment_defers_a_rank_only_torch_distributed_can_tell(no_env)
 @pytest.fixture
 def one_rank_group():
     """torch.distributed initialized in this process (gloo, world size 1)."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
     try:
         yield
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("env", [{"RANK": "0", "WORLD_SIZE": "two"}, {"WORLD_SIZE": "2"}, {"RANK": "5", "WORLD_SIZE": "2"}])
+@pytest.mark.parametrize(
+    "env", [{"RANK": "0", "WORLD_SIZE": "two"}, {"WORLD_SIZE": "2"}, {"RANK": "5", "WORLD_SIZE": "2"}]
+)
 def test_malformed_env_is_ignored_when_torch_distributed_is_initialized(env, no_env, one_rank_group):
     for name, value in env.items():
         no_env.setenv(name, value)
@@ -244,8 +249,7 @@ class _ContextProbe(IterDataPipe):
 
 
 def _contexts_in_spawn_workers(rank, world_size):
-    loader = DataLoader(_ContextProbe(), batch_size=None, num_workers=2,
-                        multiprocessing_context="spawn", timeout=60)
+    loader = DataLoader(_ContextProbe(), batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=60)
     return [tuple(row) for row in loader]
 
 

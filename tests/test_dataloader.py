@@ -37,8 +37,15 @@ def _tagged(data, rank, world, even=None):
 
 @pytest.mark.parametrize(
     "method, even",
-    [("fork", None), ("fork", "drop"), ("fork", "pad"), ("spawn", None), ("spawn", "drop"),
-     ("spawn", "pad"), ("forkserver", "drop")],
+    [
+        ("fork", None),
+        ("fork", "drop"),
+        ("fork", "pad"),
+        ("spawn", None),
+        ("spawn", "drop"),
+        ("spawn", "pad"),
+        ("forkserver", "drop"),
+    ],
 )
 def test_workers_partition_exactly(method, even):
     world, workers, n = 2, 2, 103

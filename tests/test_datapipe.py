@@ -12,7 +12,6 @@ from torch.utils.data.graph_settings import apply_sharding
 
 import distshard
 from distshard.plan import dropped_count, padded_count, slot_count, slot_positions
-
 from distshard.verify import canonical
 
 from .helpers import as_worker, multiset, run_slots, union
@@ -27,9 +26,7 @@ DATA = {
 
 
 def _grid():
-    for world, workers, even, kind in itertools.product(
-        range(1, 5), range(0, 4), (None, "drop", "pad"), DATA
-    ):
+    for world, workers, even, kind in itertools.product(range(1, 5), range(0, 4), (None, "drop", "pad"), DATA):
         slots = world * max(1, workers)
         for n in sorted({0, 1, slots - 1, slots, slots + 1, 1000}):
             yield world, workers, even, kind, n
@@ -70,8 +67,9 @@ def test_exactly_once_grid(world, workers, source):
         for n in sorted({0, 1, slots - 1, slots, slots + 1, 1000}):
             data = DATA[kind](n)
             got = run_slots(
-                lambda r, w: make(data).dist_shard(rank=r, world_size=w, even=even),
-                world, workers,
+                lambda r, w, data=data, even=even: make(data).dist_shard(rank=r, world_size=w, even=even),
+                world,
+                workers,
             )
             for slot in range(slots):  # the exact positions, in order, on every path
                 want = [data[p] for p in slot_positions(slot, slots, n, even)]
@@ -123,24 +121,47 @@ def _generator_source(n):
 @pytest.mark.parametrize(
     "name, build, expected",
     [
-        ("map before", lambda r, w: IterableWrapper(range(50)).map(_double).dist_shard(rank=r, world_size=w),
-         [2 * i for i in range(50)]),
-        ("map after", lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).map(_double),
-         [2 * i for i in range(50)]),
-        ("filter before", lambda r, w: IterableWrapper(range(50)).filter(_keep_even).dist_shard(rank=r, world_size=w),
-         list(range(0, 50, 2))),
-        ("filter after", lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).filter(_keep_even),
-         list(range(0, 50, 2))),
-        ("batch after", lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).batch(4).unbatch(),
-         list(range(50))),
-        ("batch before", lambda r, w: IterableWrapper(range(50)).batch(4).dist_shard(rank=r, world_size=w).unbatch(),
-         list(range(50))),
-        ("shuffle before", lambda r, w: IterableWrapper(range(50)).shuffle().dist_shard(rank=r, world_size=w),
-         list(range(50))),
-        ("shuffle after", lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).shuffle(),
-         list(range(50))),
-        ("generator", lambda r, w: IterableWrapper(_GenIterable(50)).dist_shard(rank=r, world_size=w),
-         list(range(50))),
+        (
+            "map before",
+            lambda r, w: IterableWrapper(range(50)).map(_double).dist_shard(rank=r, world_size=w),
+            [2 * i for i in range(50)],
+        ),
+        (
+            "map after",
+            lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).map(_double),
+            [2 * i for i in range(50)],
+        ),
+        (
+            "filter before",
+            lambda r, w: IterableWrapper(range(50)).filter(_keep_even).dist_shard(rank=r, world_size=w),
+            list(range(0, 50, 2)),
+        ),
+        (
+            "filter after",
+            lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).filter(_keep_even),
+            list(range(0, 50, 2)),
+        ),
+        (
+            "batch after",
+            lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).batch(4).unbatch(),
+            list(range(50)),
+        ),
+        (
+            "batch before",
+            lambda r, w: IterableWrapper(range(50)).batch(4).dist_shard(rank=r, world_size=w).unbatch(),
+            list(range(50)),
+        ),
+        (
+            "shuffle before",
+            lambda r, w: IterableWrapper(range(50)).shuffle().dist_shard(rank=r, world_size=w),
+            list(range(50)),
+        ),
+        (
+            "shuffle after",
+            lambda r, w: IterableWrapper(range(50)).dist_shard(rank=r, world_size=w).shuffle(),
+            list(range(50)),
+        ),
+        ("generator", lambda r, w: IterableWrapper(_GenIterable(50)).dist_shard(rank=r, world_size=w), list(range(50))),
     ],
 )
 def test_composes_with_datapipe_operations(name, build, expected):
@@ -163,7 +184,8 @@ def test_batches_after_dist_shard_are_equal_per_slot_with_drop():
     """34 elements, 3 ranks x 2 workers, batch(4): the DESIGN's hang case."""
     got = run_slots(
         lambda r, w: IterableWrapper(range(34)).dist_shard(rank=r, world_size=w, even="drop").batch(4),
-        3, 2,
+        3,
+        2,
     )
     assert {len(batches) for batches in got.values()} == {2}
     assert [len(b) for b in got[0]] == [4, 1]
@@ -195,7 +217,7 @@ def test_orders_differ_between_epochs_and_seeds_but_not_between_runs():
     assert list(_shuffled(0, 1, epoch=1, torch_seed=5)) == e1
     assert list(_shuffled(0, 1, epoch=1, seed=3)) != e1
     for epoch in range(3):
-        got = run_slots(lambda r, w: _shuffled(r, w, epoch=epoch, torch_seed=r), 2, 2)
+        got = run_slots(lambda r, w, epoch=epoch: _shuffled(r, w, epoch=epoch, torch_seed=r), 2, 2)
         assert union(got) == multiset(range(200))
 
 
@@ -296,7 +318,9 @@ def test_sharding_filter_downstream_raises_in_a_dataloader():
 @pytest.mark.parametrize("even", [None, "drop", "pad"])
 def test_len_is_the_rank_count_and_the_worker_count_inside_a_worker(even):
     for world, workers, n in [(3, 0, 10), (2, 3, 17), (4, 2, 5)]:
-        got = run_slots(lambda r, w: IterableWrapper(range(n)).dist_shard(rank=r, world_size=w, even=even), world, workers)
+        got = run_slots(
+            lambda r, w, n=n: IterableWrapper(range(n)).dist_shard(rank=r, world_size=w, even=even), world, workers
+        )
         for rank in range(world):
             for worker in range(max(1, workers)):
                 with as_worker(worker, workers):
@@ -304,7 +328,9 @@ def test_len_is_the_rank_count_and_the_worker_count_inside_a_worker(even):
                     assert len(pipe) == len(got[rank * max(1, workers) + worker])
         if workers == 0:
             for rank in range(world):
-                assert len(IterableWrapper(range(n)).dist_shard(rank=rank, world_size=world, even=even)) == len(got[rank])
+                assert len(IterableWrapper(range(n)).dist_shard(rank=rank, world_size=world, even=even)) == len(
+                    got[rank]
+                )
 
 
 def test_len_without_a_known_length_is_a_type_error():
@@ -365,8 +391,7 @@ def test_another_slots_state_with_the_same_layout_names_the_per_rank_callback():
     next(iter(shard))
     other = IterableWrapper(range(12)).dist_shard(rank=1, world_size=2)
     other.load_state_dict(shard.state_dict())
-    with pytest.raises(ValueError, match="same ranks and workers.*LoaderStatePerRank callback of "
-                                         "docs/integrations.md"):
+    with pytest.raises(ValueError, match="same ranks and workers.*LoaderStatePerRank callback of docs/integrations.md"):
         list(other)
     elastic = IterableWrapper(range(12)).dist_shard(rank=1, world_size=3)
     elastic.load_state_dict(shard.state_dict())

@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import distshard
@@ -51,8 +50,9 @@ def test_len_after_a_resume_is_described_as_it_behaves():
     again = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
     again.load_state_dict(pipe.state_dict())
     assert len(again) == 10 and len(list(again)) == 9  # the whole share; what is left is yielded
-    merged = distshard.merge_states([pipe.state_dict(), IterableWrapper(range(20)).dist_shard(
-        rank=1, world_size=2).state_dict()])
+    merged = distshard.merge_states(
+        [pipe.state_dict(), IterableWrapper(range(20)).dist_shard(rank=1, world_size=2).state_dict()]
+    )
     new = IterableWrapper(range(20)).dist_shard(rank=0, world_size=1)
     new.load_state_dict(merged)
     assert len(new) == len(list(new)) == 19  # a merged state: the new run's share of what was left
@@ -63,8 +63,9 @@ def test_integrations_claims_match_the_tests():
     text = _flat(INTEGRATIONS)
     if "xfail" not in lightning:
         assert "expected failure" not in text and "currently ends early" not in text
-    assert "def test_resume_mid_epoch_without_workers" in lightning and \
-        "`test_resume_mid_epoch_without_workers`" in text
+    assert (
+        "def test_resume_mid_epoch_without_workers" in lightning and "`test_resume_mid_epoch_without_workers`" in text
+    )
     accelerate = (ROOT / "tests" / "test_accelerate.py").read_text()
     assert "'NoneType' and 'int'" in accelerate and "'NoneType' and 'int'" in text  # what really happens
     assert "LoaderStatePerRank callback" in text
@@ -105,8 +106,9 @@ def test_every_page_is_linked_from_the_readme():
         assert f"({page})" in README, f"README.md does not link {page}"
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p not in RUN_ELSEWHERE
-                                  and any(kind == "python" for kind, _ in examples(p))])
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if p not in RUN_ELSEWHERE and any(kind == "python" for kind, _ in examples(p))]
+)
 def test_every_example_runs(page, tmp_path, monkeypatch):
     """Each page's blocks run in order in one namespace (a block may use what an
     earlier one made), in a scratch directory, after the page's hidden setup blocks."""
@@ -135,9 +137,12 @@ def _script(page: str, section: str) -> str:
     text = (ROOT / page).read_text()
     start = text.index(f"\n## {section}\n")
     end = text.find("\n## ", start + 1)
-    body = text[start:end if end >= 0 else None]
-    return "\n".join(match["setup"] or match["code"] for match in _BLOCK.finditer(body)
-                     if match["setup"] is not None or match["lang"] == "python")
+    body = text[start : end if end >= 0 else None]
+    return "\n".join(
+        match["setup"] or match["code"]
+        for match in _BLOCK.finditer(body)
+        if match["setup"] is not None or match["lang"] == "python"
+    )
 
 
 def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
@@ -148,17 +153,40 @@ def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str
 
     from distshard.verify import free_port
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                        "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED"} and not k.startswith("ACCELERATE_")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo",
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", HF_HOME=str(cwd / "home"),
-               DISTSHARD_DOCS_LOG=str(cwd / "decoded"), DISTSHARD_CACHE=str(cwd / "cache"),
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "NODE_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "PL_GLOBAL_SEED",
+        }
+        and not k.startswith("ACCELERATE_")
+    }
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONWARNINGS="ignore",
+        HF_HOME=str(cwd / "home"),
+        DISTSHARD_DOCS_LOG=str(cwd / "decoded"),
+        DISTSHARD_CACHE=str(cwd / "cache"),
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+    )
     log_path = cwd / "output.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, *command], cwd=cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, *command], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             returncode: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -175,11 +203,17 @@ def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str
     return returncode, log_path.read_text(errors="replace")
 
 
-@pytest.mark.parametrize("section, launcher", [
-    ("PyTorch Lightning", []),  # Lightning's own launcher starts rank 1 by running the script again
-    ("Hugging Face Accelerate", ["-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                 "--master-addr", "127.0.0.1"]),
-], ids=["lightning", "accelerate"])
+@pytest.mark.parametrize(
+    "section, launcher",
+    [
+        ("PyTorch Lightning", []),  # Lightning's own launcher starts rank 1 by running the script again
+        (
+            "Hugging Face Accelerate",
+            ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"],
+        ),
+    ],
+    ids=["lightning", "accelerate"],
+)
 def test_the_framework_recipes_run_as_written_on_two_processes(section, launcher, tmp_path):
     """docs/integrations.md's programs, run as a user runs them (2 CPU processes), with
     hidden checks that every record ``even="drop"`` keeps was decoded once an epoch."""

@@ -69,7 +69,8 @@ def test_html_for_notebooks_escapes_and_lists_warnings():
 
 def test_the_readme_call_takes_the_pipeline_or_what_wraps_it():
     assert callable(distshard.explain) and distshard.Explanation is type(
-        distshard.explain(IterableWrapper(range(4)).dist_shard(rank=0, world_size=1)))
+        distshard.explain(IterableWrapper(range(4)).dist_shard(rank=0, world_size=1))
+    )
     pipeline = IterableWrapper(range(12)).map(decode).dist_shard(rank=1, world_size=3).filter(keep)
     text = str(distshard.explain(pipeline))
     assert "per slot: [4, 4, 4]" in text and "Filter after dist_shard" in text
@@ -106,8 +107,8 @@ def test_the_method_and_the_notebook_view_still_work():
 
 # -- issue 15: explain's figures are what iteration yields, in every layout ----------------------
 
-from collections import Counter  # noqa: E402
 import re  # noqa: E402
+from collections import Counter  # noqa: E402
 
 from .helpers import as_worker  # noqa: E402
 from .model_factories import jsonl_file  # noqa: E402
@@ -169,7 +170,7 @@ def test_explain_says_what_every_slot_yields(kind):
     for n in (0, 7, 61):
         for world, workers in ((1, 1), (2, 1), (2, 2), (3, 2)):
             for even, multiple in EVENS:
-                for shuffle in ((False,) if kind == "stream" else (False, True)):
+                for shuffle in (False,) if kind == "stream" else (False, True):
                     options = dict(world_size=world, even=even, multiple_of=multiple, shuffle=shuffle, seed=3)
                     slots = world * workers
                     everything = []
@@ -185,7 +186,9 @@ def test_explain_says_what_every_slot_yields(kind):
                         text = str(found)
                         block = re.search(r"contiguous element block \[(\d+), (\d+)\)", text)
                         if block:
-                            assert got[:int(block[2]) - int(block[1])] == list(range(int(block[1]), int(block[2]))), where
+                            assert got[: int(block[2]) - int(block[1])] == list(range(int(block[1]), int(block[2]))), (
+                                where
+                            )
                         everything += got
                         repeat = re.search(r"this slot repeats position (\d+)", text)
                         if repeat:
@@ -203,7 +206,8 @@ def test_explain_says_what_every_slot_yields(kind):
 
 def test_explain_of_the_issue_s_example():
     """N = 61, W = 2, b = 4: 28 a slot, 5 left out, positions in whole batches."""
-    text = str(distshard.explain(IterableWrapper(range(61)).dist_shard(rank=0, world_size=2, even="drop",
-                                                                        multiple_of=4)))
+    text = str(
+        distshard.explain(IterableWrapper(range(61)).dist_shard(rank=0, world_size=2, even="drop", multiple_of=4))
+    )
     assert "per slot: [28, 28]" in text and "leaves out the last 5 positions" in text
     assert "s0: 0, 1, 2, 3, 8, 9, 10, 11 ...; s1: 4, 5, 6, 7, 12, 13, 14, 15 ..." in text

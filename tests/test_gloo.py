@@ -24,12 +24,19 @@ TIMEOUT = 60
         (builds.evens_drop, 4, 1, "fork", "torch"),
         (builds.duplicated_pad, 3, 0, "fork", "torch"),
     ],
-    ids=["strings-4x2-fork", "dicts-drop-3x2-spawn", "dicts-pad-2x3-stateful",
-         "tensors-2x2-spawn-stateful", "evens-drop-4x1", "duplicated-pad-3x0"],
+    ids=[
+        "strings-4x2-fork",
+        "dicts-drop-3x2-spawn",
+        "dicts-pad-2x3-stateful",
+        "tensors-2x2-spawn-stateful",
+        "evens-drop-4x1",
+        "duplicated-pad-3x0",
+    ],
 )
 def test_exactly_once_on_a_real_group(build, world, workers, method, loader):
-    report = distshard.verify(build, world_size=world, num_workers=workers, start_method=method,
-                              loader=loader, timeout=TIMEOUT)
+    report = distshard.verify(
+        build, world_size=world, num_workers=workers, start_method=method, loader=loader, timeout=TIMEOUT
+    )
     assert report.ok, report.summary()
     assert report.error is None
     assert report.received == report.expected - report.allowed_missing + report.allowed_duplicates
@@ -40,19 +47,21 @@ def test_exactly_once_on_a_real_group(build, world, workers, method, loader):
 @pytest.mark.parametrize("loader", ["none", "torch"])
 def test_per_rank_torch_seeds_do_not_break_exactly_once(loader):
     """torch.manual_seed(rank) on every rank, shuffle upstream, 2 epochs."""
-    report = distshard.verify(builds.per_rank_seeded_shuffle, world_size=3, num_workers=2,
-                              loader=loader, epochs=2, timeout=TIMEOUT)
+    report = distshard.verify(
+        builds.per_rank_seeded_shuffle, world_size=3, num_workers=2, loader=loader, epochs=2, timeout=TIMEOUT
+    )
     assert report.ok, report.summary()
     orders = {}
-    for epoch, slot, key in report.seen:
+    for epoch, _slot, key in report.seen:
         orders.setdefault(epoch, []).append(key)
     assert orders[0] != orders[1]  # a different order per epoch
 
 
 def test_verify_catches_torch_sharding_filter_with_unsynced_shuffle():
     """The harness can fail: sharding_filter after a per-rank seeded shuffle."""
-    report = distshard.verify(builds.sharding_filter_unsynced, world_size=4, num_workers=0,
-                              loader="none", timeout=TIMEOUT)
+    report = distshard.verify(
+        builds.sharding_filter_unsynced, world_size=4, num_workers=0, loader="none", timeout=TIMEOUT
+    )
     assert not report.ok
     assert report.duplicate_count > 0 and report.missing_count == report.duplicate_count
 
@@ -71,8 +80,7 @@ def test_ddp_loop_without_even_fails_within_the_timeout_instead_of_hanging():
     no longer match. The harness reports it within its timeout."""
     # the timeout bounds the whole run now (start-up of 4 interpreters included): leave
     # room for start-up, and the collective mismatch still ends it well before a hang would
-    report = distshard.verify(builds.ddp_batches_uneven, world_size=3, num_workers=2, timeout=25,
-                              step_collective=True)
+    report = distshard.verify(builds.ddp_batches_uneven, world_size=3, num_workers=2, timeout=25, step_collective=True)
     assert report.error is not None
     assert report.per_rank[2] == 2 and report.per_rank[0] > 2  # rank 2 ran out first
 
@@ -88,8 +96,9 @@ class _SourceTag:
 
 def _contexts_in_workers(rank, world_size, method):
     shard = IterableWrapper(list(range(24))).dist_shard()
-    loader = DataLoader(shard.map(_SourceTag(shard)), batch_size=None, num_workers=2,
-                        multiprocessing_context=method, timeout=TIMEOUT)
+    loader = DataLoader(
+        shard.map(_SourceTag(shard)), batch_size=None, num_workers=2, multiprocessing_context=method, timeout=TIMEOUT
+    )
     return [tuple(x) for x in loader]
 
 

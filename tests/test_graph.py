@@ -55,12 +55,15 @@ def test_shuffle_above_a_local_class_is_found_and_seeded_identically():
     assert sorted(per_slot[0]) != per_slot[0] or sorted(per_slot[1]) != per_slot[1]  # shuffled
 
 
-@pytest.mark.parametrize("build", [
-    lambda: Passthrough(IterableWrapper(range(8)).sharding_filter()),
-    lambda: Passthrough(IterableWrapper(range(8))).sharding_filter(),
-    lambda: Chain([IterableWrapper(range(4))], {"b": Passthrough(IterableWrapper(range(4)).sharding_filter())}),
-    lambda: Passthrough(IterableWrapper(range(8)).dist_shard(rank=0, world_size=2)),
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Passthrough(IterableWrapper(range(8)).sharding_filter()),
+        lambda: Passthrough(IterableWrapper(range(8))).sharding_filter(),
+        lambda: Chain([IterableWrapper(range(4))], {"b": Passthrough(IterableWrapper(range(4)).sharding_filter())}),
+        lambda: Passthrough(IterableWrapper(range(8)).dist_shard(rank=0, world_size=2)),
+    ],
+)
 def test_double_sharding_behind_a_local_class_is_refused(build):
     with pytest.raises(RuntimeError, match="sharding twice loses data"):
         build().dist_shard(rank=0, world_size=2)

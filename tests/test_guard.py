@@ -39,8 +39,15 @@ def test_needs_a_process_group_and_a_positive_timeout():
 
 @pytest.mark.parametrize(
     "timeout, error",
-    [(math.nan, ValueError), (math.inf, ValueError), (0, ValueError), (-1.5, ValueError),
-     ("5", TypeError), (True, TypeError), (None, TypeError)],
+    [
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (0, ValueError),
+        (-1.5, ValueError),
+        ("5", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
 )
 def test_timeout_must_be_a_finite_positive_number(timeout, error):
     with pytest.raises(error, match=re.escape(f"timeout={timeout!r}")):

@@ -78,16 +78,42 @@ def test_the_wheel_installs_with_an_extra_and_shards_outside_the_checkout(tmp_pa
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     shutil.copytree(ROOT / "pipes", source / "pipes", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    _run([sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--no-build-isolation",
-          "--wheel-dir", tmp_path / "dist", source])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--isolated",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            tmp_path / "dist",
+            source,
+        ]
+    )
     [wheel] = (tmp_path / "dist").glob("distshard-*.whl")
 
     # a fresh virtual environment, the wheel with its parquet extra, torch pinned
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--isolated", "--python", python, "install", "--no-compile", "--quiet",
-          *sources, f"{wheel}[parquet]", TORCH])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--isolated",
+            "--python",
+            python,
+            "install",
+            "--no-compile",
+            "--quiet",
+            *sources,
+            f"{wheel}[parquet]",
+            TORCH,
+        ]
+    )
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -28,7 +28,7 @@ def imports() -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     parts = package.split(".")
-                    target = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                    target = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
                 subs = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in mods]

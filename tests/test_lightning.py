@@ -48,16 +48,17 @@ from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 import distshard  # noqa: E402,F401  (registers .dist_shard, used by order())
 from distshard.verify import free_port  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="uses fork DataLoader workers, loopback gloo and killpg")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
+)
 
 SCRIPT = Path(__file__).parent / "integration_scripts" / "lightning_fit.py"
-N, BATCH, SEED = 203, 4, 7        # 203 is not a multiple of any slot count used here
-N_VAL, VAL_FIRST = 61, 1000       # validation elements: 1000 .. 1060
+N, BATCH, SEED = 203, 4, 7  # 203 is not a multiple of any slot count used here
+N_VAL, VAL_FIRST = 61, 1000  # validation elements: 1000 .. 1060
 WORLD = 2
-CKPT_STEP = 7                     # mid-epoch: 2 workers have delivered 4 and 3 batches
-WAIT = 240                        # seconds for one script run (all its phases)
-DDP_TIMEOUT = 60                  # seconds any collective may wait before raising
+CKPT_STEP = 7  # mid-epoch: 2 workers have delivered 4 and 3 batches
+WAIT = 240  # seconds for one script run (all its phases)
+DDP_TIMEOUT = 60  # seconds any collective may wait before raising
 
 PHASES = [
     # the pipeline users build: dist_shard(even="drop", multiple_of=4), default seed
@@ -68,32 +69,74 @@ PHASES = [
     {"name": "sharding_filter", "workers": 2, "shard": "sharding_filter"},
     {"name": "unsharded", "workers": 2, "shard": "none", "epochs": 1, "val": False},
     # checkpoint mid-epoch, resume through Lightning's own checkpoint (+ the recipe)
-    {"name": "ckpt_save", "workers": 2, "stateful": True, "seed": SEED, "recipe": True,
-     "max_steps": CKPT_STEP, "save_every": CKPT_STEP},
-    {"name": "ckpt_resume", "workers": 2, "stateful": True, "seed": SEED, "recipe": True,
-     "resume": "ckpt_save"},
-    {"name": "ckpt0_save", "workers": 0, "stateful": True, "seed": SEED, "recipe": True,
-     "max_steps": CKPT_STEP, "save_every": CKPT_STEP},
-    {"name": "ckpt0_resume", "workers": 0, "stateful": True, "seed": SEED, "recipe": True,
-     "resume": "ckpt0_save"},
-    {"name": "no_multiple_of_save", "workers": 2, "shard": "drop", "stateful": True, "seed": SEED,
-     "recipe": True, "max_steps": CKPT_STEP, "save_every": CKPT_STEP},
-    {"name": "no_multiple_of_resume", "workers": 2, "shard": "drop", "stateful": True, "seed": SEED,
-     "recipe": True, "resume": "no_multiple_of_save"},
+    {
+        "name": "ckpt_save",
+        "workers": 2,
+        "stateful": True,
+        "seed": SEED,
+        "recipe": True,
+        "max_steps": CKPT_STEP,
+        "save_every": CKPT_STEP,
+    },
+    {"name": "ckpt_resume", "workers": 2, "stateful": True, "seed": SEED, "recipe": True, "resume": "ckpt_save"},
+    {
+        "name": "ckpt0_save",
+        "workers": 0,
+        "stateful": True,
+        "seed": SEED,
+        "recipe": True,
+        "max_steps": CKPT_STEP,
+        "save_every": CKPT_STEP,
+    },
+    {"name": "ckpt0_resume", "workers": 0, "stateful": True, "seed": SEED, "recipe": True, "resume": "ckpt0_save"},
+    {
+        "name": "no_multiple_of_save",
+        "workers": 2,
+        "shard": "drop",
+        "stateful": True,
+        "seed": SEED,
+        "recipe": True,
+        "max_steps": CKPT_STEP,
+        "save_every": CKPT_STEP,
+    },
+    {
+        "name": "no_multiple_of_resume",
+        "workers": 2,
+        "shard": "drop",
+        "stateful": True,
+        "seed": SEED,
+        "recipe": True,
+        "resume": "no_multiple_of_save",
+    },
     # persistent_workers=True: every epoch reaches the workers, also after a resume
     {"name": "persistent", "workers": 2, "seed": SEED, "persistent": True},
-    {"name": "ckpt_persistent_save", "workers": 2, "stateful": True, "seed": SEED, "recipe": True,
-     "persistent": True, "max_steps": CKPT_STEP, "save_every": CKPT_STEP},
-    {"name": "ckpt_persistent_resume", "workers": 2, "stateful": True, "seed": SEED, "recipe": True,
-     "persistent": True, "resume": "ckpt_persistent_save"},
+    {
+        "name": "ckpt_persistent_save",
+        "workers": 2,
+        "stateful": True,
+        "seed": SEED,
+        "recipe": True,
+        "persistent": True,
+        "max_steps": CKPT_STEP,
+        "save_every": CKPT_STEP,
+    },
+    {
+        "name": "ckpt_persistent_resume",
+        "workers": 2,
+        "stateful": True,
+        "seed": SEED,
+        "recipe": True,
+        "persistent": True,
+        "resume": "ckpt_persistent_save",
+    },
     # last, as it ends the run: Lightning alone hands rank 0's position to rank 1
-    {"name": "resume_without_recipe", "workers": 2, "stateful": True, "seed": SEED,
-     "resume": "ckpt_save"},
+    {"name": "resume_without_recipe", "workers": 2, "stateful": True, "seed": SEED, "resume": "ckpt_save"},
 ]
 EXPECTED_TO_FAIL = "resume_without_recipe"
 
 
 # -- running the script ------------------------------------------------------------------
+
 
 @dataclass
 class Run:
@@ -111,34 +154,71 @@ class Run:
         for rank in range(WORLD):
             path = self.out / f"{name}-rank{rank}.jsonl"
             if not path.exists():
-                pytest.fail(f"phase {name!r} left no records for rank {rank} (exit status "
-                            f"{self.returncode}); output:\n{self.tail()}")
+                pytest.fail(
+                    f"phase {name!r} left no records for rank {rank} (exit status "
+                    f"{self.returncode}); output:\n{self.tail()}"
+                )
             found[rank] = [json.loads(line) for line in path.read_text().splitlines() if line]
         return found
 
 
 def _env(port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE",
-                        "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED"}}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "NODE_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "PL_GLOBAL_SEED",
+        }
+    }
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONWARNINGS="ignore",
+    )
     return env
 
 
 def run_script(out: Path, phases: list[dict]) -> Run:
     out.mkdir(parents=True, exist_ok=True)
-    phases = [dict(p, resume=str(out / f"{p['resume']}-ckpt" / f"step={CKPT_STEP}.ckpt"))
-              if "resume" in p else p for p in phases]
+    phases = [
+        dict(p, resume=str(out / f"{p['resume']}-ckpt" / f"step={CKPT_STEP}.ckpt")) if "resume" in p else p
+        for p in phases
+    ]
     config = out / "config.json"
-    config.write_text(json.dumps({"out": str(out), "n_train": N, "n_val": N_VAL,
-                                  "val_first": VAL_FIRST, "ddp_timeout": DDP_TIMEOUT,
-                                  "phases": phases}))
+    config.write_text(
+        json.dumps(
+            {
+                "out": str(out),
+                "n_train": N,
+                "n_val": N_VAL,
+                "val_first": VAL_FIRST,
+                "ddp_timeout": DDP_TIMEOUT,
+                "phases": phases,
+            }
+        )
+    )
     log_path = out / "output.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), str(config)], cwd=out,
-                                env=_env(free_port()), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(config)],
+            cwd=out,
+            env=_env(free_port()),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             returncode: int | None = proc.wait(timeout=WAIT)
         except subprocess.TimeoutExpired:
@@ -160,6 +240,7 @@ def fit(tmp_path_factory) -> Run:
 
 
 # -- what the records say -----------------------------------------------------------------
+
 
 def batches(records: list[dict], kind: str, epoch: int) -> list[dict]:
     return [r for r in records if r["kind"] == kind and r["epoch"] == epoch]
@@ -199,13 +280,17 @@ def shares(stream: list[int], workers: int, per_slot: int, multiple: int = 1) ->
     if multiple > 1:
         from distshard.plan import chunk_positions
 
-        out = {rank: {stream[p] for worker in range(w)
-                      for p in chunk_positions(rank, WORLD, worker, w, len(stream), multiple)}
-               for rank in range(WORLD)}
+        out = {
+            rank: {
+                stream[p] for worker in range(w) for p in chunk_positions(rank, WORLD, worker, w, len(stream), multiple)
+            }
+            for rank in range(WORLD)
+        }
         assert all(len(v) == per_slot * w for v in out.values())
         return out
-    return {rank: {x for p, x in enumerate(stream[:slots * per_slot]) if (p % slots) // w == rank}
-            for rank in range(WORLD)}
+    return {
+        rank: {x for p, x in enumerate(stream[: slots * per_slot]) if (p % slots) // w == rank} for rank in range(WORLD)
+    }
 
 
 def violations(trained: dict[int, list[int]], expected: dict[int, set[int]]) -> list[str]:
@@ -224,8 +309,7 @@ def violations(trained: dict[int, list[int]], expected: dict[int, set[int]]) -> 
         problems.append(f"{len(extra)} not expected, e.g. {extra[:6]}")
     for rank, rank_ids in trained.items():
         if set(rank_ids) != expected[rank]:
-            problems.append(f"rank {rank} trained {len(rank_ids)} elements, not its share of "
-                            f"{len(expected[rank])}")
+            problems.append(f"rank {rank} trained {len(rank_ids)} elements, not its share of {len(expected[rank])}")
     return problems
 
 
@@ -254,21 +338,22 @@ def check_validation(phase: dict[int, list[dict]], workers: int, epochs: int = 2
 
 # -- dist_shard(even="drop", multiple_of=4) under Lightning DDP --------------------------------
 
+
 def test_fit_without_workers_trains_each_kept_element_once_with_equal_steps(fit):
     """Default seed (the DataLoader's, shared over the process group): the order is not
     known here, so the count of the dropped tail is checked, not which elements."""
     phase = fit.phase("workers0")
-    per_slot = kept(N, 0)                               # 203 // 2 = 101 -> 100
+    per_slot = kept(N, 0)  # 203 // 2 = 101 -> 100
     for rank in range(WORLD):
         assert end(phase[rank])["error"] is None, end(phase[rank])
     for epoch in range(2):
         trained = {rank: ids(phase[rank], "train", epoch) for rank in range(WORLD)}
         everything = [i for rank_ids in trained.values() for i in rank_ids]
-        assert len(everything) == len(set(everything)) == WORLD * per_slot      # 200, once each
-        assert set(everything) <= set(range(N))                                  # 3 dropped
+        assert len(everything) == len(set(everything)) == WORLD * per_slot  # 200, once each
+        assert set(everything) <= set(range(N))  # 3 dropped
         assert [len(trained[r]) for r in range(WORLD)] == [per_slot] * WORLD
         steps = [len(batches(phase[r], "train", epoch)) for r in range(WORLD)]
-        assert steps == [per_slot // BATCH] * WORLD                               # 25 and 25
+        assert steps == [per_slot // BATCH] * WORLD  # 25 and 25
         assert imbalance(trained, steps, end(phase[0])["num_training_batches"]) == []
     for rank in range(WORLD):
         assert end(phase[rank])["global_step"] == 2 * per_slot // BATCH
@@ -278,21 +363,22 @@ def test_fit_without_workers_trains_each_kept_element_once_with_equal_steps(fit)
 
 def test_fit_with_two_workers_trains_exactly_the_kept_elements_with_equal_steps(fit):
     phase = fit.phase("workers2")
-    per_slot = kept(N, 2)                               # 203 // 4 = 50 -> 48
+    per_slot = kept(N, 2)  # 203 // 4 = 50 -> 48
     for epoch in range(2):
         expected = shares(order(N, SEED, epoch), 2, per_slot, BATCH)
         trained = {rank: ids(phase[rank], "train", epoch) for rank in range(WORLD)}
         assert violations(trained, expected) == [], f"epoch {epoch}"
         steps = [len(batches(phase[r], "train", epoch)) for r in range(WORLD)]
-        assert steps == [2 * per_slot // BATCH] * WORLD                           # 24 and 24
+        assert steps == [2 * per_slot // BATCH] * WORLD  # 24 and 24
         assert imbalance(trained, steps, end(phase[0])["num_training_batches"]) == []
-        assert all(len(b["ids"]) == BATCH for r in range(WORLD)
-                   for b in batches(phase[r], "train", epoch))                    # no partial batch
-    assert order(N, SEED, 0) != order(N, SEED, 1)       # set_epoch reached the pipeline
+        assert all(
+            len(b["ids"]) == BATCH for r in range(WORLD) for b in batches(phase[r], "train", epoch)
+        )  # no partial batch
+    assert order(N, SEED, 0) != order(N, SEED, 1)  # set_epoch reached the pipeline
     for rank in range(WORLD):
         record = end(phase[rank])
         assert record["error"] is None and record["global_step"] == 2 * 24
-        assert record["num_training_batches"] == record["len"] == 24              # len() is exact
+        assert record["num_training_batches"] == record["len"] == 24  # len() is exact
     check_validation(phase, workers=2)
 
 
@@ -307,11 +393,11 @@ def test_without_multiple_of_len_is_refused_and_lightning_trains_every_element(f
         assert record["num_training_batches"] == "inf"
         assert record["len"].startswith("TypeError") and "multiple_of=4" in record["len"]
     for epoch in range(2):
-        expected = shares(order(N, SEED, epoch), 2, N // (WORLD * 2))          # 50 per slot
+        expected = shares(order(N, SEED, epoch), 2, N // (WORLD * 2))  # 50 per slot
         trained = {rank: ids(phase[rank], "train", epoch) for rank in range(WORLD)}
         assert violations(trained, expected) == [], f"epoch {epoch}"
         steps = [len(batches(phase[r], "train", epoch)) for r in range(WORLD)]
-        assert steps == [2 * 13] * WORLD                # 13 batches per worker, the last of 2
+        assert steps == [2 * 13] * WORLD  # 13 batches per worker, the last of 2
 
 
 def test_sharding_filter_control_is_flagged(fit):
@@ -327,8 +413,9 @@ def test_sharding_filter_control_is_flagged(fit):
     announced = end(phase[0])["num_training_batches"]
     assert ([len(trained[r]) for r in range(WORLD)], steps, announced) == ([102, 101], [26, 26], 51)
     problems = imbalance(trained, steps, announced)
-    assert problems == ["unequal elements per rank: [102, 101]",
-                        "len() announced 51 batches, ranks took [26, 26]"], problems
+    assert problems == ["unequal elements per rank: [102, 101]", "len() announced 51 batches, ranks took [26, 26]"], (
+        problems
+    )
 
 
 def test_unsharded_control_duplicates_are_detected(fit):
@@ -345,12 +432,12 @@ def test_sharding_filter_uneven_ranks_stall_ddp(tmp_path):
     and 25 on rank 1, and the ranks stop stepping together (a collective one rank
     waits in is never joined): the run stalls and is stopped. dist_shard(even="drop",
     multiple_of=4) gives both ranks 25 (test_fit_without_workers_...)."""
-    run = run_script(tmp_path, [{"name": "uneven", "workers": 0, "shard": "sharding_filter",
-                                 "n_train": 201, "stall_after": 8}])
+    run = run_script(
+        tmp_path, [{"name": "uneven", "workers": 0, "shard": "sharding_filter", "n_train": 201, "stall_after": 8}]
+    )
     assert run.returncode is not None, run.tail()
     phase = run.phase("uneven")
-    expected = [[r["num_training_batches"] for r in phase[rank] if r["kind"] == "epoch"][0]
-                for rank in range(WORLD)]
+    expected = [[r["num_training_batches"] for r in phase[rank] if r["kind"] == "epoch"][0] for rank in range(WORLD)]
     assert expected == [26, 25], expected
     trained = {rank: ids(phase[rank], "train", 0) for rank in range(WORLD)}
     problems = imbalance(trained, expected, "inf")
@@ -362,9 +449,9 @@ def test_sharding_filter_uneven_ranks_stall_ddp(tmp_path):
 
 # -- checkpoint mid-epoch and resume ------------------------------------------------------
 
+
 def _resumed_epoch(save: dict[int, list[dict]], resume: dict[int, list[dict]], epoch: int):
-    return {rank: ids(save[rank], "train", epoch) + ids(resume[rank], "train", epoch)
-            for rank in range(WORLD)}
+    return {rank: ids(save[rank], "train", epoch) + ids(resume[rank], "train", epoch) for rank in range(WORLD)}
 
 
 def test_lightning_checkpoint_holds_the_loader_state(fit):
@@ -373,10 +460,9 @@ def test_lightning_checkpoint_holds_the_loader_state(fit):
     import torch
 
     fit.phase("ckpt_save")
-    checkpoint = torch.load(fit.out / "ckpt_save-ckpt" / f"step={CKPT_STEP}.ckpt",
-                            weights_only=False)
+    checkpoint = torch.load(fit.out / "ckpt_save-ckpt" / f"step={CKPT_STEP}.ckpt", weights_only=False)
     saved = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert len(saved) == 1 and "_snapshot" in saved[0]           # a StatefulDataLoader state
+    assert len(saved) == 1 and "_snapshot" in saved[0]  # a StatefulDataLoader state
     per_rank = checkpoint["loader_state_per_rank"]
     assert len(per_rank) == WORLD and per_rank[0] == saved
     assert per_rank[1] != per_rank[0]
@@ -436,9 +522,9 @@ def test_without_multiple_of_a_mid_epoch_checkpoint_skips_the_prefetched_batch(f
     expected = shares(order(N, SEED, 0), 2, N // (WORLD * 2))
     trained = _resumed_epoch(save, resume, 0)
     everything = [i for rank_ids in trained.values() for i in rank_ids]
-    assert len(everything) == len(set(everything))                       # no duplicates ...
+    assert len(everything) == len(set(everything))  # no duplicates ...
     missing = set().union(*expected.values()) - set(everything)
-    assert len(missing) == WORLD * BATCH, sorted(missing)                 # ... one batch a rank lost
+    assert len(missing) == WORLD * BATCH, sorted(missing)  # ... one batch a rank lost
     expected1 = shares(order(N, SEED, 1), 2, N // (WORLD * 2))
     assert violations({r: ids(resume[r], "train", 1) for r in range(WORLD)}, expected1) == []
 

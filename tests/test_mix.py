@@ -27,14 +27,14 @@ def _sources(sizes):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 60), st.floats(0.01, 1000)), min_size=2, max_size=8))
 def test_every_prefix_of_the_mix_is_within_one_of_its_share(spec):
-    sizes, weights = zip(*spec)
+    sizes, weights = zip(*spec, strict=True)
     names = [f"s{i}" for i in range(len(sizes))]
-    mixed = list(distshard.mix(_sources(sizes), dict(zip(names, weights)), stop="first_exhausted"))
+    mixed = list(distshard.mix(_sources(sizes), dict(zip(names, weights, strict=True)), stop="first_exhausted"))
     total = sum(weights)
     counts = Counter()
     for p, element in enumerate(mixed, 1):
         counts[element.split("-")[0]] += 1
-        for name, w in zip(names, weights):
+        for name, w in zip(names, weights, strict=True):
             assert abs(counts[name] - p * w / total) < 1 + 1e-9
 
 
@@ -63,7 +63,7 @@ def test_all_exhausted_cycles_a_short_source_until_every_source_was_seen_whole()
     assert mixed[-1] == "math22"
     for name, n in (("web", 140), ("code", 37)):  # cycled: a whole pass, then the next from the start
         seen = [e for e in mixed if e.startswith(name)]
-        assert seen[:n] == [f"{name}{i}" for i in range(n)] and seen[n:] == seen[:len(seen) - n]
+        assert seen[:n] == [f"{name}{i}" for i in range(n)] and seen[n:] == seen[: len(seen) - n]
     first = list(builds.mixed_sources("first_exhausted"))
     assert len(first) < len(mixed) and len(set(first)) == len(first)
 
@@ -81,20 +81,26 @@ def test_each_element_read_once_through_the_mix():
 
     def build(rank, world):
         web, code = Counting(range(100)), Counting(range(100, 130))
-        return distshard.mix({"web": IterableWrapper(web, deepcopy=False),
-                              "code": IterableWrapper(code, deepcopy=False)},
-                             {"web": 3, "code": 1}, stop="first_exhausted").dist_shard(rank=rank, world_size=world)
+        return distshard.mix(
+            {"web": IterableWrapper(web, deepcopy=False), "code": IterableWrapper(code, deepcopy=False)},
+            {"web": 3, "code": 1},
+            stop="first_exhausted",
+        ).dist_shard(rank=rank, world_size=world)
+
     got = [x for rank in range(4) for x in build(rank, 4)]
     assert len(got) == len(set(got)) and set(reads.values()) == {1} and sum(reads.values()) == len(got)
 
 
-@pytest.mark.parametrize("weights, words", [
-    ({"a": 0, "b": 1}, "weight of source 'a' is 0"),
-    ({"a": -1, "b": 1}, "weight of source 'a' is -1"),
-    ({"a": float("nan"), "b": 1}, "weight of source 'a' is nan"),
-    ({"a": 1}, "source 'b' has no weight"),
-    ({"a": 1, "b": 1, "c": 1}, "weights name 'c', which is not a source"),
-])
+@pytest.mark.parametrize(
+    "weights, words",
+    [
+        ({"a": 0, "b": 1}, "weight of source 'a' is 0"),
+        ({"a": -1, "b": 1}, "weight of source 'a' is -1"),
+        ({"a": float("nan"), "b": 1}, "weight of source 'a' is nan"),
+        ({"a": 1}, "source 'b' has no weight"),
+        ({"a": 1, "b": 1, "c": 1}, "weights name 'c', which is not a source"),
+    ],
+)
 def test_bad_weights_name_the_source(weights, words):
     with pytest.raises(ValueError, match=words):
         distshard.mix({"a": IterableWrapper([1]), "b": IterableWrapper([2])}, weights)
@@ -114,18 +120,31 @@ def test_bad_mix_arguments():
 def test_each_pass_of_a_shuffled_stream_source_comes_in_a_new_order():
     pipe = builds.mixed_streams_shuffled()
     pipe = pipe.source_datapipe  # the mix itself, iterated alone (one slot)
-    got = [e for e in distshard.mix(
-        {"web": IterableWrapper([f"web{i}" for i in range(60)]).shuffle(),
-         "math": IterableWrapper([f"math{i}" for i in range(7)]).shuffle()}, {"web": 3, "math": 1})
-        .dist_shard(rank=0, world_size=1, seed=5)]
+    got = [
+        e
+        for e in distshard.mix(
+            {
+                "web": IterableWrapper([f"web{i}" for i in range(60)]).shuffle(),
+                "math": IterableWrapper([f"math{i}" for i in range(7)]).shuffle(),
+            },
+            {"web": 3, "math": 1},
+        ).dist_shard(rank=0, world_size=1, seed=5)
+    ]
     passes = [m for m in got if m.startswith("math")]
     first, second = passes[:7], passes[7:14]
     assert sorted(first) == sorted(second) == sorted(f"math{i}" for i in range(7))
     assert first != second
 
 
-@pytest.mark.parametrize("build", [builds.mixed_first_exhausted_drop, builds.mixed_all_exhausted,
-                                   builds.mixed_streams_shuffled, builds.weighted_draws])
+@pytest.mark.parametrize(
+    "build",
+    [
+        builds.mixed_first_exhausted_drop,
+        builds.mixed_all_exhausted,
+        builds.mixed_streams_shuffled,
+        builds.weighted_draws,
+    ],
+)
 def test_exactly_once_on_a_real_group_with_workers(build):
     report = distshard.verify(build, world_size=2, num_workers=2, timeout=TIMEOUT)
     assert report.ok, report.summary()
@@ -139,12 +158,18 @@ def test_weighted_draws_follow_the_weights_and_split_exactly():
     for i, w in enumerate(weights):
         expected = 30000 * w / total
         assert abs(counts[i] - expected) < 6 * math.sqrt(expected)
+
     def shard(rank, world):
         return distshard.weighted_sample(IterableWrapper(list(range(50))), weights, samples=301).dist_shard(
-            rank=rank, world_size=world, seed=7)
+            rank=rank, world_size=world, seed=7
+        )
+
     unsharded = list(shard(0, 1))
-    assert unsharded != list(distshard.weighted_sample(IterableWrapper(list(range(50))), weights, samples=301)
-                             .dist_shard(rank=0, world_size=1, seed=8))  # the seed matters
+    assert unsharded != list(
+        distshard.weighted_sample(IterableWrapper(list(range(50))), weights, samples=301).dist_shard(
+            rank=0, world_size=1, seed=8
+        )
+    )  # the seed matters
     slots = {}
     for rank in range(3):
         pipe = shard(rank, 3)
@@ -156,7 +181,9 @@ def test_weighted_draws_follow_the_weights_and_split_exactly():
 def test_weighted_draws_resume_exactly_and_refuse_bad_weights():
     def build():
         return distshard.weighted_sample(IterableWrapper(list(range(20))), [1.0] * 20, samples=50).dist_shard(
-            rank=1, world_size=2)
+            rank=1, world_size=2
+        )
+
     full = list(build())
     pipe = build()
     it = iter(pipe)
@@ -181,22 +208,34 @@ def test_each_training_step_is_consecutive_positions_with_dataloader_workers():
 
     world, batch = 2, 4
     stream = list(builds.mixed_sources())
-    loaders = [iter(DataLoader(builds.mixed_sources().dist_shard(rank=r, world_size=world, even="drop",
-                                                                 multiple_of=batch).batch(batch),
-                               batch_size=None, num_workers=2, multiprocessing_context="fork"))
-               for r in range(world)]
+    loaders = [
+        iter(
+            DataLoader(
+                builds.mixed_sources()
+                .dist_shard(rank=r, world_size=world, even="drop", multiple_of=batch)
+                .batch(batch),
+                batch_size=None,
+                num_workers=2,
+                multiprocessing_context="fork",
+            )
+        )
+        for r in range(world)
+    ]
     steps = 0
-    for batches in zip(*loaders):
+    for batches in zip(*loaders, strict=True):
         got = [x for b in batches for x in b]
-        assert got == stream[steps * world * batch:(steps + 1) * world * batch], steps
+        assert got == stream[steps * world * batch : (steps + 1) * world * batch], steps
         steps += 1
     assert steps == len(stream) // (world * 2 * batch) * 2  # whole rounds of chunks
 
 
 # -- weight phases (issue 16) -----------------------------------------------------------------
 
-PHASES = [(0, {"web": 0.7, "code": 0.2, "math": 0.1}), (60, {"web": 0.1, "code": 0.3, "math": 0.6}),
-          (90, {"web": 1, "code": 0, "math": 1})]
+PHASES = [
+    (0, {"web": 0.7, "code": 0.2, "math": 0.1}),
+    (60, {"web": 0.1, "code": 0.3, "math": 0.6}),
+    (90, {"web": 1, "code": 0, "math": 1}),
+]
 
 
 def _phased(stop="first_exhausted", phases=PHASES, **options):
@@ -217,7 +256,7 @@ def test_each_phase_follows_its_weights_from_its_start_and_sources_go_on():
         seen = [e for e in mixed if _source(e) == name]
         assert seen == [f"{name}{i}" for i in range(len(seen))]
     starts = [start for start, _ in PHASES] + [len(mixed)]
-    for (start, weights), end in zip(PHASES, starts[1:]):
+    for (start, weights), end in zip(PHASES, starts[1:], strict=True):
         total, counts = sum(weights.values()), Counter()
         for p, element in enumerate(mixed[start:end], 1):  # prefixes counted from the phase's start
             counts[_source(element)] += 1
@@ -243,6 +282,7 @@ def test_a_phased_mix_is_the_same_stream_at_any_world_size(world, workers):
 def test_a_resume_across_a_phase_boundary_is_exact_also_elastic(shuffle):
     """Two slots stop before the boundary at 60 (positions up to 2 * 25); their merged
     state resumes on three slots, which read across both boundaries."""
+
     def shard(rank, world):
         return _phased().dist_shard(rank=rank, world_size=world, shuffle=shuffle, seed=4)
 
@@ -267,20 +307,33 @@ def test_a_resume_across_a_phase_boundary_is_exact_also_elastic(shuffle):
     assert sorted(taken) == full
 
 
-@pytest.mark.parametrize("phases, error, words", [
-    ([(5, {"a": 1, "b": 1})], ValueError, "phase 0 starts at 5; the first phase must start at position 0"),
-    ([(0, {"a": 1, "b": 1}), (10, {"a": 1, "b": 1}), (10, {"a": 2, "b": 1})], ValueError,
-     "phase 2 starts at 10, not after phase 1's start 10"),
-    ([(0, {"a": 1, "b": 1}), (10, {"a": -1, "b": 1})], ValueError,
-     r"phase 1 \(from position 10\): the weight of source 'a' is -1"),
-    ([(0, {"a": 1, "b": 1}), (10, {"a": 1})], ValueError, r"phase 1 \(from position 10\): source 'b' has no weight"),
-    ([(0, {"a": 1, "b": 1}), (10, {"a": 1, "b": "x"})], TypeError, "phase 1 .*'b' is 'x', not a number"),
-    ([(0, {"a": 1, "b": 1}), (10, {"a": 0, "b": 0})], ValueError, "phase 1 .*every weight is 0"),
-    ([(0, {"a": 1, "b": 1}), (10,)], TypeError, r"phase 1 is \(10,\); each phase is a pair"),
-    ([(0, {"a": 1, "b": 1}), (2.5, {"a": 1, "b": 1})], TypeError, "phase 1 starts at 2.5, not an int"),
-    ([(0, {"a": 1, "b": 0}), (10, {"a": 1, "b": 0})], ValueError, "source 'b' has weight 0 in every phase"),
-    ([], ValueError, "weights has no phase"),
-])
+@pytest.mark.parametrize(
+    "phases, error, words",
+    [
+        ([(5, {"a": 1, "b": 1})], ValueError, "phase 0 starts at 5; the first phase must start at position 0"),
+        (
+            [(0, {"a": 1, "b": 1}), (10, {"a": 1, "b": 1}), (10, {"a": 2, "b": 1})],
+            ValueError,
+            "phase 2 starts at 10, not after phase 1's start 10",
+        ),
+        (
+            [(0, {"a": 1, "b": 1}), (10, {"a": -1, "b": 1})],
+            ValueError,
+            r"phase 1 \(from position 10\): the weight of source 'a' is -1",
+        ),
+        (
+            [(0, {"a": 1, "b": 1}), (10, {"a": 1})],
+            ValueError,
+            r"phase 1 \(from position 10\): source 'b' has no weight",
+        ),
+        ([(0, {"a": 1, "b": 1}), (10, {"a": 1, "b": "x"})], TypeError, "phase 1 .*'b' is 'x', not a number"),
+        ([(0, {"a": 1, "b": 1}), (10, {"a": 0, "b": 0})], ValueError, "phase 1 .*every weight is 0"),
+        ([(0, {"a": 1, "b": 1}), (10,)], TypeError, r"phase 1 is \(10,\); each phase is a pair"),
+        ([(0, {"a": 1, "b": 1}), (2.5, {"a": 1, "b": 1})], TypeError, "phase 1 starts at 2.5, not an int"),
+        ([(0, {"a": 1, "b": 0}), (10, {"a": 1, "b": 0})], ValueError, "source 'b' has weight 0 in every phase"),
+        ([], ValueError, "weights has no phase"),
+    ],
+)
 def test_bad_phases_are_refused_naming_the_phase(phases, error, words):
     with pytest.raises(error, match=words):
         distshard.mix({"a": IterableWrapper([1]), "b": IterableWrapper([2])}, phases)
@@ -300,6 +353,7 @@ def test_all_exhausted_refuses_a_source_that_the_last_phase_never_finishes():
 
 # -- cost-weighted mixing (issue 16) ----------------------------------------------------------
 
+
 def _tokens(name, i):
     return {"web": 5 + (i * 7) % 11, "code": 30 + (i * 13) % 40, "math": 1 + i % 3}[name]
 
@@ -318,7 +372,7 @@ def test_cost_weights_are_shares_of_cost_in_every_prefix():
     cost, own = 0, Counter()
     for element in mixed:
         name = _source(element)
-        c = _tokens(name, int(element[len(name):]))
+        c = _tokens(name, int(element[len(name) :]))
         cost, own[name] = cost + c, own[name] + c
         for n, w in weights.items():  # within the largest element cost (the issue asks for 2 x)
             assert abs(own[n] - w * cost) <= largest + 1e-9, (cost, own)
@@ -351,29 +405,34 @@ def test_cost_bytes_weighs_file_sources_by_their_stored_bytes(tmp_path):
     lines, shards = distshard.jsonl(str(path)), distshard.webdataset(urls)
     assert lines.__distshard_sequence__().sample_bytes() == [len(json.dumps(v)) for v in values]
     assert shards.__distshard_sequence__().sample_bytes() == [
-        sum(len(s[ext]) for ext in ("jpg", "cls", "json")) for s in samples]
-    mixed = distshard.mix({"lines": lines, "tar": shards}, {"lines": 1, "tar": 1}, cost="bytes",
-                          stop="first_exhausted")
-    assert mixed.costs == [[len(json.dumps(v)) for v in values],
-                           [sum(len(s[ext]) for ext in ("jpg", "cls", "json")) for s in samples]]
+        sum(len(s[ext]) for ext in ("jpg", "cls", "json")) for s in samples
+    ]
+    mixed = distshard.mix({"lines": lines, "tar": shards}, {"lines": 1, "tar": 1}, cost="bytes", stop="first_exhausted")
+    assert mixed.costs == [
+        [len(json.dumps(v)) for v in values],
+        [sum(len(s[ext]) for ext in ("jpg", "cls", "json")) for s in samples],
+    ]
     got = list(mixed)
     assert got[:3] and all(isinstance(x, dict) for x in got) and len(got) == len(mixed)
     with pytest.raises(ValueError, match="cost='bytes' takes each sample's stored bytes.*source 'b' is a"):
         distshard.mix({"lines": lines, "b": IterableWrapper([1, 2])}, {"lines": 1, "b": 1}, cost="bytes")
 
 
-@pytest.mark.parametrize("cost, error, words", [
-    ({"a": [1, 2]}, ValueError, "source 'b' has no costs"),
-    ({"a": [1, 2], "b": [1, 2, 3], "c": [1]}, ValueError, "cost name 'c', which is not a source"),
-    ({"a": [1, 2], "b": [1, 2]}, ValueError, "costs of source 'b' have 2 entries but the source has 3"),
-    ({"a": [1, -2], "b": [1, 2, 3]}, ValueError, r"cost\['a'\]\[1\]=-2; costs must be finite and non-negative"),
-    ({"a": [1, float("nan")], "b": [1, 2, 3]}, ValueError, r"cost\['a'\]\[1\]=nan"),
-    ({"a": [0, 0], "b": [1, 2, 3]}, ValueError, "costs of source 'a' are all 0"),
-    ({"a": [1, "2"], "b": [1, 2, 3]}, TypeError, r"cost\['a'\]\[1\]='2' is not a number"),
-    ({"a": 5, "b": [1, 2, 3]}, TypeError, "costs of source 'a' are a int"),
-    ("tokens", ValueError, "cost='tokens'"),
-    ([1, 2], TypeError, "cost must be None, 'bytes' or a mapping"),
-])
+@pytest.mark.parametrize(
+    "cost, error, words",
+    [
+        ({"a": [1, 2]}, ValueError, "source 'b' has no costs"),
+        ({"a": [1, 2], "b": [1, 2, 3], "c": [1]}, ValueError, "cost name 'c', which is not a source"),
+        ({"a": [1, 2], "b": [1, 2]}, ValueError, "costs of source 'b' have 2 entries but the source has 3"),
+        ({"a": [1, -2], "b": [1, 2, 3]}, ValueError, r"cost\['a'\]\[1\]=-2; costs must be finite and non-negative"),
+        ({"a": [1, float("nan")], "b": [1, 2, 3]}, ValueError, r"cost\['a'\]\[1\]=nan"),
+        ({"a": [0, 0], "b": [1, 2, 3]}, ValueError, "costs of source 'a' are all 0"),
+        ({"a": [1, "2"], "b": [1, 2, 3]}, TypeError, r"cost\['a'\]\[1\]='2' is not a number"),
+        ({"a": 5, "b": [1, 2, 3]}, TypeError, "costs of source 'a' are a int"),
+        ("tokens", ValueError, "cost='tokens'"),
+        ([1, 2], TypeError, "cost must be None, 'bytes' or a mapping"),
+    ],
+)
 def test_bad_costs_are_refused(cost, error, words):
     with pytest.raises(error, match=words):
         distshard.mix({"a": IterableWrapper([1, 2]), "b": IterableWrapper([3, 4, 5])}, {"a": 1, "b": 1}, cost=cost)
@@ -382,8 +441,10 @@ def test_bad_costs_are_refused(cost, error, words):
 def test_a_stream_source_with_other_counts_than_its_costs_raises_when_read():
     def mixed(n):
         stream = IterableWrapper(Stream(list(range(n))), deepcopy=False)
-        return distshard.mix({"s": stream, "l": IterableWrapper(["x", "y"])}, {"s": 1, "l": 1},
-                             cost={"s": [1, 1, 1], "l": [1, 1]})
+        return distshard.mix(
+            {"s": stream, "l": IterableWrapper(["x", "y"])}, {"s": 1, "l": 1}, cost={"s": [1, 1, 1], "l": [1, 1]}
+        )
+
     assert list(mixed(3)) == [0, "x", 1, "y", 2]  # ends when both were seen whole
     with pytest.raises(ValueError, match="'s' yielded 2 elements in pass 0, but its costs declare 3"):
         list(mixed(2))
@@ -393,6 +454,7 @@ def test_a_stream_source_with_other_counts_than_its_costs_raises_when_read():
 
 # -- states that identify their run (issue 15, item 2) -----------------------------------------
 
+
 def _stream_mix(seed=None, weights=None):
     a = IterableWrapper([f"a{i}" for i in range(30)]).shuffle()
     b = IterableWrapper([f"b{i}" for i in range(10)]).shuffle()
@@ -400,8 +462,11 @@ def _stream_mix(seed=None, weights=None):
 
 
 def _list_mix(seed=None, weights=None):
-    return distshard.mix({"a": IterableWrapper([f"a{i}" for i in range(30)]),
-                          "b": IterableWrapper([f"b{i}" for i in range(10)])}, weights or {"a": 3, "b": 1}, seed=seed)
+    return distshard.mix(
+        {"a": IterableWrapper([f"a{i}" for i in range(30)]), "b": IterableWrapper([f"b{i}" for i in range(10)])},
+        weights or {"a": 3, "b": 1},
+        seed=seed,
+    )
 
 
 def _weighted(seed=None, weights=None):
@@ -415,15 +480,18 @@ def _state_after(pipe, take=5):
     return pipe.state_dict()
 
 
-@pytest.mark.parametrize("build, ours, theirs, words", [
-    (_stream_mix, {"seed": 1}, {"seed": 2}, "seed=1.*seed=2"),
-    (_stream_mix, {"weights": {"a": 3, "b": 1}}, {"weights": {"a": 1, "b": 3}}, "weights="),
-    (_list_mix, {"seed": 1}, {"seed": 2}, "seed=1.*seed=2"),
-    (_list_mix, {"weights": {"a": 3, "b": 1}}, {"weights": {"a": 6, "b": 2}}, None),  # the same mix: fits
-    (_list_mix, {"weights": {"a": 3, "b": 1}}, {"weights": {"a": 1, "b": 3}}, "had 40 elements"),  # its length
-    (_weighted, {"seed": 1}, {"seed": 2}, "seed=1.*seed=2"),
-    (_weighted, {"weights": [1] * 100}, {"weights": [1] * 64 + [0] * 36}, "weights="),  # every weight counts
-])
+@pytest.mark.parametrize(
+    "build, ours, theirs, words",
+    [
+        (_stream_mix, {"seed": 1}, {"seed": 2}, "seed=1.*seed=2"),
+        (_stream_mix, {"weights": {"a": 3, "b": 1}}, {"weights": {"a": 1, "b": 3}}, "weights="),
+        (_list_mix, {"seed": 1}, {"seed": 2}, "seed=1.*seed=2"),
+        (_list_mix, {"weights": {"a": 3, "b": 1}}, {"weights": {"a": 6, "b": 2}}, None),  # the same mix: fits
+        (_list_mix, {"weights": {"a": 3, "b": 1}}, {"weights": {"a": 1, "b": 3}}, "had 40 elements"),  # its length
+        (_weighted, {"seed": 1}, {"seed": 2}, "seed=1.*seed=2"),
+        (_weighted, {"weights": [1] * 100}, {"weights": [1] * 64 + [0] * 36}, "weights="),  # every weight counts
+    ],
+)
 def test_a_state_of_another_mix_or_sample_is_refused_on_load_and_merge(build, ours, theirs, words):
     state = _state_after(build(**ours).dist_shard(rank=0, world_size=2))
     other = build(**theirs).dist_shard(rank=0, world_size=2)
@@ -443,6 +511,7 @@ def test_a_state_of_another_mix_or_sample_is_refused_on_load_and_merge(build, ou
 
 # -- weighted_sample reads its weights as given (issue 15, item 3) -------------------------------
 
+
 def test_weighted_sample_refuses_a_mapping_of_weights_and_survives_huge_ones():
     with pytest.raises(TypeError, match="weights is a mapping.*one weight per element position"):
         distshard.weighted_sample(IterableWrapper([0, 1, 2]), {0: 1.0, 1: 0.0, 2: 0.0}, samples=5)
@@ -450,23 +519,29 @@ def test_weighted_sample_refuses_a_mapping_of_weights_and_survives_huge_ones():
     assert 850 < draws[0] < 1150 and 850 < draws[1] < 1150  # was: element 1 every time
     assert set(distshard.weighted_sample(IterableWrapper([0, 1, 2]), [1e308, 0, 1e308], samples=300)) == {0, 2}
     with pytest.raises(ValueError, match=r"weights\[0\]=10{400} must be finite"):
-        distshard.weighted_sample(IterableWrapper([0, 1]), [10 ** 400, 1], samples=5)
+        distshard.weighted_sample(IterableWrapper([0, 1]), [10**400, 1], samples=5)
 
 
 # -- one per-pass re-seeding, random access or stream (issue 15, item 4) --------------------------
+
 
 def test_a_weighted_sample_in_an_all_exhausted_mix_is_redrawn_every_pass_whatever_its_neighbour():
     def mixed(neighbour):
         sample = distshard.weighted_sample(IterableWrapper(list(range(1000))), [1] * 1000, samples=6, seed=2)
         return distshard.mix({"w": sample, "s": neighbour}, {"w": 1, "s": 1}, seed=5)
+
     random_access = [x for x in mixed(IterableWrapper([f"s{i}" for i in range(30)])) if isinstance(x, int)]
-    stream = [x for x in mixed(IterableWrapper(Stream([f"s{i}" for i in range(30)]), deepcopy=False))
-              if isinstance(x, int)]
-    passes = [tuple(random_access[i:i + 6]) for i in range(0, len(random_access) - 5, 6)]
+    stream = [
+        x for x in mixed(IterableWrapper(Stream([f"s{i}" for i in range(30)]), deepcopy=False)) if isinstance(x, int)
+    ]
+    passes = [tuple(random_access[i : i + 6]) for i in range(0, len(random_access) - 5, 6)]
     assert len(passes) >= 4 and len(set(passes)) == len(passes)  # a new draw every pass
     assert random_access == stream  # one behaviour: random access draws what the stream draws
-    sharded = [x for r in range(2) for x in
-               mixed(IterableWrapper([f"s{i}" for i in range(30)])).dist_shard(rank=r, world_size=2)]
+    sharded = [
+        x
+        for r in range(2)
+        for x in mixed(IterableWrapper([f"s{i}" for i in range(30)])).dist_shard(rank=r, world_size=2)
+    ]
     unsharded = list(mixed(IterableWrapper([f"s{i}" for i in range(30)])).dist_shard(rank=0, world_size=1))
     assert Counter(sharded) == Counter(unsharded)
 
@@ -482,10 +557,17 @@ def test_the_element_of_another_seed_is_read_without_changing_the_mix():
 
 # -- wrong types raise TypeError; keys of any type, the same for sources and weights (item 10) -----
 
-@pytest.mark.parametrize("options, words", [
-    ({"seed": "1"}, "seed='1' must be None or an int"), ({"seed": 1.5}, "seed=1.5"), ({"seed": True}, "seed=True"),
-    ({"samples": 2.0}, "samples=2.0 must be None or an int"), ({"samples": True}, "samples=True"),
-])
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"seed": "1"}, "seed='1' must be None or an int"),
+        ({"seed": 1.5}, "seed=1.5"),
+        ({"seed": True}, "seed=True"),
+        ({"samples": 2.0}, "samples=2.0 must be None or an int"),
+        ({"samples": True}, "samples=True"),
+    ],
+)
 def test_mix_argument_types(options, words):
     with pytest.raises(TypeError, match=words):
         distshard.mix({"a": IterableWrapper([1])}, {"a": 1}, **options)
@@ -500,18 +582,25 @@ def test_mix_sources_and_weights_types_and_keys():
     with pytest.raises(TypeError, match="weights must be a mapping source -> weight, or phases.*got NoneType"):
         distshard.mix({"a": a}, None)
     assert list(distshard.mix({0: a, 1: b}, {0: 2, 1: 1})) == [1, 2, 10]  # any keys, the same in both
-    with pytest.raises(ValueError, match=r"weights name '0', which is not a source; sources are \[0, 1\] "
-                                         r"\(the keys must be the sources' own keys, of the same type\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"weights name '0', which is not a source; sources are \[0, 1\] "
+        r"\(the keys must be the sources' own keys, of the same type\)",
+    ):
         distshard.mix({0: a, 1: b}, {"0": 2, "1": 1})
     with pytest.raises(ValueError, match="sources 0 and '0' have the same name '0'"):
         distshard.mix({0: a, "0": b}, {0: 1, "0": 1})
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"samples": 1.5}, "samples=1.5 must be an int"), ({"samples": None}, "samples=None must be an int"),
-    ({"samples": 5, "seed": "1"}, "seed='1' must be None or an int"),
-    ({"samples": 5, "weights": None}, "weights must be a sequence of one number per element, got NoneType"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"samples": 1.5}, "samples=1.5 must be an int"),
+        ({"samples": None}, "samples=None must be an int"),
+        ({"samples": 5, "seed": "1"}, "seed='1' must be None or an int"),
+        ({"samples": 5, "weights": None}, "weights must be a sequence of one number per element, got NoneType"),
+    ],
+)
 def test_weighted_sample_argument_types(options, words):
     options = {"weights": [1, 1], **options}
     with pytest.raises(TypeError, match=words):
@@ -545,14 +634,20 @@ def test_dataloader_workers_start_without_pickling_the_sources():
     global _PICKLED
     _PICKLED = multiprocessing.get_context("fork").Value("i", 0)
     web, code = _CountedRecords(f"web{i}" for i in range(300)), _CountedRecords(f"code{i}" for i in range(90))
-    pipe = distshard.mix({"web": IterableWrapper(web), "code": IterableWrapper(code)}, {"web": 3, "code": 1},
-                         samples=256).dist_shard(even="drop", multiple_of=8)
+    pipe = distshard.mix(
+        {"web": IterableWrapper(web), "code": IterableWrapper(code)}, {"web": 3, "code": 1}, samples=256
+    ).dist_shard(even="drop", multiple_of=8)
     built = _PICKLED.value
-    got = [x for batch in DataLoader(pipe, batch_size=8, num_workers=2, collate_fn=list,
-                                     multiprocessing_context="fork") for x in batch]
-    assert Counter(got) == Counter(distshard.mix({"web": IterableWrapper(list(web)),
-                                                  "code": IterableWrapper(list(code))},
-                                                 {"web": 3, "code": 1}, samples=256))
+    got = [
+        x
+        for batch in DataLoader(pipe, batch_size=8, num_workers=2, collate_fn=list, multiprocessing_context="fork")
+        for x in batch
+    ]
+    assert Counter(got) == Counter(
+        distshard.mix(
+            {"web": IterableWrapper(list(web)), "code": IterableWrapper(list(code))}, {"web": 3, "code": 1}, samples=256
+        )
+    )
     assert built == 2 and _PICKLED.value == built  # was 22: 4 more walks in the main process, 4 a worker
 
 

@@ -41,7 +41,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Callable
+from typing import Callable, Sequence
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -71,30 +71,62 @@ class Refusal:
 # construction ones are mandatory; the others may happen, but only at those stages.
 REFUSALS = [
     # "shuffle=True (random-access sources and units with sizes)"
-    Refusal("shuffle=True without random access", frozenset({"construct"}), ValueError,
-            r"shuffle=True", lambda s: s.shuffle and not s.random_access),
+    Refusal(
+        "shuffle=True without random access",
+        frozenset({"construct"}),
+        ValueError,
+        r"shuffle=True",
+        lambda s: s.shuffle and not s.random_access,
+    ),
     # "with sizes ... enables even and shuffle=True in unit mode"
-    Refusal("even in unit mode without sizes", frozenset({"construct"}), ValueError,
-            r"even=.*sizes=", lambda s: s.units and not s.sized and s.even is not None),
+    Refusal(
+        "even in unit mode without sizes",
+        frozenset({"construct"}),
+        ValueError,
+        r"even=.*sizes=",
+        lambda s: s.units and not s.sized and s.even is not None,
+    ),
     # "every slot's state can be merged ... except unit mode without sizes"
-    Refusal("elastic resume in unit mode without sizes",
-            frozenset({"merge", "load-merged", "iterate-merged"}), ValueError, r"sizes",
-            lambda s: s.units and not s.sized),
+    Refusal(
+        "elastic resume in unit mode without sizes",
+        frozenset({"merge", "load-merged", "iterate-merged"}),
+        ValueError,
+        r"sizes",
+        lambda s: s.units and not s.sized,
+    ),
     # units.py: shuffle=True reads single elements, so expand must return a sequence
-    Refusal("shuffle=True in unit mode with an iterator expand",
-            frozenset({"iterate", "iterate-own", "iterate-merged"}), TypeError,
-            r"not a sequence", lambda s: s.units and s.shuffle and not s.expand_list),
+    Refusal(
+        "shuffle=True in unit mode with an iterator expand",
+        frozenset({"iterate", "iterate-own", "iterate-merged"}),
+        TypeError,
+        r"not a sequence",
+        lambda s: s.units and s.shuffle and not s.expand_list,
+    ),
     # docs/checkpoint.md: StatefulDataLoader restarts by itself after a state saved at
     # an epoch's end, in workers that do not have the state (only loaders with workers)
-    Refusal("an epoch's end resumed in DataLoader workers, then the epoch again",
-            frozenset({"iterate-own"}), RuntimeError, r"started after the one that resumed it",
-            lambda s: True),
+    Refusal(
+        "an epoch's end resumed in DataLoader workers, then the epoch again",
+        frozenset({"iterate-own"}),
+        RuntimeError,
+        r"started after the one that resumed it",
+        lambda s: True,
+    ),
     # docs/usage.md "carry": "a stream (and units without sizes) is refused at construction"
-    Refusal("even='carry' without random access", frozenset({"construct"}), ValueError,
-            r"even='carry'.*previous epoch", lambda s: s.even == "carry" and not s.random_access),
+    Refusal(
+        "even='carry' without random access",
+        frozenset({"construct"}),
+        ValueError,
+        r"even='carry'.*previous epoch",
+        lambda s: s.even == "carry" and not s.random_access,
+    ),
     # docs/usage.md "carry": "a worker refuses a slot's own state whose boundaries an elastic resume moved"
-    Refusal("a carry state with moved boundaries loaded in a worker", frozenset({"load-own", "iterate-own"}),
-            ValueError, r"merge_states", lambda s: s.even == "carry"),
+    Refusal(
+        "a carry state with moved boundaries loaded in a worker",
+        frozenset({"load-own", "iterate-own"}),
+        ValueError,
+        r"merge_states",
+        lambda s: s.even == "carry",
+    ),
 ]
 CONSTRUCT = [r for r in REFUSALS if "construct" in r.stages]
 
@@ -118,9 +150,15 @@ def stage(name: str):
         raise Refused(name, exc) from exc
 
 
-def assert_documented(spec: Spec, refused: Refused, log: list[str] = ()) -> None:
-    allowed = [r for r in REFUSALS if refused.stage in r.stages and r.applies(spec)
-               and isinstance(refused.error, r.error) and re.search(r.message, str(refused.error))]
+def assert_documented(spec: Spec, refused: Refused, log: Sequence[str] = ()) -> None:
+    allowed = [
+        r
+        for r in REFUSALS
+        if refused.stage in r.stages
+        and r.applies(spec)
+        and isinstance(refused.error, r.error)
+        and re.search(r.message, str(refused.error))
+    ]
     assert allowed, f"undocumented refusal for {spec}: {refused}\n" + "\n".join(log)
 
 
@@ -147,8 +185,9 @@ class Epoch:
     consumed: Counter = field(default_factory=Counter)
     splits: list[Split] = field(default_factory=list)
 
-    def start_split(self, universe: Counter, num_slots: int, even: str | None, multiple: int = 1,
-                    left: int | None = None) -> None:
+    def start_split(
+        self, universe: Counter, num_slots: int, even: str | None, multiple: int = 1, left: int | None = None
+    ) -> None:
         after = bool(self.splits) and self.splits[-1].complete
         left = len(set(universe) - set(self.consumed)) if left is None else left
         self.splits.append(Split(num_slots, even, left, after, multiple if even in ("drop", "carry") else 1))
@@ -183,19 +222,22 @@ def check_epoch(universe: Counter, epoch: Epoch, where: str) -> None:
     if even == "pad" and not (last.after_complete and len(missing) == last.left):
         earlier = sum(padded) - (last.num_slots - 1 if any(last.at_end.values()) else 0)
         low, high = (-(-r // last.num_slots) * per_unit for r in (last.left, last.left + earlier))
-        assert len(counts) == 1 and low <= counts.pop() <= high, \
+        assert len(counts) == 1 and low <= counts.pop() <= high, (
             f"{where}: the last split yielded {dict(last.totals)}, expected {low}..{high} per unit"
+        )
     for index, split in enumerate(epoch.splits):
         if split.even is not None and split.complete:
-            assert len(set(split.totals.values())) == 1, \
+            assert len(set(split.totals.values())) == 1, (
                 f"{where}: split {index} (even={split.even!r}) yielded unequal counts {dict(split.totals)}"
+            )
 
 
 # -- even="carry": the epochs as one stream ---------------------------------------------------
 
 
-def check_carry_epoch(universe: Counter, epoch_index: int, epoch: Epoch, history: Counter,
-                      epoch_tags: bool, where: str) -> None:
+def check_carry_epoch(
+    universe: Counter, epoch_index: int, epoch: Epoch, history: Counter, epoch_tags: bool, where: str
+) -> None:
     """The contract of ``even="carry"`` at the end of epoch ``epoch_index``, from the
     whole history (``history``: every element consumed so far, as yielded):
 
@@ -218,13 +260,15 @@ def check_carry_epoch(universe: Counter, epoch_index: int, epoch: Epoch, history
     per_unit = last.num_slots // len(last.totals)
     if missing == last.left % unit and not (last.after_complete and missing == last.left):
         expected = {last.left // unit * unit // last.num_slots * per_unit}
-        assert set(last.totals.values()) == expected, \
+        assert set(last.totals.values()) == expected, (
             f"{where}: the last split yielded {dict(last.totals)}, expected {expected} per unit"
+        )
     for index, split in enumerate(epoch.splits):
         if split.complete:
-            assert len(set(split.totals.values())) == 1, \
+            assert len(set(split.totals.values())) == 1, (
                 f"{where}: split {index} yielded unequal counts {dict(split.totals)}"
-    names = Counter()
+            )
+    names: Counter = Counter()
     for element, count in history.items():
         names[untag(element)[0]] += count
     foreign = set(names) - set(universe)
@@ -357,10 +401,16 @@ class PersistentUnit:
             distshard.set_epoch(self.pipe, self.epoch)
             return self.loader, self.loader.state_dict if stateful else None
         self.pipe = pipe = build(self.spec, self.rank, self.run.world)
-        options = dict(batch_size=None, num_workers=self.run.workers, persistent_workers=True,
-                       multiprocessing_context=self.run.kind.split("-")[1], timeout=60)
-        loader = StatefulDataLoader(distshard.StatefulPipeline(pipe), **options) if stateful \
-            else DataLoader(pipe, **options)
+        options = dict(
+            batch_size=None,
+            num_workers=self.run.workers,
+            persistent_workers=True,
+            multiprocessing_context=self.run.kind.split("-")[1],
+            timeout=60,
+        )
+        loader = (
+            StatefulDataLoader(distshard.StatefulPipeline(pipe), **options) if stateful else DataLoader(pipe, **options)
+        )
         if self.run.epoch_first:
             pipe.set_epoch(self.epoch)
         if self.state is not None:
@@ -386,7 +436,7 @@ class PersistentUnit:
             iterator._shutdown_workers()
 
 
-def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tuple[list, bool, dict]:
+def run_unit(fresh, choose: Callable[[int | None], int], first_stage: str) -> tuple[list, bool, dict | None]:
     """Dry-run the unit to learn its share ``L``, then take ``choose(L)`` elements
     from a fresh copy; return (elements, at the end of its share, state)."""
     try:
@@ -427,13 +477,21 @@ LAYOUTS = {
 @st.composite
 def specs(draw) -> Spec:
     source = draw(st.sampled_from(SOURCES))
-    common = dict(source=source, shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2**20)),
-                  multiple=draw(st.sampled_from([1, 1, 2, 3])),
-                  even=draw(st.sampled_from([None, "drop", "pad"])))
+    common = dict(
+        source=source,
+        shuffle=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**20)),
+        multiple=draw(st.sampled_from([1, 1, 2, 3])),
+        even=draw(st.sampled_from([None, "drop", "pad"])),
+    )
     if source != "units":
         return Spec(n=draw(st.integers(0, 60)), **common)
-    return Spec(unit_sizes=tuple(draw(st.lists(st.integers(0, 9), max_size=10))),
-                sized=draw(st.booleans()), expand_list=draw(st.booleans()), **common)
+    return Spec(
+        unit_sizes=tuple(draw(st.lists(st.integers(0, 9), max_size=10))),
+        sized=draw(st.booleans()),
+        expand_list=draw(st.booleans()),
+        **common,
+    )
 
 
 def check_construction(spec: Spec, build=build) -> bool:
@@ -444,8 +502,9 @@ def check_construction(spec: Spec, build=build) -> bool:
             build(spec, 0, 1)
     except Refused as refused:
         assert must, f"{spec}: refused at construction: {refused}"
-        assert any(isinstance(refused.error, r.error) and re.search(r.message, str(refused.error))
-                   for r in must), f"{spec}: unclear refusal {refused}"
+        assert any(isinstance(refused.error, r.error) and re.search(r.message, str(refused.error)) for r in must), (
+            f"{spec}: unclear refusal {refused}"
+        )
         return False
     assert not must, f"{spec}: built, but should be refused: {[r.why for r in must]}"
     return True
@@ -463,8 +522,9 @@ def choice(data, final: bool) -> Callable[[int | None], int]:
     return choose
 
 
-def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] | None = None,
-                epoch_tags: bool = True) -> None:
+def run_history(
+    spec: Spec, data, kinds: list[str], epochs: tuple[int, int] | None = None, epoch_tags: bool = True
+) -> None:
     """Draw and run a history of ``epochs`` (at least, at most; default 1-2, 1-4 for
     carry) epochs; check every epoch, or that a refusal is documented. ``epoch_tags``:
     a "tagged" source's elements say their epoch (the DataPipe seeds it)."""
@@ -472,7 +532,7 @@ def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] | No
     log: list[str] = []
     states: list | None = None  # every unit's state at the last checkpoint
     previous: tuple | None = None  # (kind, world, workers, even) of the last run
-    evens = [None] if spec.units and not spec.sized else [None, "drop", "pad"]
+    evens: list[str | None] = [None] if spec.units and not spec.sized else [None, "drop", "pad"]
     carry = spec.even == "carry"
     if carry:
         evens = ["carry"]  # carry and the other modes refuse each other's states (test_carry.py)
@@ -509,6 +569,7 @@ def run_history(spec: Spec, data, kinds: list[str], epochs: tuple[int, int] | No
                 persistent: list = []
                 try:
                     if resume == "merged":
+                        assert states is not None, "a merged resume follows a checkpoint"
                         with stage("merge"):
                             merged = jsonable(distshard.merge_states(states))
                         loaded = [merged] * len(run.units)
@@ -561,8 +622,9 @@ def untag_epoch(elements: list, tags: set, epoch_tags: bool, log: list[str]) -> 
         if tag is not None:
             tags.add(tag)
         out.append(name)
-    assert not epoch_tags or len(tags) <= 1, f"elements of several epochs' streams in one epoch: {tags}\n" + \
-        "\n".join(log)
+    assert not epoch_tags or len(tags) <= 1, f"elements of several epochs' streams in one epoch: {tags}\n" + "\n".join(
+        log
+    )
     return out
 
 
@@ -572,8 +634,7 @@ def check_model(spec: Spec, data, kinds: list[str], build_spec=build, epochs: tu
 
 
 # ~10 ms an example when it passes; shrinking a failure takes longer
-MODEL_SETTINGS = settings(max_examples=500, deadline=None, derandomize=False,
-                          suppress_health_check=list(HealthCheck))
+MODEL_SETTINGS = settings(max_examples=500, deadline=None, derandomize=False, suppress_health_check=list(HealthCheck))
 
 
 @MODEL_SETTINGS
@@ -587,9 +648,15 @@ def test_every_history_is_exact_or_refused(spec, data):
 def shuffled_units(draw) -> Spec:
     """The rarest corner of specs(), drawn on purpose: units with sizes read in a
     permuted order, whose states lay positions out in a stride, not blocks."""
-    return Spec(source="units", unit_sizes=tuple(draw(st.lists(st.integers(0, 9), min_size=1, max_size=8))),
-                sized=True, expand_list=True, shuffle=True, seed=draw(st.integers(0, 2**20)),
-                even=draw(st.sampled_from([None, "drop", "pad"])))
+    return Spec(
+        source="units",
+        unit_sizes=tuple(draw(st.lists(st.integers(0, 9), min_size=1, max_size=8))),
+        sized=True,
+        expand_list=True,
+        shuffle=True,
+        seed=draw(st.integers(0, 2**20)),
+        even=draw(st.sampled_from([None, "drop", "pad"])),
+    )
 
 
 @settings(MODEL_SETTINGS, max_examples=150)
@@ -620,8 +687,14 @@ def shuffled_specs(draw) -> Spec:
     reach the workers shows: shuffle=True, or an upstream .shuffle()."""
     upstream = draw(st.booleans())
     source = "shuffled" if upstream else draw(st.sampled_from(["list", "list+map", "jsonl"]))
-    return Spec(source, n=draw(st.integers(1, 40)), shuffle=not upstream, seed=draw(st.integers(0, 2**20)),
-                multiple=draw(st.sampled_from([1, 1, 2])), even=draw(st.sampled_from([None, "drop", "pad"])))
+    return Spec(
+        source,
+        n=draw(st.integers(1, 40)),
+        shuffle=not upstream,
+        seed=draw(st.integers(0, 2**20)),
+        multiple=draw(st.sampled_from([1, 1, 2])),
+        even=draw(st.sampled_from([None, "drop", "pad"])),
+    )
 
 
 # persistent workers: two epochs, the second going on in the workers of the first's last
@@ -647,12 +720,21 @@ def carry_specs(draw) -> Spec:
     at construction), with multiple_of, shuffle=True, and short epochs (N from 0, also
     below the slot count, so a tail may span several epochs)."""
     source = draw(st.sampled_from([*SOURCES, "tagged", "tagged", "list", "units"]))
-    common = dict(source=source, shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2**20)),
-                  multiple=draw(st.sampled_from([1, 1, 2, 3])), even="carry")
+    common = dict(
+        source=source,
+        shuffle=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**20)),
+        multiple=draw(st.sampled_from([1, 1, 2, 3])),
+        even="carry",
+    )
     if source != "units":
         return Spec(n=draw(st.integers(0, 30)), **common)
-    return Spec(unit_sizes=tuple(draw(st.lists(st.integers(0, 6), max_size=8))),
-                sized=draw(st.booleans().map(lambda b: b or draw(st.booleans()))), expand_list=True, **common)
+    return Spec(
+        unit_sizes=tuple(draw(st.lists(st.integers(0, 6), max_size=8))),
+        sized=draw(st.booleans().map(lambda b: b or draw(st.booleans()))),
+        expand_list=True,
+        **common,
+    )
 
 
 @settings(MODEL_SETTINGS, max_examples=250)
@@ -697,9 +779,11 @@ def _other(spec: Spec, change: str, data) -> Spec | None:
         return None
     # mode: element <-> units with sizes <-> units without sizes
     n = len(spec.universe())
-    targets = {"element": Spec("list", n=n, seed=spec.seed),
-               "sized": Spec("units", unit_sizes=(n,), sized=True, seed=spec.seed),
-               "units": Spec("units", unit_sizes=(n,), sized=False, seed=spec.seed)}
+    targets = {
+        "element": Spec("list", n=n, seed=spec.seed),
+        "sized": Spec("units", unit_sizes=(n,), sized=True, seed=spec.seed),
+        "units": Spec("units", unit_sizes=(n,), sized=False, seed=spec.seed),
+    }
     mine = "element" if not spec.units else ("sized" if spec.sized else "units")
     return targets[data.draw(st.sampled_from(sorted(set(targets) - {mine})))]
 
@@ -723,8 +807,10 @@ def test_a_state_of_another_pipeline_is_refused(spec, data):
     try:
         for rank, worker in run.units:
             with as_worker(worker, workers):
+
                 def some(share):
                     return data.draw(st.integers(min(1, share), max(1, share))) if share else 0
+
                 elements, at_end, state = run_unit(make_unit(spec, run, rank, 0, None), some, "iterate")
             states.append(state)
             progress.append((len(elements), at_end))
@@ -754,15 +840,17 @@ def test_a_state_of_another_pipeline_is_refused(spec, data):
 GLOO_CASES = [
     # spec, (world, workers, elements per rank) of the first group, (world, workers) of the second
     (Spec("shuffled", n=41, even="drop", seed=5), (2, 2, 7), (3, 1)),
-    (Spec("units", unit_sizes=(5, 0, 7, 3, 9, 4), sized=True, shuffle=True, even="pad", seed=1),
-     (2, 2, 6), (1, 2)),
+    (Spec("units", unit_sizes=(5, 0, 7, 3, 9, 4), sized=True, shuffle=True, even="pad", seed=1), (2, 2, 6), (1, 2)),
     # the merged state keeps the carried tail: 3 ranks in whole batches of 2 take what fits of it
     (Spec("tagged", n=41, shuffle=True, even="carry", multiple=2, seed=5), (2, 2, 7), (3, 1)),
 ]
 
 
-@pytest.mark.parametrize("spec, first, second", GLOO_CASES,
-                         ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2", "tagged-carry-2x2-3x1"])
+@pytest.mark.parametrize(
+    "spec, first, second",
+    GLOO_CASES,
+    ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2", "tagged-carry-2x2-3x1"],
+)
 def test_elastic_resume_on_real_groups_is_exact(spec, first, second):
     world, workers, take = first
     outcomes = run_on_group(gloo_run, world_size=world, args=(spec, workers, take), timeout=60)

@@ -118,7 +118,9 @@ def test_parallel_mapper_after_the_shard():
         mapped = ParallelMapper(node(20, slot, 3, "pad"), fn, num_workers=2, method="thread")
         shards.append(list(Loader(mapped)))
     assert [len(s) for s in shards] == [7, 7, 7]
-    assert Counter(x for s in shards for x in s) - Counter(x + "!" for x in data(20)) == Counter(["e2!"])  # slot 2 repeats its first
+    assert Counter(x for s in shards for x in s) - Counter(x + "!" for x in data(20)) == Counter(
+        ["e2!"]
+    )  # slot 2 repeats its first
     assert sorted(seen) == sorted(x[:-1] for s in shards for x in s)
 
 
@@ -140,10 +142,7 @@ class _EpochSampler:
 
 
 def test_epochs_of_an_epoch_aware_source_stay_exactly_once():
-    loaders = [
-        Loader(DistShardNode(SamplerWrapper(_EpochSampler(10)), rank=r, world_size=2))
-        for r in range(2)
-    ]
+    loaders = [Loader(DistShardNode(SamplerWrapper(_EpochSampler(10)), rank=r, world_size=2)) for r in range(2)]
     epochs = []
     for _ in range(3):
         shards = [list(loader) for loader in loaders]
@@ -205,7 +204,13 @@ def test_state_format():
     state = shard.state_dict()
     assert state["distshard_node"] == 2
     inner = state["shard"]
-    assert (inner["distshard"], inner["taken"], inner["slot"], inner["num_slots"], inner["even"]) == (VERSION, 0, 1, 4, "pad")
+    assert (inner["distshard"], inner["taken"], inner["slot"], inner["num_slots"], inner["even"]) == (
+        VERSION,
+        0,
+        1,
+        4,
+        "pad",
+    )
     assert inner["node_source"] == {"_num_yielded": 0} and inner["layout"] == "stride"
     take(shard, 2)
     state = shard.state_dict()
@@ -323,8 +328,11 @@ BAD_STATES = [
     ("no marker", {"taken": 1}, "no 'distshard_node' key"),
     ("loader state", {"root": _good(), "num_yielded": 1}, "Loader state"),
     ("version", dict(_good(), distshard_node=1), "version 1"),
-    ("missing", _shard(distshard=2, taken=None) | {"shard": {k: v for k, v in _good()["shard"].items() if k != "taken"}},
-     r"missing keys \['taken'\]"),
+    (
+        "missing",
+        _shard(distshard=2, taken=None) | {"shard": {k: v for k, v in _good()["shard"].items() if k != "taken"}},
+        r"missing keys \['taken'\]",
+    ),
     ("taken negative", _shard(taken=-1), "taken=-1 must be at least 0"),
     ("taken str", _shard(taken="1"), "taken='1' must be an int"),
     ("taken bool", _shard(taken=True), "taken=True must be an int"),
@@ -427,11 +435,27 @@ def test_pickled_node_remembers_the_process_group_rank(monkeypatch):
 # -- issue 15: one check of the arguments for both front-ends ----------------------------------
 
 BAD_ARGUMENTS = [
-    dict(seed=-1), dict(seed="1"), dict(seed=1.5), dict(seed=True), dict(rank=1), dict(world_size=2),
-    dict(rank=0, world_size=0), dict(rank=2, world_size=2), dict(rank="0", world_size=2), dict(even="x"),
-    dict(shuffle=1), dict(expand=3), dict(sizes=[1, 2]), dict(expand=list, even="drop"),
-    dict(expand=list, shuffle=True), dict(expand=list, sizes="ab"), dict(expand=list, sizes=[1, -1]),
-    dict(expand=list, sizes=[1, 1.5]), dict(multiple_of=0), dict(multiple_of=2), dict(multiple_of=2.0),
+    dict(seed=-1),
+    dict(seed="1"),
+    dict(seed=1.5),
+    dict(seed=True),
+    dict(rank=1),
+    dict(world_size=2),
+    dict(rank=0, world_size=0),
+    dict(rank=2, world_size=2),
+    dict(rank="0", world_size=2),
+    dict(even="x"),
+    dict(shuffle=1),
+    dict(expand=3),
+    dict(sizes=[1, 2]),
+    dict(expand=list, even="drop"),
+    dict(expand=list, shuffle=True),
+    dict(expand=list, sizes="ab"),
+    dict(expand=list, sizes=[1, -1]),
+    dict(expand=list, sizes=[1, 1.5]),
+    dict(multiple_of=0),
+    dict(multiple_of=2),
+    dict(multiple_of=2.0),
 ]
 
 
@@ -444,8 +468,9 @@ def test_both_front_ends_refuse_bad_arguments_alike(arguments):
     assert (type(node.value), str(node.value)) == (type(pipe.value), str(pipe.value))
 
 
-@pytest.mark.parametrize("epoch, error", [(-1, ValueError), ("1", TypeError), (1.5, TypeError),
-                                          (True, TypeError), (2**63, ValueError)])
+@pytest.mark.parametrize(
+    "epoch, error", [(-1, ValueError), ("1", TypeError), (1.5, TypeError), (True, TypeError), (2**63, ValueError)]
+)
 def test_both_front_ends_refuse_bad_epochs_alike(epoch, error):
     with pytest.raises(error) as pipe:
         PipeWrapper([0]).dist_shard().set_epoch(epoch)

@@ -36,21 +36,21 @@ MIN_WIDTH, MIN_HEIGHT = 800, 300  # pixels: readable, not thumbnails
 
 # Inserted before the first cell of the in-memory copy (never saved): proves which
 # interpreter and which distshard the kernel runs.
-PROBE = (
-    "import sys, distshard\n"
-    "print('KERNEL-PREFIX', sys.prefix)\n"
-    "print('KERNEL-DISTSHARD', distshard.__file__)"
-)
+PROBE = "import sys, distshard\nprint('KERNEL-PREFIX', sys.prefix)\nprint('KERNEL-DISTSHARD', distshard.__file__)"
 
 
 def _kernel_manager(spec_root: Path) -> AsyncKernelManager:
     spec_dir = spec_root / KERNEL
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "distshard test kernel",
-        "language": "python",
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "distshard test kernel",
+                "language": "python",
+            }
+        )
+    )
     specs = KernelSpecManager(kernel_dirs=[str(spec_root)], ensure_native_kernel=False)
     return AsyncKernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
 
@@ -70,9 +70,12 @@ def _text(cell) -> str:
 
 
 def _pngs(nb) -> list[bytes]:
-    return [base64.b64decode(out.data["image/png"])
-            for cell in nb.cells for out in _outputs(cell)
-            if out.output_type in ("execute_result", "display_data") and "image/png" in out.data]
+    return [
+        base64.b64decode(out.data["image/png"])
+        for cell in nb.cells
+        for out in _outputs(cell)
+        if out.output_type in ("execute_result", "display_data") and "image/png" in out.data
+    ]
 
 
 def _size(png: bytes) -> tuple[int, int]:
@@ -82,8 +85,7 @@ def _size(png: bytes) -> tuple[int, int]:
 
 
 def _errors(nb) -> list[str]:
-    return [f"{out.ename}: {out.evalue}" for cell in nb.cells for out in _outputs(cell)
-            if out.output_type == "error"]
+    return [f"{out.ename}: {out.evalue}" for cell in nb.cells for out in _outputs(cell) if out.output_type == "error"]
 
 
 @pytest.mark.timeout(600)
@@ -123,8 +125,12 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     everything = "".join(_text(cell) for cell in code)
 
     # 1. explain(): HTML as the shard's cell output, text from print()
-    html = [out.data["text/html"] for cell in code for out in _outputs(cell)
-            if out.output_type == "execute_result" and "text/html" in out.data]
+    html = [
+        out.data["text/html"]
+        for cell in code
+        for out in _outputs(cell)
+        if out.output_type == "execute_result" and "text/html" in out.data
+    ]
     assert any("distshard-explain" in h and "no distributed context found" in h for h in html)
     assert "rank 1 of 4, from the rank= / world_size= arguments" in everything
     assert "len(pipeline) = 62 batches of 4 on every rank; iterated: 62" in everything  # multiple_of=4
@@ -140,8 +146,10 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
         assert len(png) > 10_000, (name, len(png))  # not blank
     # 3. the comparison, measured: duplicates, missing, decodes per recipe
     assert "classic gist string ids" in everything and "crashes: TypeError" in everything
-    rows = {m["name"]: tuple(int(g) for g in m.group("dup", "miss", "dec")) for m in re.finditer(
-        r"^(?P<name>[^\n]+?) +(?P<dup>\d+) +(?P<miss>\d+) +(?P<dec>\d+)  \[", everything, re.M)}
+    rows = {
+        m["name"]: tuple(int(g) for g in m.group("dup", "miss", "dec"))
+        for m in re.finditer(r"^(?P<name>[^\n]+?) +(?P<dup>\d+) +(?P<miss>\d+) +(?P<dec>\d+)  \[", everything, re.M)
+    }
     assert rows["decode, then dist_shard(even='drop')"] == (0, 2, 1000), rows  # 'drop' drops 1002 % 8
     assert rows["classic gist ids 0, 2, 4, …"][:2] == (0, 0), rows
     assert "[251, 0, 250, 0, 250, 0, 251, 0]" in everything  # ... but every worker 1 gets nothing
@@ -167,8 +175,10 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     # nothing written where the notebook runs
     # 7. even="carry": 4 epochs of 30 draws on 8 slots, against even="drop"
     assert "drop: per-slot counts by epoch [[3], [3], [3], [3]]; 24 of the 120 draws never yielded" in everything
-    assert "carry: per-slot counts by epoch [[3], [4], [4], [4]]; 0 of the 120 draws never yielded, 0 yielded twice" \
+    assert (
+        "carry: per-slot counts by epoch [[3], [4], [4], [4]]; 0 of the 120 draws never yielded, 0 yielded twice"
         in everything
+    )
     assert "carry: every draw of the 4 epochs yielded exactly once: True" in everything
     assert "carry: draws of epoch e's stream yielded in epoch e + 1: [6, 4, 2]" in everything
     assert not any(workdir.iterdir())
@@ -179,8 +189,9 @@ def test_the_saved_notebook_shows_its_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert code and all(cell.execution_count for cell in code), \
+    assert code and all(cell.execution_count for cell in code), (
         "save the notebook with its outputs (run it top to bottom, then save)"
+    )
     assert not _errors(nb)
     pngs = _pngs(nb)
     assert len(pngs) == len(FIGURES)

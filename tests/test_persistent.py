@@ -58,8 +58,14 @@ def reference(build, epoch: int) -> list:
 
 def _loader(pipeline, method, stateful):
     cls = StatefulDataLoader if stateful else DataLoader
-    return cls(pipeline, batch_size=None, num_workers=WORKERS, persistent_workers=True,
-               multiprocessing_context=method, timeout=60)
+    return cls(
+        pipeline,
+        batch_size=None,
+        num_workers=WORKERS,
+        persistent_workers=True,
+        multiprocessing_context=method,
+        timeout=60,
+    )
 
 
 def _epochs(build, method, stateful, epochs=3):
@@ -73,11 +79,16 @@ def _epochs(build, method, stateful, epochs=3):
     return out
 
 
-@pytest.mark.parametrize("method, stateful, name", [
-    ("fork", False, "shuffle=True"), ("fork", False, "upstream shuffle"),
-    ("fork", True, "shuffle=True"), ("fork", True, "upstream shuffle"),
-    ("spawn", False, "both"),  # spawn with StatefulDataLoader: the resume test below, and test_model
-])
+@pytest.mark.parametrize(
+    "method, stateful, name",
+    [
+        ("fork", False, "shuffle=True"),
+        ("fork", False, "upstream shuffle"),
+        ("fork", True, "shuffle=True"),
+        ("fork", True, "upstream shuffle"),
+        ("spawn", False, "both"),  # spawn with StatefulDataLoader: the resume test below, and test_model
+    ],
+)
 def test_every_epoch_reaches_persistent_workers(method, stateful, name):
     build = BUILDS[name]
     got = _epochs(build, method, stateful)
@@ -149,8 +160,14 @@ class _Unpickled(IterableDataset):
 
 
 def test_a_copy_that_cannot_hear_set_epoch_refuses_its_second_epoch():
-    loader = DataLoader(_Unpickled(shuffled_globally()), batch_size=None, num_workers=WORKERS,
-                        persistent_workers=True, multiprocessing_context="fork", timeout=60)
+    loader = DataLoader(
+        _Unpickled(shuffled_globally()),
+        batch_size=None,
+        num_workers=WORKERS,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
     assert Counter(loader) == Counter(DATA)
     with pytest.raises(RuntimeError, match="by an ordinary pickle"):
         list(loader)
@@ -176,8 +193,9 @@ def test_nothing_grows_per_epoch():
 
 def _child(pipe, ready, results):
     ready.wait(30)  # the parent has set another epoch on its own copy meanwhile
-    loader = DataLoader(pipe, batch_size=None, num_workers=WORKERS, persistent_workers=True,
-                        multiprocessing_context="fork", timeout=60)
+    loader = DataLoader(
+        pipe, batch_size=None, num_workers=WORKERS, persistent_workers=True, multiprocessing_context="fork", timeout=60
+    )
     first = list(loader)
     pipe.set_epoch(1)
     results.put((first, list(loader)))
@@ -206,6 +224,7 @@ def test_a_state_saved_after_the_epoch_end_never_runs_that_epoch_again(workers, 
     at the end of an epoch, with fresh workers unless they persist: the epoch it
     resumes has nothing left, so without set_epoch(next) it yields nothing (no
     workers) or refuses before the first element, and after set_epoch(1) epoch 1 is whole."""
+
     def loader_of(pipe):
         extra = {"multiprocessing_context": "fork", "timeout": 60, "persistent_workers": persistent} if workers else {}
         return StatefulDataLoader(distshard.StatefulPipeline(pipe), batch_size=None, num_workers=workers, **extra)

@@ -1,6 +1,7 @@
 """The pure arithmetic of the partition, property-tested."""
 
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -124,8 +125,7 @@ def interrupted_runs(draw):
     num_slots = draw(st.integers(1, 12))
     total = draw(st.integers(0, 300))
     even = draw(evens)
-    taken = [draw(st.integers(0, slot_count(s, num_slots, total, even) + (even == "pad")))
-             for s in range(num_slots)]
+    taken = [draw(st.integers(0, slot_count(s, num_slots, total, even) + (even == "pad"))) for s in range(num_slots)]
     return num_slots, total, even, taken
 
 
@@ -134,8 +134,9 @@ def test_round_robin_leftover_is_exactly_what_was_not_taken(run):
     num_slots, total, even, taken = run
     consumed = set()
     for slot, count in enumerate(taken):
-        consumed.update(p for p in list(slot_positions(slot, num_slots, total, even))[:count] if
-                        slot_of(p, num_slots) == slot)
+        consumed.update(
+            p for p in list(slot_positions(slot, num_slots, total, even))[:count] if slot_of(p, num_slots) == slot
+        )
     left = left_after_round_robin(taken, num_slots).clip(total)
     left_positions = [left.index(j) for j in range(left.length())]
     assert left_positions == sorted(set(range(total)) - consumed)
@@ -201,7 +202,7 @@ def test_unit_order_is_a_bijection_that_keeps_units_together(sizes, seed):
     for size in sizes:
         offsets.append(offsets[-1] + size)
     unit_of = [next(u for u in range(len(sizes)) if offsets[u] <= p < offsets[u + 1]) for p in image]
-    runs = sum(1 for a, b in zip(unit_of, unit_of[1:]) if a != b) + (1 if unit_of else 0)
+    runs = sum(1 for a, b in pairwise(unit_of) if a != b) + (1 if unit_of else 0)
     assert runs == sum(1 for size in sizes if size)  # every unit visited in one run
 
 
@@ -222,18 +223,23 @@ def test_chunk_layout_partitions_whole_rounds_and_merges_exactly(world, workers,
     assert used == list(range(num_slots * per_slot))  # everything but the dropped tail, once
     # a training step t: every rank's batch from worker t % K is the next W chunks
     for t in range(per_slot // multiple * workers):
-        step = sorted(p for rank in range(world) for p in
-                      owned[rank * workers + t % workers][(t // workers) * multiple:(t // workers + 1) * multiple])
+        step = sorted(
+            p
+            for rank in range(world)
+            for p in owned[rank * workers + t % workers][(t // workers) * multiple : (t // workers + 1) * multiple]
+        )
         assert step == list(range(t * world * multiple, (t + 1) * world * multiple))
     taken = [data.draw(st.integers(0, per_slot)) for _ in range(num_slots)]
     left = left_after_chunks(taken, world, workers, total, multiple)
-    consumed = {p for slot, mine in owned.items() for p in mine[:taken[slot]]}
+    consumed = {p for slot, mine in owned.items() for p in mine[: taken[slot]]}
     assert [p for p in range(total) if p not in consumed] == [left.index(j) for j in range(left.length())]
     for slot, count in enumerate(taken):  # resume in O(1) where the slot stopped
         rank, worker = divmod(slot, workers)
         assert list(chunk_positions(rank, world, worker, workers, total, multiple, count)) == owned[slot][count:]
-        assert list(select_chunks(iter(range(total)), rank, world, worker, workers, multiple, count)) == \
-            owned[slot][count:]
+        assert (
+            list(select_chunks(iter(range(total)), rank, world, worker, workers, multiple, count))
+            == owned[slot][count:]
+        )
 
 
 # -- even="carry": the epochs as one stream ---------------------------------------------------
@@ -259,13 +265,19 @@ def _carry_run(base, first, epoch, n, world, workers, multiple, layout, taken=No
         for worker in range(workers):
             runs = slot_runs(layout, rank, world, worker, workers, hi - lo, multiple)
             mine = [(e, p) for e, positions in carry_reads(window, n, runs) for p in positions]
-            reads.append(mine if taken is None else mine[:taken[rank * workers + worker]])
+            reads.append(mine if taken is None else mine[: taken[rank * workers + worker]])
     return reads
 
 
 @settings(max_examples=150)
-@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 1, 2, 3]), st.integers(0, 40),
-       st.integers(1, 5), carry_layouts)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.sampled_from([1, 1, 2, 3]),
+    st.integers(0, 40),
+    st.integers(1, 5),
+    carry_layouts,
+)
 def test_carry_epochs_take_whole_rounds_of_one_stream(world, workers, multiple, n, epochs, layout):
     """Epoch e takes [U floor(eN/U), U floor((e+1)N/U)) of the concatenated streams, every
     slot the same multiple of multiple_of, each epoch's tail opening the next."""
@@ -273,8 +285,10 @@ def test_carry_epochs_take_whole_rounds_of_one_stream(world, workers, multiple, 
     unit = world * workers * multiple
     seen = []
     for epoch in range(epochs):
-        assert carry_window(Remaining(), 0, epoch, n, unit) == (unit * (epoch * n // unit),
-                                                                unit * ((epoch + 1) * n // unit))
+        assert carry_window(Remaining(), 0, epoch, n, unit) == (
+            unit * (epoch * n // unit),
+            unit * ((epoch + 1) * n // unit),
+        )
         reads = _carry_run(Remaining(), 0, epoch, n, world, workers, multiple, layout)
         counts = {len(mine) for mine in reads}
         assert len(counts) == 1 and counts.pop() % multiple == 0
@@ -287,8 +301,15 @@ def test_carry_epochs_take_whole_rounds_of_one_stream(world, workers, multiple, 
 
 
 @settings(max_examples=100)
-@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([1, 2, 3]), st.integers(1, 40),
-       st.integers(0, 6), carry_layouts, st.data())
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.sampled_from([1, 2, 3]),
+    st.integers(1, 40),
+    st.integers(0, 6),
+    carry_layouts,
+    st.data(),
+)
 def test_carry_resume_skips_in_constant_time(world, workers, multiple, n, epoch, layout, data):
     layout = "stride" if layout == "chunks" and multiple == 1 else layout
     unit = world * workers * multiple

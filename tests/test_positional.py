@@ -93,8 +93,10 @@ def _plain(value):
 
 def _sharded_union(source, world_size):
     """Every slot's output, put back in position order (position p is in slot p % S)."""
-    per_slot = [list(IterableWrapper(source, deepcopy=False).dist_shard(rank=r, world_size=world_size))
-                for r in range(world_size)]
+    per_slot = [
+        list(IterableWrapper(source, deepcopy=False).dist_shard(rank=r, world_size=world_size))
+        for r in range(world_size)
+    ]
     total = sum(map(len, per_slot))
     return [_plain(per_slot[p % world_size][p // world_size]) for p in range(total)]
 
@@ -111,7 +113,9 @@ def mapped(tmp_path):
         yield view
 
 
-@pytest.mark.parametrize("labels", [range(19, -1, -1), [7, 3, 11, 0, 19, 5, 1, 14, 2, 9, 4, 18, 6, 13, 8, 16, 10, 17, 12, 15]])
+@pytest.mark.parametrize(
+    "labels", [range(19, -1, -1), [7, 3, 11, 0, 19, 5, 1, 14, 2, 9, 4, 18, 6, 13, 8, 16, 10, 17, 12, 15]]
+)
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_label_indexed_series_is_streamed_in_iteration_order(labels, world_size):
     series = LabelledSeries([f"v{i}" for i in range(20)], labels)
@@ -151,10 +155,28 @@ def _positional_sources(tmp_path):
     }
 
 
-@pytest.mark.parametrize("name", [
-    "list", "tuple", "namedtuple", "range", "tensor", "tensor-2d", "ndarray", "ndarray-2d", "memmap",
-    "array", "SequenceWrapper", "SequenceWrapper.map", "positional", "declared", "no __iter__",
-    "abc.Sequence", "map-style Dataset"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "list",
+        "tuple",
+        "namedtuple",
+        "range",
+        "tensor",
+        "tensor-2d",
+        "ndarray",
+        "ndarray-2d",
+        "memmap",
+        "array",
+        "SequenceWrapper",
+        "SequenceWrapper.map",
+        "positional",
+        "declared",
+        "no __iter__",
+        "abc.Sequence",
+        "map-style Dataset",
+    ],
+)
 def test_positional_sources_take_the_fast_path_with_the_same_elements(name, tmp_path):
     source = _positional_sources(tmp_path)[name]
     sequence, copy_elements = random_access(IterableWrapper(source))
@@ -182,13 +204,17 @@ def test_not_positional():
 
 
 def test_hugging_face_dataset_is_recognized_by_its_class_without_importing_datasets():
-    Dataset = type("Dataset", (), {
-        "__module__": "datasets.arrow_dataset",
-        "__init__": lambda self, rows: setattr(self, "rows", rows),
-        "__len__": lambda self: len(self.rows),
-        "__getitem__": lambda self, i: self.rows[i],
-        "__iter__": lambda self: iter(self.rows),
-    })
+    Dataset = type(
+        "Dataset",
+        (),
+        {
+            "__module__": "datasets.arrow_dataset",
+            "__init__": lambda self, rows: setattr(self, "rows", rows),
+            "__len__": lambda self: len(self.rows),
+            "__getitem__": lambda self, i: self.rows[i],
+            "__iter__": lambda self: iter(self.rows),
+        },
+    )
     Subclass = type("Subclass", (Dataset,), {})
     Overriding = type("Overriding", (Dataset,), {"__getitem__": lambda self, i: self.rows[-1 - i]})
     assert is_positional(Dataset([{"x": 1}])) and is_positional(Subclass([{"x": 1}]))
@@ -238,7 +264,8 @@ def test_positional_wrapper():
     assert len(wrapped) == 3 and wrapped[1] == "b" and list(wrapped) == ["a", "b", "c"]
     clone = pickle.loads(pickle.dumps(wrapped))
     assert list(clone) == ["a", "b", "c"]
-    assert sorted(x for r in range(2) for x in IterableWrapper(wrapped).dist_shard(
-        rank=r, world_size=2, shuffle=True)) == ["a", "b", "c"]
+    assert sorted(
+        x for r in range(2) for x in IterableWrapper(wrapped).dist_shard(rank=r, world_size=2, shuffle=True)
+    ) == ["a", "b", "c"]
     with pytest.raises(TypeError, match=r"positional\(\) needs an object with __len__ and __getitem__, got generator"):
         distshard.positional(x for x in "ab")

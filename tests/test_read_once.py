@@ -10,10 +10,9 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import distshard
 from distshard.plan import Permutation, block_range
-
-from . import builds
 from distshard.verify import run_on_group
 
+from . import builds
 from .helpers import multiset, run_slots, union
 
 TIMEOUT = 60
@@ -39,14 +38,16 @@ def _everything(n=builds.N_READ):
     ids=["fast-path", "fast-path-shuffle=True", "pushdown-over-a-stream"],
 )
 def test_each_element_decoded_once_across_the_group(count_dir, build, world, workers, method, reads):
-    report = distshard.verify(build, world_size=world, num_workers=workers, start_method=method,
-                              timeout=TIMEOUT)
+    report = distshard.verify(build, world_size=world, num_workers=workers, start_method=method, timeout=TIMEOUT)
     assert report.ok, report.summary()
     decoded = builds.counted(count_dir, "decode")
     reference = _everything()  # verify's own reference run read everything once
     slots = world * workers
-    kept = reference if report.even != "drop" else Counter(
-        {k: 1 for k in list(reference)[: builds.N_READ - builds.N_READ % slots]})
+    kept = (
+        reference
+        if report.even != "drop"
+        else Counter({k: 1 for k in list(reference)[: builds.N_READ - builds.N_READ % slots]})
+    )
     if report.even == "drop" and build is not builds.read_fast_path_shuffled:
         assert decoded - reference == kept
     elif report.even is None:
@@ -56,8 +57,7 @@ def test_each_element_decoded_once_across_the_group(count_dir, build, world, wor
 
 
 def test_shuffled_fast_path_decodes_only_what_is_kept(count_dir):
-    report = distshard.verify(builds.read_fast_path_shuffled, world_size=2, num_workers=2,
-                              timeout=TIMEOUT)
+    report = distshard.verify(builds.read_fast_path_shuffled, world_size=2, num_workers=2, timeout=TIMEOUT)
     assert report.ok, report.summary()
     decoded = builds.counted(count_dir, "decode") - _everything()
     assert sum(decoded.values()) == builds.N_READ - builds.N_READ % 4 and set(decoded.values()) == {1}
@@ -98,10 +98,20 @@ def test_unit_mode_reads_once_on_a_real_group(count_dir, build, decodes_once):
 def test_optimised_and_plain_pipes_give_the_same_slots():
     data = [f"r{i}" for i in range(101)]
     for world, workers, even in itertools.product((1, 3), (0, 2), (None, "drop", "pad")):
-        fast = run_slots(lambda r, w: IterableWrapper(data).map(str.upper).dist_shard(
-            rank=r, world_size=w, even=even), world, workers)
-        plain = run_slots(lambda r, w: IterableWrapper(iter(data), deepcopy=False).map(str.upper).dist_shard(
-            rank=r, world_size=w, even=even, pushdown=False), world, workers)
+        fast = run_slots(
+            lambda r, w, even=even: IterableWrapper(data).map(str.upper).dist_shard(rank=r, world_size=w, even=even),
+            world,
+            workers,
+        )
+        plain = run_slots(
+            lambda r, w, even=even: (
+                IterableWrapper(iter(data), deepcopy=False)
+                .map(str.upper)
+                .dist_shard(rank=r, world_size=w, even=even, pushdown=False)
+            ),
+            world,
+            workers,
+        )
         assert fast == plain
 
 
@@ -151,14 +161,16 @@ def test_permutation_is_a_bijection(n):
 
 def test_shuffle_true_orders_differ_by_epoch_and_seed_and_are_shared_by_slots():
     def full(epoch, seed=None):
-        return list(IterableWrapper(range(500)).dist_shard(rank=0, world_size=1, shuffle=True,
-                                                           seed=seed).set_epoch(epoch))
+        return list(
+            IterableWrapper(range(500)).dist_shard(rank=0, world_size=1, shuffle=True, seed=seed).set_epoch(epoch)
+        )
 
     e0, e1, s1 = full(0), full(1), full(0, seed=1)
     assert sorted(e0) == sorted(e1) == sorted(s1) == list(range(500))
     assert len({tuple(e0), tuple(e1), tuple(s1), tuple(range(500))}) == 4
-    got = run_slots(lambda r, w: IterableWrapper(range(500)).dist_shard(
-        rank=r, world_size=w, shuffle=True).set_epoch(1), 3, 2)
+    got = run_slots(
+        lambda r, w: IterableWrapper(range(500)).dist_shard(rank=r, world_size=w, shuffle=True).set_epoch(1), 3, 2
+    )
     for slot in range(6):
         assert got[slot] == e1[slot::6]
 
@@ -204,15 +216,19 @@ def test_unit_mode_exactly_once_and_balanced(world, workers):
         elements = _unit_elements(sizes)
         flat = [e for unit in elements for e in unit]
         n = len(flat)
-        for as_iterator, with_sizes, even in itertools.product(
-            (False, True), (False, True), (None, "drop", "pad")
-        ):
+        for as_iterator, with_sizes, even in itertools.product((False, True), (False, True), (None, "drop", "pad")):
             if not with_sizes and even is not None:
                 continue
             expand = _Units(elements, as_iterator)
-            got = run_slots(lambda r, w: IterableWrapper(range(count)).dist_shard(
-                rank=r, world_size=w, expand=expand, sizes=sizes if with_sizes else None, even=even),
-                world, workers)
+            got = run_slots(
+                lambda r, w, count=count, expand=expand, sizes=sizes if with_sizes else None, even=even: (
+                    IterableWrapper(range(count)).dist_shard(
+                        rank=r, world_size=w, expand=expand, sizes=sizes, even=even
+                    )
+                ),
+                world,
+                workers,
+            )
             label = (count, as_iterator, with_sizes, even)
             if even is None:
                 assert union(got) == multiset(flat), label
@@ -233,8 +249,9 @@ def test_unit_mode_exactly_once_and_balanced(world, workers):
 
 def test_units_without_sizes_go_whole_then_split_among_few_slots():
     elements = _unit_elements([4, 4, 4, 4, 4, 6, 6])  # 7 units, 4 slots: 1 round + 3 leftover
-    got = run_slots(lambda r, w: IterableWrapper(range(7)).dist_shard(
-        rank=r, world_size=w, expand=_Units(elements, False)), 4, 0)
+    got = run_slots(
+        lambda r, w: IterableWrapper(range(7)).dist_shard(rank=r, world_size=w, expand=_Units(elements, False)), 4, 0
+    )
     for slot in range(4):
         assert got[slot][:4] == elements[slot]  # whole units in the full round
     readers = {u: {s for s in got if set(got[s]) & set(elements[u])} for u in (4, 5, 6)}
@@ -260,8 +277,7 @@ def test_bad_sizes_name_the_unit(sizes, error, words):
         for slot in range(2):
             for as_iterator in (False, True):
                 expand = (lambda u: iter(units[u])) if as_iterator else units.__getitem__
-                list(IterableWrapper(list(units)).dist_shard(
-                    rank=slot, world_size=2, expand=expand, sizes=sizes))
+                list(IterableWrapper(list(units)).dist_shard(rank=slot, world_size=2, expand=expand, sizes=sizes))
 
 
 def test_unit_mode_argument_errors():
@@ -298,12 +314,19 @@ def test_shuffle_true_over_units_expands_each_unit_about_once():
     num_slots = 6
     for rank in range(num_slots):
         pipe = IterableWrapper(list(range(len(sizes)))).dist_shard(
-            rank=rank, world_size=num_slots, expand=expand, sizes=sizes, shuffle=True, seed=3)
+            rank=rank, world_size=num_slots, expand=expand, sizes=sizes, shuffle=True, seed=3
+        )
         seen += list(pipe)
     assert sorted(seen) == sorted((u, i) for u in range(len(sizes)) for i in range(sizes[u]))
     assert len(calls) <= len(sizes) + num_slots  # each unit once, plus one per block boundary
-    orders = [list(IterableWrapper(list(range(len(sizes)))).dist_shard(
-        rank=0, world_size=1, expand=expand, sizes=sizes, shuffle=True, seed=3).set_epoch(e)) for e in (0, 1)]
+    orders = [
+        list(
+            IterableWrapper(list(range(len(sizes))))
+            .dist_shard(rank=0, world_size=1, expand=expand, sizes=sizes, shuffle=True, seed=3)
+            .set_epoch(e)
+        )
+        for e in (0, 1)
+    ]
     assert orders[0] != orders[1]
 
 

@@ -43,23 +43,30 @@ def _upper(x):
 SIZES, UNIT_ELEMENTS = _units()
 
 PIPES = {
-    "fast path": lambda even, r, w: IterableWrapper([f"s{i}" for i in range(103)]).map(_upper)
-    .dist_shard(rank=r, world_size=w, even=even),
-    "stream + shuffle": lambda even, r, w: IterableWrapper(_Stream([f"s{i}" for i in range(103)]),
-                                                           deepcopy=False).shuffle()
-    .dist_shard(rank=r, world_size=w, even=even).map(_upper),
+    "fast path": lambda even, r, w: (
+        IterableWrapper([f"s{i}" for i in range(103)]).map(_upper).dist_shard(rank=r, world_size=w, even=even)
+    ),
+    "stream + shuffle": lambda even, r, w: (
+        IterableWrapper(_Stream([f"s{i}" for i in range(103)]), deepcopy=False)
+        .shuffle()
+        .dist_shard(rank=r, world_size=w, even=even)
+        .map(_upper)
+    ),
     "shuffle=True": lambda even, r, w: IterableWrapper(range(103)).dist_shard(
-        rank=r, world_size=w, even=even, shuffle=True),
+        rank=r, world_size=w, even=even, shuffle=True
+    ),
     "units + sizes": lambda even, r, w: IterableWrapper(list(UNIT_ELEMENTS)).dist_shard(
-        rank=r, world_size=w, even=even, expand=UNIT_ELEMENTS.__getitem__, sizes=SIZES),
+        rank=r, world_size=w, even=even, expand=UNIT_ELEMENTS.__getitem__, sizes=SIZES
+    ),
     "units": lambda even, r, w: IterableWrapper(list(UNIT_ELEMENTS)).dist_shard(
-        rank=r, world_size=w, expand=lambda u: iter(UNIT_ELEMENTS[u])),
+        rank=r, world_size=w, expand=lambda u: iter(UNIT_ELEMENTS[u])
+    ),
 }
 
 
 def _cases():
     for name in PIPES:
-        for even in ((None,) if name == "units" else (None, "drop", "pad")):
+        for even in (None,) if name == "units" else (None, "drop", "pad"):
             yield name, even
 
 
@@ -109,7 +116,8 @@ def test_checkpoint_after_the_last_batch_with_workers_then_next_epoch_is_whole()
 
     def make():
         return distshard.StatefulPipeline(
-            IterableWrapper(list(range(23))).shuffle().dist_shard(rank=1, world_size=2, seed=3).batch(3))
+            IterableWrapper(list(range(23))).shuffle().dist_shard(rank=1, world_size=2, seed=3).batch(3)
+        )
 
     for workers in (0, 2):
         loader = StatefulDataLoader(make(), batch_size=None, num_workers=workers)
@@ -124,8 +132,9 @@ def test_checkpoint_after_the_last_batch_with_workers_then_next_epoch_is_whole()
         pipeline.set_epoch(1)
         second = [x for batch in fresh for x in batch]
         assert len(second) == 11, (workers, second)
-        expected = [x for batch in StatefulDataLoader(make().set_epoch(1), batch_size=None,
-                                                      num_workers=workers) for x in batch]
+        expected = [
+            x for batch in StatefulDataLoader(make().set_epoch(1), batch_size=None, num_workers=workers) for x in batch
+        ]
         assert sorted(second) == sorted(expected)
 
 
@@ -215,8 +224,7 @@ def test_elastic_resume_on_real_groups(world2, workers2):
     merged = distshard.merge_states([o.value[1] for o in first])
     assert merged["slot"] is None and not merged["finished"]
     merged = json.loads(json.dumps(merged))
-    second = run_on_group(builds.run_and_checkpoint, world_size=world2,
-                          args=(workers2, None, merged), timeout=TIMEOUT)
+    second = run_on_group(builds.run_and_checkpoint, world_size=world2, args=(workers2, None, merged), timeout=TIMEOUT)
     assert all(o.error is None for o in second), [o.error for o in second]
     after = [i for o in second for i in o.value[0]]
     assert not set(before) & set(after)
@@ -230,8 +238,7 @@ def test_elastic_resume_on_real_groups(world2, workers2):
 def test_killed_rank_restarts_from_its_checkpoint(tmp_path):
     """Rank 1 is SIGKILLed three steps after the checkpoint; the job restarts from
     the checkpoint files with the same world size, then again with another."""
-    crashed = run_on_group(builds.run_and_checkpoint, world_size=2,
-                           args=(2, 4, None, 1, str(tmp_path)), timeout=60)
+    crashed = run_on_group(builds.run_and_checkpoint, world_size=2, args=(2, 4, None, 1, str(tmp_path)), timeout=60)
     assert crashed[1].error and "no result" in crashed[1].error  # killed, never answered
     assert crashed[0].error  # its peer failed instead of hanging
     saved = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -247,8 +254,7 @@ def test_killed_rank_restarts_from_its_checkpoint(tmp_path):
 
     # another world size: merge the checkpoint files, every rank loads the merge
     merged = distshard.merge_states([s["state"] for s in saved])
-    other = run_on_group(builds.run_and_checkpoint, world_size=3, args=(1, None, merged),
-                         timeout=TIMEOUT)
+    other = run_on_group(builds.run_and_checkpoint, world_size=3, args=(1, None, merged), timeout=TIMEOUT)
     assert all(o.error is None for o in other), [o.error for o in other]
     after = [i for o in other for i in o.value[0]]
     assert not set(before) & set(after)
@@ -265,8 +271,7 @@ def _resume_same(rank, world_size, saved):
     import torch.distributed as dist
 
     pipeline = distshard.StatefulPipeline(builds.resume_pipeline())
-    loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=2,
-                                multiprocessing_context="fork", timeout=60)
+    loader = StatefulDataLoader(pipeline, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
     loader.load_state_dict(saved[rank]["state"])
     consumed, grad = [], torch.zeros(2)
     for batch in loader:
@@ -357,9 +362,15 @@ def test_a_state_of_other_data_is_refused_and_the_loaded_state_is_kept():
     assert list(pipe) == list(range(2, 20, 2))
 
 
-@pytest.mark.parametrize("tamper", [
-    {"taken": 10**12}, {"taken": 11}, {"remaining": [[0, 40]]}, {"remaining": [[30, None]]},
-])
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        {"taken": 10**12},
+        {"taken": 11},
+        {"remaining": [[0, 40]]},
+        {"remaining": [[30, None]]},
+    ],
+)
 def test_tampered_states_beyond_the_data_raise_instead_of_yielding_nothing(tamper):
     state = {**_good_state(), **tamper}
     pipe = IterableWrapper(range(20)).dist_shard(rank=0, world_size=2)
@@ -374,8 +385,7 @@ def test_a_stream_shorter_than_the_state_claims_raises_before_yielding():
     it = iter(pipe)
     next(it)
     state = {**pipe.state_dict(), "taken": 500}
-    fresh = IterableWrapper(_Stream(list(range(20))), deepcopy=False).shuffle().dist_shard(
-        rank=0, world_size=2, seed=1)
+    fresh = IterableWrapper(_Stream(list(range(20))), deepcopy=False).shuffle().dist_shard(rank=0, world_size=2, seed=1)
     fresh.load_state_dict(state)
     for _ in range(2):  # every time: the refused state is not used up
         with pytest.raises(ValueError, match="yielded 500 elements, but the stream"):
@@ -452,12 +462,12 @@ def test_merge_needs_every_slot_once():
 def test_merge_right_after_the_first_batches_and_resume_with_other_workers(k):
     """With 2 workers, after one batch one worker has yielded nothing: its state
     knows no slot yet, and the merge must still be exact."""
+
     def loader(workers, state=None):
         pipeline = distshard.StatefulPipeline(builds.resume_pipeline(even=None))
         if state is not None:
             pipeline.load_state_dict(state)
-        return StatefulDataLoader(pipeline, batch_size=None, num_workers=workers,
-                                  multiprocessing_context="fork")
+        return StatefulDataLoader(pipeline, batch_size=None, num_workers=workers, multiprocessing_context="fork")
 
     first = loader(2)
     it = iter(first)

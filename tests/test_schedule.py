@@ -5,6 +5,7 @@ share of the cost; random access agrees with the walk."""
 from __future__ import annotations
 
 from fractions import Fraction
+from itertools import islice
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,8 @@ from distshard.schedule import CostSchedule, PhasedSchedule, Schedule, integer_w
 
 WEIGHTS = st.lists(
     st.one_of(st.integers(1, 1000), st.floats(0.001, 1000, allow_nan=False, allow_infinity=False)),
-    min_size=1, max_size=8,
+    min_size=1,
+    max_size=8,
 )
 
 
@@ -32,7 +34,7 @@ def test_every_prefix_is_within_one_of_the_exact_share(weights, length):
     assert [Fraction(x, schedule.period) for x in schedule.weights] == w
     total = schedule.period
     counts = [0] * len(weights)
-    for p, (source, k) in zip(range(length), schedule.iterate()):
+    for p, (source, k) in enumerate(islice(schedule.iterate(), length)):
         assert k == counts[source]  # the k-th pick of its source, in order
         counts[source] += 1
         for i, c in enumerate(counts):  # |c - (p + 1) w_i / W| < 1, in integers
@@ -47,17 +49,18 @@ def test_random_access_agrees_with_the_walk(weights, position):
     assert schedule.position_of(source, k) == position
     assert schedule.count_before(source, position) == k
     assert schedule.count_before(source, position + 1) == k + 1
-    walked = [x for _, x in zip(range(position + 1), schedule.iterate())]
+    walked = list(islice(schedule.iterate(), position + 1))
     assert walked[-1] == (source, k)
-    assert list(zip(range(5), schedule.iterate(position))) == [
-        (j, schedule.source_at(position + j)) for j in range(5)]
+    assert list(enumerate(islice(schedule.iterate(position), 5))) == [
+        (j, schedule.source_at(position + j)) for j in range(5)
+    ]
 
 
 def test_very_unequal_weights_and_decimals():
     assert integer_weights([0.7, 0.2, 0.1]) == [7, 2, 1]
     assert integer_weights([1000, 1]) == [1000, 1]
     schedule = Schedule([1000, 1])
-    assert [s for s, _ in zip(range(1001), schedule.iterate())].count(1) == 1
+    assert [s for s, _ in islice(schedule.iterate(), 1001)].count(1) == 1
     assert Schedule([0.7, 0.2, 0.1]).period == 10
 
 
@@ -76,10 +79,11 @@ def test_an_untabulated_schedule_gives_the_same_answers():
         assert slow.source_at(p) == fast.source_at(p)
         source, k = fast.source_at(p)
         assert slow.position_of(source, k) == p and slow.count_before(source, p) == k
-    assert [x for _, x in zip(range(40), slow.iterate(5))] == [x for _, x in zip(range(40), fast.iterate(5))]
+    assert list(islice(slow.iterate(5), 40)) == list(islice(fast.iterate(5), 40))
 
 
 # -- phases ------------------------------------------------------------------------------
+
 
 def _phases(draw, n):
     """1-3 phases over ``n`` sources; a weight may be 0 in a phase, never all."""
@@ -107,7 +111,7 @@ def test_every_prefix_of_a_phase_is_within_one_of_its_share_and_sources_go_on(sp
     starts = [start for start, _ in phases] + [float("inf")]
     total_picks = [0] * len(phases[0][1])
     phase = -1
-    for p, (source, k) in zip(range(length), schedule.iterate()):
+    for p, (source, k) in enumerate(islice(schedule.iterate(), length)):
         while p >= starts[phase + 1]:  # a phase starts: its prefixes are counted from here
             phase += 1
             weights = integer_weights(phases[phase][1])
@@ -127,12 +131,12 @@ def test_every_prefix_of_a_phase_is_within_one_of_its_share_and_sources_go_on(sp
 def test_a_phased_schedule_answers_at_random_what_its_walk_gives(spec, position):
     phases, _ = spec
     schedule = PhasedSchedule(phases)
-    walked = [x for _, x in zip(range(position + 6), schedule.iterate())]
+    walked = list(islice(schedule.iterate(), position + 6))
     source, k = walked[position]
     assert schedule.source_at(position) == (source, k)
     assert schedule.position_of(source, k) == position
     assert schedule.count_before(source, position) == k
-    assert [x for _, x in zip(range(6), schedule.iterate(position))] == walked[position:]
+    assert list(islice(schedule.iterate(position), 6)) == walked[position:]
 
 
 def test_a_source_without_weight_in_the_last_phase_never_comes_again():
@@ -151,6 +155,7 @@ def test_phases_must_start_at_0_and_increase(phases):
 
 
 # -- costs -------------------------------------------------------------------------------
+
 
 @st.composite
 def costed(draw):
@@ -174,7 +179,7 @@ def test_every_prefix_of_a_cost_mix_is_within_the_largest_cost_of_its_share(spec
     starts = [start for start, _ in phases] + [float("inf")]
     picks = [0] * len(costs)
     phase = -1
-    for p, (source, k) in zip(range(length), schedule.iterate()):
+    for p, (source, k) in enumerate(islice(schedule.iterate(), length)):
         while p >= starts[phase + 1]:
             phase += 1
             weights = integer_weights(phases[phase][1])
@@ -192,19 +197,19 @@ def test_every_prefix_of_a_cost_mix_is_within_the_largest_cost_of_its_share(spec
 @given(costed(), st.integers(0, 500))
 def test_a_cost_schedule_answers_at_random_what_its_walk_gives(spec, position):
     phases, costs, _ = spec
-    walked = [x for _, x in zip(range(position + 6), CostSchedule(phases, costs).iterate())]
+    walked = list(islice(CostSchedule(phases, costs).iterate(), position + 6))
     schedule = CostSchedule(phases, costs)  # a fresh one: random access first, then the walk
     source, k = walked[position]
     assert schedule.position_of(source, k) == position
     assert schedule.source_at(position) == (source, k)
     assert schedule.count_before(source, position) == k
-    assert [x for _, x in zip(range(6), schedule.iterate(position))] == walked[position:]
+    assert list(islice(schedule.iterate(position), 6)) == walked[position:]
 
 
 def test_float_costs_and_refused_costs():
     schedule = CostSchedule([(0, [1, 1])], [[0.5, 1.5], [2.25]])
     own, cost = [0.0, 0.0], 0.0
-    for _, (source, k) in zip(range(200), schedule.iterate()):
+    for source, k in islice(schedule.iterate(), 200):
         c = [[0.5, 1.5], [2.25]][source][k % (2 if source == 0 else 1)]
         own[source] += c
         cost += c

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -51,14 +52,14 @@ def test_coalesced_ranges_cover_every_span_once_within_the_limits(layout, data, 
         assert len(inside_live) + len(inside_new) == 1, (file, start, stop)  # never split, never twice
     distinct = {s for s in wanted if not any(r.covers(s[1], s[2]) for r in live.get(s[0], []))}
     assert len(ranges) <= len(distinct)  # at most one range per span (a sample), never one per member
-    for a, b in zip(ranges, ranges[1:]):
+    for a, b in pairwise(ranges):
         assert a.file != b.file or a.stop < b.start or (a.stop <= b.start)  # disjoint
     for rng in ranges:
         assert not any(r.start < rng.stop and rng.start < r.stop for r in live.get(rng.file, []))  # not re-fetched
         members = sorted(s for s in distinct if s[0] == rng.file and rng.covers(s[1], s[2]))
         assert members and rng.start == members[0][1] and rng.stop == max(s[2] for s in members)
         assert rng.size <= max_range or len(members) == 1
-        for (_, _, stop), (_, start, _) in zip(members, members[1:]):
+        for (_, _, stop), (_, start, _) in pairwise(members):
             assert start - stop <= max_gap  # only small gaps are read through
 
 
@@ -98,14 +99,20 @@ class FakeFile:
 
 
 @FAST
-@given(layout=layouts(), data=st.data(), budget=st.integers(1, 3000), max_range=st.integers(1, 1500),
-       window=st.integers(2, 600))
+@given(
+    layout=layouts(),
+    data=st.data(),
+    budget=st.integers(1, 3000),
+    max_range=st.integers(1, 1500),
+    window=st.integers(2, 600),
+)
 def test_read_ahead_delivers_every_request_in_order_within_its_budget(layout, data, budget, max_range, window):
     from distshard.sources import fetch
 
     order = data.draw(st.lists(st.sampled_from(layout), max_size=60)) if layout else []
-    options = ReadOptions(budget=budget, max_range=max_range, max_gap=min(window - 1, data.draw(st.integers(0, 300))),
-                          window=window)
+    options = ReadOptions(
+        budget=budget, max_range=max_range, max_gap=min(window - 1, data.draw(st.integers(0, 300))), window=window
+    )
     log: list = []
     fetch.reset_stats()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -113,7 +120,7 @@ def test_read_ahead_delivers_every_request_in_order_within_its_budget(layout, da
         ahead = ReadAhead(options, files.__getitem__)
         got = list(ahead.run(Request(k, f, [(a, b)]) for k, (f, a, b) in enumerate(order)))
     assert [k for k, _ in got] == list(range(len(order)))
-    for (k, views), (f, a, b) in zip(got, order):
+    for (_, views), (_, a, b) in zip(got, order, strict=True):
         assert bytes(views[0]) == bytes(i % 251 for i in range(a, b))
     largest = max((b - a for _, a, b in order), default=0)
     assert fetch.STATS.peak_held <= max(budget, 0) + largest + max_range  # the budget, plus one oversize batch
@@ -130,7 +137,7 @@ def test_read_ahead_stays_within_its_budget_on_a_long_run():
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         log: list = []
         ahead = ReadAhead(options, lambda f: FakeFile(pool, log))
-        for k, views in ahead.run(Request(k, 0, [span]) for k, span in enumerate(spans)):
+        for _, views in ahead.run(Request(k, 0, [span]) for k, span in enumerate(spans)):
             assert len(views[0]) == 1000
     assert 0 < fetch.STATS.peak_held <= options.budget + options.max_range
     assert sum(b - a for a, b in log) == 2000 * 1000  # each byte once
@@ -151,7 +158,8 @@ def test_a_failed_range_is_raised_at_the_request_that_needs_it():
     got = []
     with pytest.raises(OSError, match=r"bytes \[3000"):
         for k, _ in ReadAhead(options, lambda f: Failing()).run(
-                Request(k, 0, [(k * 1000, k * 1000 + 1000)]) for k in range(6)):
+            Request(k, 0, [(k * 1000, k * 1000 + 1000)]) for k in range(6)
+        ):
             got.append(k)
     assert got == [0, 1, 2]  # everything before the failure was delivered, in order
 
@@ -197,17 +205,22 @@ def test_file_order_is_a_permutation_that_keeps_files_and_windows_together(sourc
         return f, w
 
     runs = [where(p) for p in visited]
-    changes_of_file = sum(1 for a, b in zip(runs, runs[1:]) if a[0] != b[0])
+    changes_of_file = sum(1 for a, b in pairwise(runs) if a[0] != b[0])
     assert changes_of_file == sum(1 for c in counts if c) - 1 if n else True  # each file visited in one run
-    changes_of_window = sum(1 for a, b in zip(runs, runs[1:]) if a != b)
-    assert changes_of_window == sum(1 for f, b in enumerate(bounds) for k in range(len(b) - 1) if b[k + 1] > b[k]) - 1 \
-        if n else True  # each window visited in one run
+    changes_of_window = sum(1 for a, b in pairwise(runs) if a != b)
+    assert (
+        changes_of_window == sum(1 for f, b in enumerate(bounds) for k in range(len(b) - 1) if b[k + 1] > b[k]) - 1
+        if n
+        else True
+    )  # each window visited in one run
     again = FileOrder(counts, seed, lambda f: bounds[f], within)
     assert [again(v) for v in reversed(range(n))] == visited[::-1]  # the same from any visit, in any order
 
 
 def test_file_order_changes_with_the_seed_and_checks_its_windows():
-    orders = {tuple(FileOrder([10, 10], seed, lambda f: [0, 5, 10]).__call__(v) for v in range(20)) for seed in range(5)}
+    orders = {
+        tuple(FileOrder([10, 10], seed, lambda f: [0, 5, 10]).__call__(v) for v in range(20)) for seed in range(5)
+    }
     assert len(orders) > 1
     with pytest.raises(ValueError, match="do not cover"):
         FileOrder([4], 0, lambda f: [0, 3])(0)
@@ -225,7 +238,7 @@ def test_byte_windows_span_at_most_the_window_unless_one_sample_is_larger(sizes,
         assert bounds == [0]
         return
     assert bounds[0] == 0 and bounds[-1] == len(sizes) and bounds == sorted(set(bounds))
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in pairwise(bounds):
         present = [extents[i] for i in range(lo, hi) if extents[i][0] >= 0]
         if len(present) > 1:
             assert present[-1][1] - present[0][0] <= window
@@ -233,7 +246,7 @@ def test_byte_windows_span_at_most_the_window_unless_one_sample_is_larger(sizes,
 
 def test_read_options_are_checked():
     with pytest.raises(TypeError, match="budget"):
-        ReadOptions(budget="1")  # type: ignore[arg-type]
+        ReadOptions(budget="1")
     with pytest.raises(ValueError, match="max_range"):
         ReadOptions(max_range=0)
     with pytest.raises(ValueError, match="below window"):

@@ -137,8 +137,10 @@ def test_concurrent_processes_build_each_index_once(tmp_path, cache):
     processes = 4
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
-    procs = [ctx.Process(target=source_factories.build_concurrently,
-                         args=(str(cache), urls, str(log), barrier, results)) for _ in range(processes)]
+    procs = [
+        ctx.Process(target=source_factories.build_concurrently, args=(str(cache), urls, str(log), barrier, results))
+        for _ in range(processes)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -158,8 +160,9 @@ def test_ranks_split_the_index_build(tmp_path, cache, shared):
     urls, _ = write_shards(tmp_path / "d", shards=5, per_shard=10)
     log = tmp_path / "builds.log"
     log.touch()
-    outcomes = run_on_group(source_factories.rank_indexes, world_size=2, timeout=120,
-                            args=(str(cache), urls, str(log), shared))
+    outcomes = run_on_group(
+        source_factories.rank_indexes, world_size=2, timeout=120, args=(str(cache), urls, str(log), shared)
+    )
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
     assert [o.value["counts"] for o in outcomes] == [[10, 11, 12, 13, 14]] * 2
     lines = [line.split() for line in log.read_text().splitlines()]
@@ -184,8 +187,9 @@ def run_verify(tmp_path, monkeypatch, factory, urls, **kwargs):
     return verify(factory, timeout=180, **kwargs)
 
 
-@pytest.mark.parametrize("factory", [source_factories.sharded_tar, source_factories.sharded_tar_shuffled],
-                         ids=["in-order", "shuffle"])
+@pytest.mark.parametrize(
+    "factory", [source_factories.sharded_tar, source_factories.sharded_tar_shuffled], ids=["in-order", "shuffle"]
+)
 def test_exactly_once_through_dist_shard_on_gloo_with_workers(tmp_path, monkeypatch, factory):
     urls, _ = write_shards(tmp_path / "d", shards=5, per_shard=9)  # 55 samples, 8 slots
     report = run_verify(tmp_path, monkeypatch, factory, urls, world_size=4, num_workers=2)

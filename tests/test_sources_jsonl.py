@@ -23,13 +23,13 @@ def all_items(sequence):
 def test_odd_lines(tmp_path):
     path = tmp_path / "odd.jsonl"
     path.write_bytes(
-        b'\xef\xbb\xbf{"a": 1}\r\n'      # BOM, CRLF
-        b"\n"                             # blank
-        b"   \t \r\n"                     # whitespace only
-        + '"été 漢字 🎉"\n'.encode()       # unicode
+        b'\xef\xbb\xbf{"a": 1}\r\n'  # BOM, CRLF
+        b"\n"  # blank
+        b"   \t \r\n"  # whitespace only
+        + '"été 漢字 🎉"\n'.encode()  # unicode
         + b'[1, 2, {"b": null}]\n'
         b"3.5\n"
-        b"  true  \n"                     # surrounding spaces
+        b"  true  \n"  # surrounding spaces
         b'{"last": "no newline"}'
     )
     expected = [{"a": 1}, "été 漢字 🎉", [1, 2, {"b": None}], 3.5, True, {"last": "no newline"}]

@@ -21,12 +21,14 @@ def write_tables(folder, files=3, rows=50, row_group_size=7):
     urls, expected = [], []
     for f in range(files):
         n = rows + 3 * f
-        table = pa.table({
-            "id": list(range(f * 1000, f * 1000 + n)),
-            "text": [f"ligne {i} é" for i in range(n)],
-            "score": [i / 3 for i in range(n)],
-            "tags": [[f"t{i % 3}"] * (i % 4) for i in range(n)],
-        })
+        table = pa.table(
+            {
+                "id": list(range(f * 1000, f * 1000 + n)),
+                "text": [f"ligne {i} é" for i in range(n)],
+                "score": [i / 3 for i in range(n)],
+                "tags": [[f"t{i % 3}"] * (i % 4) for i in range(n)],
+            }
+        )
         path = folder / f"part-{f}.parquet"
         pq.write_table(table, path, row_group_size=row_group_size)
         urls.append(str(path))
@@ -67,8 +69,9 @@ def test_a_row_group_is_decoded_once_while_its_rows_are_read(tmp_path, monkeypat
     sequence = parquet(urls).__distshard_sequence__()
     decoded = []
     real = pq.ParquetFile.read_row_group
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
-                        lambda self, i, **kw: decoded.append(i) or real(self, i, **kw))
+    monkeypatch.setattr(
+        pq.ParquetFile, "read_row_group", lambda self, i, **kw: decoded.append(i) or real(self, i, **kw)
+    )
     assert [sequence[i] for i in range(21)] == expected
     assert decoded == [0, 1, 2]
     row = sequence[0]

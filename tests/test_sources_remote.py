@@ -82,8 +82,9 @@ def test_random_order_single_reads_transfer_about_the_dataset_once(tmp_path, ser
 def test_two_ranks_two_workers_exactly_once_with_the_identity_asked_once(tmp_path, server, cache, shuffle):
     urls, expected, total = remote_shards(tmp_path, server, shards=6, per_shard=25)
     options = ReadOptions(window=16 << 10, max_gap=4 << 10)  # small windows: tiny shards, 4 slots
-    outcomes = run_on_group(source_factories.rank_reads, world_size=2, timeout=180,
-                            args=(urls, str(cache), shuffle, options))
+    outcomes = run_on_group(
+        source_factories.rank_reads, world_size=2, timeout=180, args=(urls, str(cache), shuffle, options)
+    )
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
     got = Counter(key for o in outcomes for key in o.value)
     assert got == Counter(source_factories.sample_key(s) for s in expected)  # exactly once
@@ -105,8 +106,9 @@ def test_transient_faults_are_retried_and_the_epoch_stays_exact(tmp_path):
         got = [s["__key__"] for r in range(2) for s in source.dist_shard(rank=r, world_size=2, shuffle=True)]
         assert sorted(got) == sorted(s["__key__"] for s in expected)
         assert set(server.faulted) == {"500", "503", "reset", "short"}, server.faulted
-        assert list(webdataset(urls, read_options=options)) == [{**s, "__url__": urls[paths.index(s["__url__"])]}
-                                                                for s in expected]
+        assert list(webdataset(urls, read_options=options)) == [
+            {**s, "__url__": urls[paths.index(s["__url__"])]} for s in expected
+        ]
 
 
 def test_retries_are_bounded_and_name_the_url_and_range(tmp_path):
@@ -126,7 +128,7 @@ def _rewrite_same_size(path: Path) -> None:
     """Replace the file as an object store replaces an object: at once (never a
     half-written file), the same size, a new ETag."""
     data = bytearray(path.read_bytes())
-    data[-600] = (data[-600] + 1) % 256 if data[-600] not in b"\n{}\"" else data[-600]
+    data[-600] = (data[-600] + 1) % 256 if data[-600] not in b'\n{}"' else data[-600]
     stat = path.stat()
     tmp = path.with_name(path.name + ".new")
     tmp.write_bytes(bytes(data))
@@ -167,8 +169,9 @@ def test_storage_options_reach_fsspec(tmp_path):
         options = {"headers": {"Authorization": "Bearer sesame"}}
         source = jsonl(urls, storage_options=options)
         assert list(source) == expected
-        assert sorted(map(json.dumps, (x for r in range(2) for x in source.dist_shard(rank=r, world_size=2)))) == \
-            sorted(map(json.dumps, expected))
+        assert sorted(
+            map(json.dumps, (x for r in range(2) for x in source.dist_shard(rank=r, world_size=2)))
+        ) == sorted(map(json.dumps, expected))
         index = tmp_path / "index.json"
         index.write_text(json.dumps({"shardlist": [{"url": Path(p).name, "nsamples": 10} for p in paths[:1]]}))
         shards, _ = write_shards(tmp_path / "s", shards=1, per_shard=10)
@@ -210,8 +213,9 @@ def test_remote_parquet_decodes_each_row_group_about_once(tmp_path, server):
     source = parquet(url, columns=["s"])
     assert list(source) == [{"s": str(i) * 20} for i in range(400)]
     before = decodes()
-    got = [row["s"] for r in range(2) for row in parquet(url, columns=["s"]).dist_shard(rank=r, world_size=2,
-                                                                                        shuffle=True)]
+    got = [
+        row["s"] for r in range(2) for row in parquet(url, columns=["s"]).dist_shard(rank=r, world_size=2, shuffle=True)
+    ]
     assert sorted(got) == sorted(str(i) * 20 for i in range(400))
     assert decodes() - before <= 20 + 1  # 20 row groups, one shared by the two slots at most
 

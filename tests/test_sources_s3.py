@@ -46,8 +46,12 @@ def endpoint() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def no_real_aws(monkeypatch):
     """Credentials and a region for the fake store, nothing that reaches AWS."""
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
@@ -94,8 +98,11 @@ def test_webdataset_on_s3_through_fork_workers_is_exact(tmp_path, bucket, endpoi
     source = distshard.webdataset(f"s3://{BUCKET}/train/shard-*.tar", storage_options=options)
     assert source.urls == urls  # a glob through s3fs
     keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]
-    got = [key for rank in range(2)
-           for key in loader_keys(source.dist_shard(rank=rank, world_size=2, shuffle=shuffle).map(key_of))]
+    got = [
+        key
+        for rank in range(2)
+        for key in loader_keys(source.dist_shard(rank=rank, world_size=2, shuffle=shuffle).map(key_of))
+    ]
     assert Counter(got) == Counter(keyed)
 
 
@@ -106,8 +113,9 @@ def test_jsonl_and_parquet_on_s3_and_the_environment_keeps_working(tmp_path, buc
     urls = upload(bucket, paths, "text")
     options = {"endpoint_url": endpoint}
     source = distshard.jsonl(urls, storage_options=options)
-    assert sorted(map(json.dumps, (x for r in range(3) for x in source.dist_shard(rank=r, world_size=3)))) == \
-        sorted(map(json.dumps, expected))
+    assert sorted(map(json.dumps, (x for r in range(3) for x in source.dist_shard(rank=r, world_size=3)))) == sorted(
+        map(json.dumps, expected)
+    )
     table = tmp_path / "t.parquet"
     pq.write_table(pa.table({"i": list(range(50))}), table, row_group_size=8)
     [purl] = upload(bucket, [str(table)], "tables")

@@ -10,6 +10,7 @@ import pickle
 import random
 import re
 import tarfile
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ from hypothesis import strategies as st
 
 from distshard.sources import ReadOptions, expand_urls, read_shard_index, webdataset
 from distshard.sources.tar import TarFormat
-from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import add_member, blob, write_shards
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 
 
 def odd_shard(path: Path, fmt: int) -> list[dict]:
@@ -102,7 +103,7 @@ def test_glob_and_list_and_brace_orders(tmp_path):
     with pytest.raises(ValueError, match="matches no file"):
         expand_urls(str(tmp_path / "nothing-*.tar"))
     with pytest.raises(TypeError):
-        expand_urls(3)  # type: ignore[arg-type]
+        expand_urls(3)
 
 
 def test_sequence_pickles_without_handles(tmp_path):
@@ -143,8 +144,11 @@ def truncated_copies(tmp_path: Path) -> tuple[str, dict[str, tuple[Path, str]]]:
     with tarfile.open(urls[0]) as tf:
         third = tf.getmembers()[2]
     cuts = {
-        "in data": (third.offset_data + 10, rf"truncated tar: member '000/sample00000\.json' \(header at byte "
-                                           rf"{third.offset}\) .*ends at byte {third.offset_data + 10}"),
+        "in data": (
+            third.offset_data + 10,
+            rf"truncated tar: member '000/sample00000\.json' \(header at byte "
+            rf"{third.offset}\) .*ends at byte {third.offset_data + 10}",
+        ),
         "in header": (third.offset + 100, rf"(incomplete member header|truncated tar).* at byte {third.offset}"),
         "no end marker": (third.offset, rf"truncated tar: .*ends at byte {third.offset} without the end-of-archive"),
     }
@@ -223,12 +227,21 @@ def test_corrupt_gzip_is_named(tmp_path):
 def test_shard_index_gives_counts_without_opening_files(tmp_path, monkeypatch):
     urls, expected = write_shards(tmp_path / "data", shards=3, per_shard=4)
     index = tmp_path / "data" / "index.json"
-    index.write_text(json.dumps({"wids_version": 1, "shardlist": [
-        {"url": os.path.basename(u), "nsamples": n} for u, n in zip(urls, (4, 5, 6))]}))
+    index.write_text(
+        json.dumps(
+            {
+                "wids_version": 1,
+                "shardlist": [
+                    {"url": os.path.basename(u), "nsamples": n} for u, n in zip(urls, (4, 5, 6), strict=True)
+                ],
+            }
+        )
+    )
     builds = []
     original = TarFormat.build_index
-    monkeypatch.setattr(TarFormat, "build_index",
-                        lambda self, ref, access: builds.append(ref.url) or original(self, ref, access))
+    monkeypatch.setattr(
+        TarFormat, "build_index", lambda self, ref, access: builds.append(ref.url) or original(self, ref, access)
+    )
     source = webdataset(urls, index=str(index))
     sequence = source.__distshard_sequence__()
     assert sequence.counts == (4, 5, 6) and builds == []
@@ -244,8 +257,11 @@ def test_wrong_shard_index_count_is_refused(tmp_path):
     source = webdataset(urls, index={"shardlist": [{"url": urls[0], "nsamples": 5}]})
     sequence = source.__distshard_sequence__()
     assert len(sequence) == 5
-    with pytest.raises(ValueError, match=r"shard-000000\.tar holds 4 samples but the shard index given as "
-                                         r"index= says nsamples=5"):
+    with pytest.raises(
+        ValueError,
+        match=r"shard-000000\.tar holds 4 samples but the shard index given as "
+        r"index= says nsamples=5",
+    ):
         sequence[0]
     with pytest.raises(ValueError, match="nsamples"):
         webdataset(urls, index={"shardlist": [{"url": urls[0], "nsamples": -1}]})
@@ -254,8 +270,10 @@ def test_wrong_shard_index_count_is_refused(tmp_path):
 def test_matches_the_webdataset_package_when_installed(tmp_path):
     wds = pytest.importorskip("webdataset")
     expected = odd_shard(tmp_path / "odd.tar", tarfile.PAX_FORMAT)
-    theirs = [{k: v for k, v in s.items() if not k.startswith("__local")}
-              for s in wds.WebDataset(str(tmp_path / "odd.tar"), shardshuffle=False)]
+    theirs = [
+        {k: v for k, v in s.items() if not k.startswith("__local")}
+        for s in wds.WebDataset(str(tmp_path / "odd.tar"), shardshuffle=False)
+    ]
     assert theirs == expected
 
 
@@ -298,9 +316,11 @@ def bad_shard(path: Path) -> list[dict]:
         add_member(tf, "s4.jpg", b"four")
         add_member(tf, "s4.__bad__", b"")  # empty: falsy, kept with its key
         add_member(tf, "s5.x.__bad__", b"y")  # extension "x.__bad__": not the marker
-    return [{"__key__": "s1", "__url__": url, "jpg": b"one"},
-            {"__key__": "s4", "__url__": url, "jpg": b"four", "__bad__": b""},
-            {"__key__": "s5", "__url__": url, "x.__bad__": b"y"}]
+    return [
+        {"__key__": "s1", "__url__": url, "jpg": b"one"},
+        {"__key__": "s4", "__url__": url, "jpg": b"four", "__bad__": b""},
+        {"__key__": "s5", "__url__": url, "x.__bad__": b"y"},
+    ]
 
 
 def test_samples_marked_bad_are_dropped_as_webdataset_drops_them(tmp_path):
@@ -314,14 +334,35 @@ def test_samples_marked_bad_are_dropped_as_webdataset_drops_them(tmp_path):
 def test_bad_samples_match_the_webdataset_package_when_installed(tmp_path):
     wds = pytest.importorskip("webdataset")
     expected = bad_shard(tmp_path / "bad.tar")
-    theirs = [{k: v for k, v in s.items() if not k.startswith("__local")}
-              for s in wds.WebDataset(str(tmp_path / "bad.tar"), shardshuffle=False)]
+    theirs = [
+        {k: v for k, v in s.items() if not k.startswith("__local")}
+        for s in wds.WebDataset(str(tmp_path / "bad.tar"), shardshuffle=False)
+    ]
     assert theirs == expected
 
 
-BRACE_CASES = [r"lit\{a,b\}.tar", "{{a,b}}", "{{1..2}}", r"{a\,b,c}", r"a\,b{x,y}", "{a..g..2}", "{07..10}",
-               "{4..1}", "{2..-1}", "python{2.{5..7},3.{2,3}}", "{Z..b}", "{}", "x{,a}", "{a}{b,c}", "{1..3}{}",
-               r"\\{a,b}", "shard-{000000..000003}.tar", "{-05..3}", "{1..2..0}", "a{b}c"]
+BRACE_CASES = [
+    r"lit\{a,b\}.tar",
+    "{{a,b}}",
+    "{{1..2}}",
+    r"{a\,b,c}",
+    r"a\,b{x,y}",
+    "{a..g..2}",
+    "{07..10}",
+    "{4..1}",
+    "{2..-1}",
+    "python{2.{5..7},3.{2,3}}",
+    "{Z..b}",
+    "{}",
+    "x{,a}",
+    "{a}{b,c}",
+    "{1..3}{}",
+    r"\\{a,b}",
+    "shard-{000000..000003}.tar",
+    "{-05..3}",
+    "{1..2..0}",
+    "a{b}c",
+]
 
 
 def test_brace_patterns_expand_as_the_braceexpand_package():
@@ -408,8 +449,9 @@ def test_compressed_shards_go_whole_to_slots_each_decompressed_once(tmp_path, mo
                 mine = [s for s in webdataset(zipped).dist_shard(rank=rank, world_size=2)]
             per_slot.append(len(mine))
             got.extend(mine)
-    assert sorted(got, key=lambda s: (s["__url__"], s["__key__"])) == \
-        sorted(expected, key=lambda s: (s["__url__"], s["__key__"]))
+    assert sorted(got, key=lambda s: (s["__url__"], s["__key__"])) == sorted(
+        expected, key=lambda s: (s["__url__"], s["__key__"])
+    )
     assert len(opened) == len(zipped)  # each file decompressed once over the 4 slots
     assert per_slot == [3 + 7, 4, 5, 6]  # file k to slot k mod 4, whole
     explained = str(webdataset(zipped).dist_shard(rank=0, world_size=2).explain())
@@ -446,7 +488,7 @@ def test_shuffle_keeps_a_slots_visits_inside_few_files_and_reads_them_in_big_ran
     got = []
     for rank in range(4):
         mine = [s for s in source.dist_shard(rank=rank, world_size=4, shuffle=True, seed=3)]
-        changes = sum(1 for a, b in zip(mine, mine[1:]) if a["__url__"] != b["__url__"])
+        changes = sum(1 for a, b in pairwise(mine) if a["__url__"] != b["__url__"])
         assert changes <= 3, changes  # about 2 files per slot, each visited in one run
         got.extend(s["__key__"] for s in mine)
     assert sorted(got) == sorted(s["__key__"] for s in expected)
@@ -469,7 +511,8 @@ def test_a_shuffled_state_saved_before_the_unit_keeping_order_is_refused(tmp_pat
     with pytest.raises(ValueError, match="source="):
         fresh.load_state_dict(state)
     other_window = webdataset(urls, read_options=ReadOptions(window=1 << 12, max_gap=0)).dist_shard(
-        shuffle=True, rank=0, world_size=2)
+        shuffle=True, rank=0, world_size=2
+    )
     with pytest.raises(ValueError, match="source="):
         other_window.load_state_dict(json.loads(json.dumps(pipe.state_dict())))
 
@@ -498,8 +541,9 @@ def test_samples_report_their_stored_bytes(tmp_path):
     urls, expected = write_shards(tmp_path, shards=1, per_shard=5)
     sequence = webdataset(urls).__distshard_sequence__()
     _, index = sequence.file_index(0)
-    assert sequence.fmt.sample_sizes(index) == [sum(len(v) for k, v in s.items() if not k.startswith("__"))
-                                                for s in expected]
+    assert sequence.fmt.sample_sizes(index) == [
+        sum(len(v) for k, v in s.items() if not k.startswith("__")) for s in expected
+    ]
 
 
 def test_compressed_shards_go_whole_through_the_nodes_front_end(tmp_path):

@@ -35,8 +35,9 @@ N = 1003  # 1003 % 8 == 3 records dropped by even="drop"
 WAIT = 120  # seconds for the whole job
 GRACE = 10  # seconds left to the other node once one node failed
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="uses fork DataLoader workers, loopback gloo and killpg")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
+)
 
 
 def _free_port() -> int:
@@ -53,11 +54,23 @@ def _torchrun() -> list[str]:
 
 
 def _agent_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                        "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"}}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
-               PYTHONWARNINGS="ignore")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "ROLE_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID",
+        }
+    }
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     return env
 
 
@@ -118,11 +131,23 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
     out.mkdir()
     port = _free_port()
     command = _torchrun() + [
-        "--nnodes", str(NODES), "--nproc-per-node", str(PROCS),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-        "--rdzv-id", f"distshard-{uuid.uuid4().hex[:12]}",
-        "--local-addr", "127.0.0.1", "--max-restarts", "0",
-        str(WORKER), str(out), str(N),
+        "--nnodes",
+        str(NODES),
+        "--nproc-per-node",
+        str(PROCS),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"distshard-{uuid.uuid4().hex[:12]}",
+        "--local-addr",
+        "127.0.0.1",
+        "--max-restarts",
+        "0",
+        str(WORKER),
+        str(out),
+        str(N),
     ]
     env = _agent_env()
     agents: list[subprocess.Popen] = []
@@ -133,9 +158,17 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
             log = tmp_path / f"agent{node}.log"
             logs.append(log)
             with open(log, "wb") as f:
-                agents.append(subprocess.Popen(command, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
-                                               stdout=f, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+                agents.append(
+                    subprocess.Popen(
+                        command,
+                        env=env,
+                        cwd=tmp_path,
+                        stdin=subprocess.DEVNULL,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + WAIT
         while None in [a.poll() for a in agents]:  # poll every agent, every time
             if time.monotonic() > deadline:
@@ -151,8 +184,10 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
         _stop(agents, out)
 
     def context() -> str:
-        parts = [f"agent {i} exit code {a.returncode}:\n{_tail(log)}"
-                 for i, (a, log) in enumerate(zip(agents, logs))]
+        parts = [
+            f"agent {i} exit code {a.returncode}:\n{_tail(log)}"
+            for i, (a, log) in enumerate(zip(agents, logs, strict=True))
+        ]
         for path in sorted(out.glob("rank*.json")):
             error = json.loads(path.read_text()).get("error")
             if error:
@@ -162,10 +197,15 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
     codes = [a.returncode for a in agents]
     assert not timed_out and codes == [0] * NODES, (
         f"the torchrun agents exited with {codes}"
-        + (f" (killed: the job did not finish in time, {WAIT} s at most and {GRACE} s after "
-           "a node failed)" if timed_out else "") + f"\n\n{context()}")
+        + (
+            f" (killed: the job did not finish in time, {WAIT} s at most and {GRACE} s after a node failed)"
+            if timed_out
+            else ""
+        )
+        + f"\n\n{context()}"
+    )
 
-    files = {int(p.stem[len("rank"):]): p for p in out.glob("rank*.json")}
+    files = {int(p.stem[len("rank") :]): p for p in out.glob("rank*.json")}
     assert sorted(files) == list(range(WORLD)), context()
     results = {r: json.loads(p.read_text()) for r, p in files.items()}
     assert all(res["error"] is None for res in results.values()), context()
@@ -177,7 +217,7 @@ def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
         assert res["rank"] == r and res["world_size"] == WORLD
         assert res["env"]["RANK"] == str(r) and res["env"]["WORLD_SIZE"] == str(WORLD)
     nodes = Counter((res["env"]["GROUP_RANK"], res["env"]["LOCAL_RANK"]) for res in results.values())
-    assert nodes == Counter({(str(g), str(l)): 1 for g in range(NODES) for l in range(PROCS)})
+    assert nodes == Counter({(str(g), str(local)): 1 for g in range(NODES) for local in range(PROCS)})
 
     # Inside the workers, dist_shard resolved the rank from the inherited group.
     per_slot: Counter = Counter()

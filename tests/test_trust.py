@@ -19,8 +19,9 @@ ALL = [e for u in UNITS for e in UNITS[u]]
 
 
 def _sized(rank, world, **kw):
-    return IterableWrapper(list(UNITS)).dist_shard(rank=rank, world_size=world, expand=UNITS.__getitem__,
-                                                  sizes=SIZES, **kw)
+    return IterableWrapper(list(UNITS)).dist_shard(
+        rank=rank, world_size=world, expand=UNITS.__getitem__, sizes=SIZES, **kw
+    )
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -59,14 +60,14 @@ def test_an_iterator_expand_yielding_more_than_its_size_raises():
         slots = []
         for rank in range(4):
             pipe = IterableWrapper(list(range(10))).dist_shard(
-                rank=rank, world_size=4, even=even, expand=lambda u: iter([(u, 0), (u, 1)]), sizes=[1] * 10)
+                rank=rank, world_size=4, even=even, expand=lambda u: iter([(u, 0), (u, 1)]), sizes=[1] * 10
+            )
             with pytest.raises(ValueError, match=r"unit \d+ has more than 1 elements but sizes says 1"):
                 slots.append(list(pipe))
 
 
 def test_an_iterator_expand_yielding_fewer_than_its_size_raises():
-    pipe = IterableWrapper(list(range(4))).dist_shard(rank=0, world_size=1, expand=lambda u: iter([u]),
-                                                      sizes=[2] * 4)
+    pipe = IterableWrapper(list(range(4))).dist_shard(rank=0, world_size=1, expand=lambda u: iter([u]), sizes=[2] * 4)
     with pytest.raises(ValueError, match="unit 0 has only 1 elements but sizes says 2"):
         list(pipe)
 
@@ -167,11 +168,16 @@ def test_multiple_of_makes_every_batch_full_and_len_exact(source, world, workers
         if source == "units":
             sizes = [7, 0, 31, 50, 15, 100]
             return IterableWrapper(list(range(6))).dist_shard(
-                rank=rank, world_size=world, even="drop", multiple_of=4,
-                expand=lambda u: [(u, i) for i in range(sizes[u])], sizes=sizes)
+                rank=rank,
+                world_size=world,
+                even="drop",
+                multiple_of=4,
+                expand=lambda u: [(u, i) for i in range(sizes[u])],
+                sizes=sizes,
+            )
         data = list(range(n)) if source == "list" else _OnlyIter(list(range(n)))
-        return IterableWrapper(data, deepcopy=False).dist_shard(rank=rank, world_size=world, even="drop",
-                                                                multiple_of=4)
+        return IterableWrapper(data, deepcopy=False).dist_shard(rank=rank, world_size=world, even="drop", multiple_of=4)
+
     seen, batches = [], []
     for rank in range(world):
         for worker in range(workers):
@@ -200,7 +206,9 @@ def test_multiple_of_needs_drop_and_an_int():
 def test_multiple_of_stream_resume_is_exact():
     def build():
         return IterableWrapper(_OnlyIter(list(range(50))), deepcopy=False).dist_shard(
-            rank=1, world_size=2, even="drop", multiple_of=4)
+            rank=1, world_size=2, even="drop", multiple_of=4
+        )
+
     full = list(build())
     assert len(full) == 24
     for k in range(len(full) + 1):

@@ -64,8 +64,12 @@ def test_equal_values_get_equal_keys():
 
 _plain_data = st.recursive(
     st.none() | st.integers() | st.text(max_size=5) | st.binary(max_size=5),
-    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=3), inner, max_size=4) | st.frozensets(st.integers(), max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=4)
+        | st.frozensets(st.integers(), max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -82,8 +86,13 @@ def test_keys_are_equal_exactly_when_values_are(a, b):
 def test_keys_are_the_same_in_another_process():
     """A fresh interpreter with another hash seed (set iteration order differs)."""
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    done = subprocess.run([sys.executable, "-c", "from tests.verify_factories import print_sample_keys as p; p()"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", "from tests.verify_factories import print_sample_keys as p; p()"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [key(value) for value in vf.samples()]
 

@@ -71,8 +71,10 @@ def write(path: str, payload: dict) -> None:
 
 def main() -> None:
     n = int(sys.argv[2])
-    env = {k: os.environ.get(k) for k in
-           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")}
+    env = {
+        k: os.environ.get(k)
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
+    }
     out = os.path.join(OUT_DIR, f"rank{env['RANK']}.json")
     payload: dict = {"env": env, "pid": os.getpid(), "rank": None, "elements": [], "error": None}
     try:
@@ -81,8 +83,7 @@ def main() -> None:
         payload.update(rank=rank, world_size=world)
 
         pipe = IterableWrapper(records(n)).shuffle().dist_shard(even="drop").map(decode)
-        loader = DataLoader(pipe, batch_size=None, num_workers=2,
-                            multiprocessing_context="fork", timeout=TIMEOUT)
+        loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=TIMEOUT)
         step = 0
         for element in loader:
             payload["elements"].append(element)
@@ -93,13 +94,17 @@ def main() -> None:
             t = torch.tensor([1.0, float(step)])
             dist.all_reduce(t)
             if t.tolist() != [float(world), float(world * step)]:
-                raise RuntimeError(f"rank {rank}: step {step} all_reduce gave {t.tolist()}: "
-                                   "the ranks do not take the same number of steps")
+                raise RuntimeError(
+                    f"rank {rank}: step {step} all_reduce gave {t.tolist()}: "
+                    "the ranks do not take the same number of steps"
+                )
         t = torch.tensor([0.0, -1.0])
         dist.all_reduce(t)
         if t.tolist() != [0.0, float(-world)]:
-            raise RuntimeError(f"rank {rank}: finished after {step} steps but the final "
-                               f"all_reduce gave {t.tolist()}: another rank is still going")
+            raise RuntimeError(
+                f"rank {rank}: finished after {step} steps but the final "
+                f"all_reduce gave {t.tolist()}: another rank is still going"
+            )
         payload["steps"] = step
     except BaseException:
         payload["error"] = traceback.format_exc()

@@ -94,11 +94,31 @@ def samples() -> list:
     """Values whose keys must be the same in every process (sets of strings too,
     whose iteration order depends on PYTHONHASHSEED)."""
     return [
-        None, True, 1, 1.0, 0.1 + 0.2, 0.3, -0.0, float("nan"), 2 ** 100, 1 + 2j, "s", b"s",
-        (1, 2), [1, 2], {"b": {"y": 2, "x": 1}, "a": 1}, {"alpha", "beta", "gamma", "delta"},
-        frozenset({"x", "y"}), torch.arange(6).reshape(2, 3), torch.tensor([0.5], dtype=torch.bfloat16),
-        np.arange(6).reshape(3, 2), np.float32(0.5), np.array(["a", None], dtype=object),
-        Plain(3), Slotted(1, [2]), Point(1.0, 2.0),
+        None,
+        True,
+        1,
+        1.0,
+        0.1 + 0.2,
+        0.3,
+        -0.0,
+        float("nan"),
+        2**100,
+        1 + 2j,
+        "s",
+        b"s",
+        (1, 2),
+        [1, 2],
+        {"b": {"y": 2, "x": 1}, "a": 1},
+        {"alpha", "beta", "gamma", "delta"},
+        frozenset({"x", "y"}),
+        torch.arange(6).reshape(2, 3),
+        torch.tensor([0.5], dtype=torch.bfloat16),
+        np.arange(6).reshape(3, 2),
+        np.float32(0.5),
+        np.array(["a", None], dtype=object),
+        Plain(3),
+        Slotted(1, [2]),
+        Point(1.0, 2.0),
     ]
 
 
@@ -161,7 +181,7 @@ def _address(text: str) -> str:
     raw = bytes.fromhex(text)
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
-    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
 def listening_addresses(pid: int | str = "self") -> list[str]:
@@ -173,7 +193,7 @@ def listening_addresses(pid: int | str = "self") -> list[str]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     found = []
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as handle:
@@ -234,4 +254,3 @@ def fds_over_wrappers(rank, world_size, wrappers):
 def carry_shuffled():
     """23 strings an epoch, shuffle=True and a fixed seed: 4 slots leave a tail every epoch."""
     return IterableWrapper([f"s{i}" for i in range(23)]).dist_shard(even="carry", shuffle=True, seed=4)
-

@@ -8,6 +8,8 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
     dp = IterableWrapper(records).shuffle().dist_shard(even="drop").map(decode).batch(32)
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .context import ShardContext, UnknownRankError, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch
 from .explaining import Explanation, explain
@@ -47,8 +49,11 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # type checkers see the class; at run time it is imported on first use
+    from .nodes import DistShardNode
 
-def __getattr__(name: str) -> object:
+
+def __getattr__(name: str) -> Any:
     # torchdata.nodes is imported only by those who use it
     if name == "DistShardNode":
         from .nodes import DistShardNode

@@ -40,14 +40,22 @@ def check(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr, flush=True)
 
     if not args.json:
-        print(f"checking {args.factory} on {args.world_size} ranks x {args.num_workers} workers "
-              f"(gloo on 127.0.0.1, workers by {args.start_method}, timeout {args.timeout:g}s)...",
-              file=sys.stderr)
+        print(
+            f"checking {args.factory} on {args.world_size} ranks x {args.num_workers} workers "
+            f"(gloo on 127.0.0.1, workers by {args.start_method}, timeout {args.timeout:g}s)...",
+            file=sys.stderr,
+        )
     try:
         report = verify(
-            factory, world_size=args.world_size, num_workers=args.num_workers,
-            even=args.even if args.even is not None else "auto", start_method=args.start_method,
-            epochs=args.epochs, timeout=args.timeout, loader=args.loader, progress=progress,
+            factory,
+            world_size=args.world_size,
+            num_workers=args.num_workers,
+            even=args.even if args.even is not None else "auto",
+            start_method=args.start_method,
+            epochs=args.epochs,
+            timeout=args.timeout,
+            loader=args.loader,
+            progress=progress,
             step_collective=False,  # count what each slot yields; no DDP step to deadlock on
         )
     except Exception as exc:  # noqa: BLE001 - the harness itself failed
@@ -62,19 +70,34 @@ def check(args: argparse.Namespace) -> int:
         status, verdict = EXIT_OK, "EXACTLY-ONCE"
     reads = report.reads or "unknown (the reference run did not finish)"
     if args.json:
-        print(json.dumps({
-            "status": status, "verdict": verdict, "factory": args.factory,
-            "world_size": report.world_size, "num_workers": report.num_workers, "even": report.even,
-            "epochs": report.epochs, "expected_per_epoch": report.expected, "received": report.received,
-            "per_rank": report.per_rank, "per_slot": report.per_slot,
-            "duplicates": report.duplicate_count, "missing": report.missing_count,
-            "allowed_duplicates": report.allowed_duplicates * report.epochs,
-            "allowed_missing": report.allowed_missing * report.epochs,
-            "duplicate_examples": dict(list(report.duplicates.items())[:10]),
-            "missing_examples": dict(list(report.missing.items())[:10]),
-            "reads": reads, "error": report.error, "reasons": report.reasons + report.violations,
-            "seconds": round(time.monotonic() - started, 2),
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "status": status,
+                    "verdict": verdict,
+                    "factory": args.factory,
+                    "world_size": report.world_size,
+                    "num_workers": report.num_workers,
+                    "even": report.even,
+                    "epochs": report.epochs,
+                    "expected_per_epoch": report.expected,
+                    "received": report.received,
+                    "per_rank": report.per_rank,
+                    "per_slot": report.per_slot,
+                    "duplicates": report.duplicate_count,
+                    "missing": report.missing_count,
+                    "allowed_duplicates": report.allowed_duplicates * report.epochs,
+                    "allowed_missing": report.allowed_missing * report.epochs,
+                    "duplicate_examples": dict(list(report.duplicates.items())[:10]),
+                    "missing_examples": dict(list(report.missing.items())[:10]),
+                    "reads": reads,
+                    "error": report.error,
+                    "reasons": report.reasons + report.violations,
+                    "seconds": round(time.monotonic() - started, 2),
+                },
+                indent=2,
+            )
+        )
     else:
         summary = report.summary().rpartition("\n  verdict: ")[0]
         # the reasons it could not run go to stderr, once, below
@@ -90,8 +113,16 @@ def check(args: argparse.Namespace) -> int:
 
 def _could_not_run(args: argparse.Namespace, reasons: list[str]) -> int:
     if args.json:
-        print(json.dumps({"status": EXIT_COULD_NOT_RUN, "verdict": "COULD NOT RUN",
-                          "error": "\n".join(reasons), "reasons": reasons}))
+        print(
+            json.dumps(
+                {
+                    "status": EXIT_COULD_NOT_RUN,
+                    "verdict": "COULD NOT RUN",
+                    "error": "\n".join(reasons),
+                    "reasons": reasons,
+                }
+            )
+        )
     else:
         for reason in reasons:
             print(f"could not run: {reason}", file=sys.stderr)
@@ -129,27 +160,52 @@ class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpF
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distshard", description=__doc__, formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="exactly-once check of dist_shard on a real gloo group",
-                          formatter_class=_Help)
+    demo = sub.add_parser("demo", help="exactly-once check of dist_shard on a real gloo group", formatter_class=_Help)
     demo.add_argument("--world-size", type=_positive, default=4, help="ranks (processes of a gloo group)")
     demo.add_argument("--num-workers", type=_non_negative, default=4, help="DataLoader workers per rank")
     demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds the whole run may take")
-    chk = sub.add_parser("check", help="check your pipeline factory for exactly-once", formatter_class=_Help,
-                         description="Exit status: 0 exactly-once held, 1 violations found, 2 could not run.")
+    chk = sub.add_parser(
+        "check",
+        help="check your pipeline factory for exactly-once",
+        formatter_class=_Help,
+        description="Exit status: 0 exactly-once held, 1 violations found, 2 could not run.",
+    )
     chk.add_argument("factory", help="pkg.module:function returning the pipeline (an IterDataPipe) each rank builds")
-    chk.add_argument("--world-size", type=_positive, required=True, default=argparse.SUPPRESS,
-                     help="ranks (processes of a gloo group); required")
-    chk.add_argument("--num-workers", type=_non_negative, default=0,
-                     help="DataLoader workers per rank (0: the rank iterates the pipeline itself)")
-    chk.add_argument("--even", choices=["drop", "pad"], default=None,
-                     help="also require equal counts per slot; None: what the pipeline's own even= promises")
-    chk.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default="fork",
-                     help="how DataLoader workers start")
-    chk.add_argument("--loader", choices=["torch", "stateful", "none"], default="torch",
-                     help="torch's DataLoader, torchdata's StatefulDataLoader, or no loader")
+    chk.add_argument(
+        "--world-size",
+        type=_positive,
+        required=True,
+        default=argparse.SUPPRESS,
+        help="ranks (processes of a gloo group); required",
+    )
+    chk.add_argument(
+        "--num-workers",
+        type=_non_negative,
+        default=0,
+        help="DataLoader workers per rank (0: the rank iterates the pipeline itself)",
+    )
+    chk.add_argument(
+        "--even",
+        choices=["drop", "pad"],
+        default=None,
+        help="also require equal counts per slot; None: what the pipeline's own even= promises",
+    )
+    chk.add_argument(
+        "--start-method", choices=["fork", "spawn", "forkserver"], default="fork", help="how DataLoader workers start"
+    )
+    chk.add_argument(
+        "--loader",
+        choices=["torch", "stateful", "none"],
+        default="torch",
+        help="torch's DataLoader, torchdata's StatefulDataLoader, or no loader",
+    )
     chk.add_argument("--epochs", type=_positive, default=1, help="epochs to run, with set_epoch before each")
-    chk.add_argument("--timeout", type=_seconds, default=120.0,
-                     help="seconds the whole run may take, the factory's own calls included")
+    chk.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=120.0,
+        help="seconds the whole run may take, the factory's own calls included",
+    )
     chk.add_argument("--json", action="store_true", help="print a JSON report instead")
     args = parser.parse_args(argv)
     if args.command == "demo":

@@ -39,8 +39,17 @@ from .readers import (
 )
 from .readers.sequence import DEEPCOPY_WARNING
 
-__all__ = ["Access", "EpochReader", "UnitCounts", "WholeFiles", "check_access", "mode_of", "reader_of", "unwrapped",
-           "whole_files"]
+__all__ = [
+    "Access",
+    "EpochReader",
+    "UnitCounts",
+    "WholeFiles",
+    "check_access",
+    "mode_of",
+    "reader_of",
+    "unwrapped",
+    "whole_files",
+]
 
 
 @dataclass(frozen=True)
@@ -99,8 +108,16 @@ def mode_of(expand: Callable[[Any], Any] | None, sizes: Any, whole: bool = False
     return "units" if sizes is None else "sized_units"
 
 
-def check_access(access: Access, *, even: Even, shuffle: bool, expand: Callable[[Any], Any] | None,
-                 source: str, fix: str, shuffle_fix: str) -> None:
+def check_access(
+    access: Access,
+    *,
+    even: Even,
+    shuffle: bool,
+    expand: Callable[[Any], Any] | None,
+    source: str,
+    fix: str,
+    shuffle_fix: str,
+) -> None:
     """Refuse what ``source`` (the name of what a front-end was given) cannot be read
     for: ``shuffle=True`` and ``even="carry"`` need random access to the elements
     (units need sizes, which ``options.check_options`` asks for). ``fix`` says which
@@ -113,22 +130,28 @@ def check_access(access: Access, *, even: Even, shuffle: bool, expand: Callable[
             f"{'shuffle=True' if shuffle else f'even={even!r}'} needs random access, but "
             f"{access.whole.description}. Decompress the files to read them at random, or use even=None and "
             "shuffle=False (end DDP loops with distshard.stop_together(); a .shuffle(buffer) after dist_shard "
-            "mixes what a slot reads)")
+            "mixes what a slot reads)"
+        )
     if even == CARRY:
         raise carry_refused(f"a stream ({source}, no random access)", f"Use {fix}, or even='drop' / 'pad'")
     if shuffle:
         raise random_access_needed(source, f"use {fix}{shuffle_fix}")
 
 
-def reader_of(access: Access, expand: Callable[[Any], Any] | None, sizes: Any,
-              counts: Callable[[list], list[int]] | None = None) -> Reader:
+def reader_of(
+    access: Access, expand: Callable[[Any], Any] | None, sizes: Any, counts: Callable[[list], list[int]] | None = None
+) -> Reader:
     """The reader of one epoch of ``access`` (in unit mode ``expand`` gives a unit's
     elements, ``sizes`` their counts, through ``counts`` when given): the one place
     that decides how a source is read."""
     if access.whole is not None:
         whole = access.whole
-        return WholeFilesReader(lambda: whole.files, whole.expand,
-                                f"files:{stable_digest(whole.files)}:{access.identity}", whole.description)
+        return WholeFilesReader(
+            lambda: whole.files,
+            whole.expand,
+            f"files:{stable_digest(whole.files)}:{access.identity}",
+            whole.description,
+        )
     if expand is not None:
         assert access.stream is not None, "unit mode streams its units"
         if sizes is None:
@@ -162,7 +185,7 @@ class UnitCounts:
             missing = [unit for unit in units if unit not in self.answers]
         except TypeError:  # unhashable units: nothing to remember them by
             return unit_sizes(units, self.sizes)
-        self.answers.update(zip(missing, unit_sizes(missing, self.sizes)))
+        self.answers.update(zip(missing, unit_sizes(missing, self.sizes), strict=True))
         return [self.answers[unit] for unit in units]
 
     def ask_all(self, units: list) -> None:
@@ -177,7 +200,7 @@ class UnitCounts:
         rank, world = found
         share = units[rank::world]
         try:
-            mine: Any = dict(zip(share, self(share)))
+            mine: Any = dict(zip(share, self(share), strict=True))
         except Exception as exc:  # noqa: BLE001 - raised on every rank below
             mine = exc
         for answer in _context.gather_objects(mine):

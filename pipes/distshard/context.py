@@ -58,19 +58,14 @@ class ShardContext:
     def __post_init__(self) -> None:
         check_rank_world(self.rank, self.world_size)
         if not 0 <= self.worker_id < self.num_workers:
-            raise ValueError(
-                f"worker_id={self.worker_id} is outside [0, num_workers={self.num_workers})"
-            )
+            raise ValueError(f"worker_id={self.worker_id} is outside [0, num_workers={self.num_workers})")
         object.__setattr__(self, "slot", self.rank * self.num_workers + self.worker_id)
         object.__setattr__(self, "num_slots", self.world_size * self.num_workers)
 
 
 def _check_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name}={value!r} must be an int (got {type(value).__name__}); "
-            f"pass e.g. {name}=0"
-        )
+        raise TypeError(f"{name}={value!r} must be an int (got {type(value).__name__}); pass e.g. {name}=0")
     return value
 
 
@@ -85,9 +80,7 @@ def check_rank_world(
     if world_size < 1:
         raise ValueError(f"{where}{world_name}={world_size} must be at least 1")
     if not 0 <= rank < world_size:
-        raise ValueError(
-            f"{where}{rank_name}={rank} is outside [0, {world_name}={world_size}); ranks count from 0"
-        )
+        raise ValueError(f"{where}{rank_name}={rank} is outside [0, {world_name}={world_size}); ranks count from 0")
     return rank, world_size
 
 
@@ -328,8 +321,10 @@ def sharded_context(
     default = sharding.get(SHARDING_PRIORITIES.DEFAULT)
     if default is not None:
         if len(sharding) > 1:
-            raise RuntimeError("apply_sharding was called with the DEFAULT group and another "
-                               "group on this dist_shard: use one or the other")
+            raise RuntimeError(
+                "apply_sharding was called with the DEFAULT group and another "
+                "group on this dist_shard: use one or the other"
+            )
         if info is not None:
             raise RuntimeError(
                 f"apply_sharding({default[0]}, {default[1]}) was called on this dist_shard, and it "
@@ -397,4 +392,3 @@ def gather_objects(obj: object) -> list:
     finally:
         if group is not None:
             dist.destroy_process_group(group)
-

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
 from torch.utils.data.datapipes.datapipe import IterDataPipe
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
@@ -164,20 +164,32 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 "wrap an iterable with torch.utils.data.datapipes.iter.IterableWrapper"
             )
         self.source_datapipe = source_datapipe
-        options = check_options(rank=rank, world_size=world_size, even=even, seed=seed, shuffle=shuffle,
-                                expand=expand, sizes=sizes, multiple_of=multiple_of)
+        options = check_options(
+            rank=rank,
+            world_size=world_size,
+            even=even,
+            seed=seed,
+            shuffle=shuffle,
+            expand=expand,
+            sizes=sizes,
+            multiple_of=multiple_of,
+        )
         self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
         self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
         self.global_shuffle = options.shuffle  # not "shuffle": that name is the .shuffle() functional
         self.pushdown = check_flag("pushdown", pushdown)
         self._pushdown: Pushdown | None = None  # per process, never pickled
         self._whole = self._find_whole_files()
-        check_access(Access(sequence=None if self.expand is not None else self.read_plan().sequence, whole=self._whole),
-                     even=self.even, shuffle=self.global_shuffle, expand=self.expand,
-                     source=type(source_datapipe).__name__,
-                     fix="IterableWrapper over a list/range/MapDataPipe with only .map() in between, a distshard "
-                         "file source or mix, or units with sizes=",
-                     shuffle_fix=", or shuffle upstream with .shuffle() and shuffle=False")
+        check_access(
+            Access(sequence=None if self.expand is not None else self.read_plan().sequence, whole=self._whole),
+            even=self.even,
+            shuffle=self.global_shuffle,
+            expand=self.expand,
+            source=type(source_datapipe).__name__,
+            fix="IterableWrapper over a list/range/MapDataPipe with only .map() in between, a distshard "
+            "file source or mix, or units with sizes=",
+            shuffle_fix=", or shuffle upstream with .shuffle() and shuffle=False",
+        )
         upstream = upstream_pipes(source_datapipe)  # one walk (it pickles every pipe's data), here
         check_no_sharding(source_datapipe, upstream)
         self._counts = UnitCounts(self.sizes)  # a sizes callable's answers, asked once per job
@@ -261,8 +273,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 raise TypeError(f"{name}={value!r} must be an int")
         if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
             raise ValueError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
-        if sharding_group == SHARDING_PRIORITIES.DEFAULT and \
-                (num_of_instances, instance_id) == loaders.torch_split(self._captured):
+        if sharding_group == SHARDING_PRIORITIES.DEFAULT and (num_of_instances, instance_id) == loaders.torch_split(
+            self._captured
+        ):
             return  # the DataLoader's own call: nothing to override
         self._sharding[sharding_group] = (num_of_instances, instance_id)
 
@@ -398,8 +411,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             if epoch not in made:
                 self._seed_upstream(base, epoch)
                 try:
-                    made[epoch] = EpochReader(self.reader(), lambda: self._seed_upstream(base, epoch),
-                                              lambda: self._seed_upstream(base))
+                    made[epoch] = EpochReader(
+                        self.reader(), lambda: self._seed_upstream(base, epoch), lambda: self._seed_upstream(base)
+                    )
                 finally:
                     self._seed_upstream(base)
             return made[epoch]
@@ -478,9 +492,18 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if resume is not None:
             self._check_against(resume, reader)
         # raises before anything is consumed if the state is for another slot
-        run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.global_shuffle,
-                      epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of,
-                      carry=self._carry, epoch_reader=self._epoch_readers(seed) if self.even == CARRY else None)
+        run = SlotRun(
+            reader,
+            ctx=ctx,
+            even=self.even,
+            shuffle=self.global_shuffle,
+            epoch=self._epoch,
+            seed=seed,
+            resume=resume,
+            multiple=self.multiple_of,
+            carry=self._carry,
+            epoch_reader=self._epoch_readers(seed) if self.even == CARRY else None,
+        )
         self._progress = run
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
@@ -510,9 +533,17 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             # one taken before the first element is that of the run this copy would start here
             ctx = self.context()
             seed = pending["seed"] if pending is not None and pending["seed"] is not None else self.base_seed(ctx)
-            return SlotRun(self.reader(), ctx=ctx, even=self.even, shuffle=self.global_shuffle,
-                           epoch=self._epoch, seed=seed, resume=pending, multiple=self.multiple_of,
-                           carry=self._carry).state()
+            return SlotRun(
+                self.reader(),
+                ctx=ctx,
+                even=self.even,
+                shuffle=self.global_shuffle,
+                epoch=self._epoch,
+                seed=seed,
+                resume=pending,
+                multiple=self.multiple_of,
+                carry=self._carry,
+            ).state()
         if pending is not None:
             return dict(pending)
         return fresh_state(self._epoch, self.mode, self.even, self._carry)
@@ -564,17 +595,25 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     def _check_against(self, found: dict[str, Any], reader: Reader | None) -> None:
         """Raise ``ValueError`` if ``found`` does not come from a pipe like this one."""
-        check_fits(found, mode=self.mode, shuffle=self.global_shuffle, even=self.even,
-                   multiple_of=self.multiple_of, seed=self.seed,
-                   length=reader.length() if reader is not None else None,
-                   source=reader.identity() if reader is not None else None)
+        check_fits(
+            found,
+            mode=self.mode,
+            shuffle=self.global_shuffle,
+            even=self.even,
+            multiple_of=self.multiple_of,
+            seed=self.seed,
+            length=reader.length() if reader is not None else None,
+            source=reader.identity() if reader is not None else None,
+        )
 
     # -- length ------------------------------------------------------------------------
     def _total(self) -> int:
         """The number of positions ``dist_shard`` splits, if it can be known."""
         if self._whole is not None:
-            raise TypeError(f"{type(self).__name__} over whole files (compressed) has no length: a slot's count "
-                            "is known only once its files are read")
+            raise TypeError(
+                f"{type(self).__name__} over whole files (compressed) has no length: a slot's count "
+                "is known only once its files are read"
+            )
         if self.expand is not None:
             if self.sizes is None:
                 raise TypeError(f"{type(self).__name__} in unit mode without sizes= has no length")
@@ -583,8 +622,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return len(self.source_datapipe)
         except TypeError:
             raise TypeError(
-                f"{type(self).__name__} has no length: its source "
-                f"{type(self.source_datapipe).__name__} has none"
+                f"{type(self).__name__} has no length: its source {type(self.source_datapipe).__name__} has none"
             ) from None
 
     def __len__(self) -> int:
@@ -618,8 +656,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
         if resume is not None and resume["slot"] is not None and resume["slot"] != slot:
             resume = None  # another slot's state: that copy will refuse it when iterated
-        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of,
-                               self._carry, self._epoch)
+        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of, self._carry, self._epoch)
 
     # -- seeing it -------------------------------------------------------------------
     def explain(self, pipeline: IterDataPipe | None = None) -> Any:

@@ -42,8 +42,10 @@ def classic_on_strings() -> str:
 def run(world_size: int = 4, num_workers: int = 4, timeout: float = 120.0) -> int:
     """Print the demo's report; return the exit status: 0 exactly-once, 1 violated,
     2 could not run (``timeout`` bounds the whole run)."""
-    print(f"distshard demo: {RECORDS} dict records with string ids, shuffled, sharded over "
-          f"{world_size} ranks x {num_workers} DataLoader workers (gloo on 127.0.0.1)\n")
+    print(
+        f"distshard demo: {RECORDS} dict records with string ids, shuffled, sharded over "
+        f"{world_size} ranks x {num_workers} DataLoader workers (gloo on 127.0.0.1)\n"
+    )
     print("classic per-value modulo recipe on these records:")
     print(f"  {classic_on_strings()}\n")
     print("IterableWrapper(records).shuffle().dist_shard(even='drop').map(decode):")

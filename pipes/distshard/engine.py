@@ -88,9 +88,16 @@ def carry_run_base(resume: dict | None, carry: tuple[list, int] | None, epoch: i
     return Remaining((a, b) for a, b in pairs), first
 
 
-def remaining_share(reader_length: int | None, resume: dict | None, slot: int, num_slots: int,
-                    even: Even, multiple: int = 1, carry: tuple[list, int] | None = None,
-                    epoch: int = 0) -> int:
+def remaining_share(
+    reader_length: int | None,
+    resume: dict | None,
+    slot: int,
+    num_slots: int,
+    even: Even,
+    multiple: int = 1,
+    carry: tuple[list, int] | None = None,
+    epoch: int = 0,
+) -> int:
     """How many elements ``slot`` yields over the run that ``resume`` belongs to
     (``None``: a fresh epoch); needs a known length.
 
@@ -120,9 +127,20 @@ class SlotRun:
     is where it is. ``resume`` is a validated state of the same epoch (a slot's own
     state or a merged one) or ``None``."""
 
-    def __init__(self, reader: Reader, *, ctx: ShardContext, even: Even, shuffle: bool,
-                 epoch: int, seed: int, resume: dict[str, Any] | None = None, multiple: int = 1,
-                 carry: tuple[list, int] | None = None, epoch_reader: EpochReader | None = None) -> None:
+    def __init__(
+        self,
+        reader: Reader,
+        *,
+        ctx: ShardContext,
+        even: Even,
+        shuffle: bool,
+        epoch: int,
+        seed: int,
+        resume: dict[str, Any] | None = None,
+        multiple: int = 1,
+        carry: tuple[list, int] | None = None,
+        epoch_reader: EpochReader | None = None,
+    ) -> None:
         self.reader, self.ctx, self.even, self.shuffle = reader, ctx, even, shuffle
         self.epoch_reader = epoch_reader
         self.multiple = multiple
@@ -145,8 +163,7 @@ class SlotRun:
             if self.carry_from > epoch:  # a state taken once its epoch was over: nothing left of it
                 self.finished = True
             elif self.length is not None:
-                lo, hi = carry_window(self.remaining, self.carry_from, epoch, self.length,
-                                      ctx.num_slots * multiple)
+                lo, hi = carry_window(self.remaining, self.carry_from, epoch, self.length, ctx.num_slots * multiple)
                 self.count = hi - lo
         elif self.length is not None:
             self.count = self.remaining.clip(self.length).length()
@@ -154,11 +171,20 @@ class SlotRun:
     def state(self) -> dict[str, Any]:
         state = fresh_state(self.epoch, self.reader.mode, self.even)
         state.update(
-            seed=self.seed, layout=self.layout, shuffle=self.shuffle, length=self.length,
-            source=self.identity, remaining=self.remaining.to_list(), total=self.count,
-            multiple_of=self.multiple, workers=self.ctx.num_workers,
-            num_slots=self.ctx.num_slots, slot=self.ctx.slot, taken=self.taken,
-            finished=self.finished, carry_from=self.carry_from,
+            seed=self.seed,
+            layout=self.layout,
+            shuffle=self.shuffle,
+            length=self.length,
+            source=self.identity,
+            remaining=self.remaining.to_list(),
+            total=self.count,
+            multiple_of=self.multiple,
+            workers=self.ctx.num_workers,
+            num_slots=self.ctx.num_slots,
+            slot=self.ctx.slot,
+            taken=self.taken,
+            finished=self.finished,
+            carry_from=self.carry_from,
         )
         return state
 
@@ -181,8 +207,9 @@ class SlotRun:
         assert isinstance(reader, StreamReader)
         stream = self.remaining.stream(reader.stream())
         if self.layout == "chunks":
-            return select_chunks(stream, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers,
-                                 self.multiple, self.taken)
+            return select_chunks(
+                stream, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, self.multiple, self.taken
+            )
         return select_stream(stream, ctx.slot, ctx.num_slots, self.even, self.taken)
 
     def _read_positions(self, reader: RandomAccessReader) -> Iterator[Any]:
@@ -206,8 +233,9 @@ class SlotRun:
             )
         positions: Iterator[int]
         if self.layout == "chunks":
-            positions = chunk_positions(ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, count,
-                                        self.multiple, self.taken)
+            positions = chunk_positions(
+                ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, count, self.multiple, self.taken
+            )
         else:
             layout = block_positions if self.layout == "blocks" else slot_positions
             positions = layout(ctx.slot, ctx.num_slots, count, self.even, self.taken, self.multiple)
@@ -225,8 +253,8 @@ class SlotRun:
         stream, the tail of the epoch before first, each epoch read through its own
         reader and in its own shuffle order."""
         ctx, length = self.ctx, reader.length()
-        lo, hi = carry_window(self.remaining, self.carry_from, self.epoch, length,  # type: ignore[arg-type]
-                              ctx.num_slots * self.multiple)
+        assert self.carry_from is not None, "a carry run knows the epoch its stream starts at"
+        lo, hi = carry_window(self.remaining, self.carry_from, self.epoch, length, ctx.num_slots * self.multiple)
         share = (hi - lo) // ctx.num_slots
         if self.taken > share:
             raise ValueError(
@@ -234,16 +262,19 @@ class SlotRun:
                 f"every slot's share of epoch {self.epoch} is {share}: it comes from other data or was altered"
             )
         window = self.remaining.compose(Remaining([(lo, hi)]))
-        runs = slot_runs(self.layout, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, hi - lo,
-                         self.multiple, self.taken)
+        runs = slot_runs(
+            self.layout, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, hi - lo, self.multiple, self.taken
+        )
         check = getattr(reader, "check_empty_units", None)
         if check is not None and ctx.slot == 0 and self.taken == 0:
             check()
         for epoch, positions in carry_reads(window, length, runs):
             source = reader if epoch == self.epoch or self.epoch_reader is None else self.epoch_reader(epoch)
             if source.length() != length:
-                raise ValueError(f"epoch {epoch}'s stream has {source.length()} elements and epoch "
-                                 f"{self.epoch}'s {length}: even='carry' needs the same length every epoch")
+                raise ValueError(
+                    f"epoch {epoch}'s stream has {source.length()} elements and epoch "
+                    f"{self.epoch}'s {length}: even='carry' needs the same length every epoch"
+                )
             if self.shuffle:
                 positions = map(shuffle_order(source, self.seed, epoch), positions)
             yield from source.read(positions, shuffled=self.shuffle)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
@@ -16,14 +17,13 @@ from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.graph import DataPipeGraph
 from torch.utils.data.graph_settings import _is_sharding_datapipe
 
+from . import datapipe as _datapipe
 from .context import ShardContext
+from .datapipe import DistShardIterDataPipe, shards_in
 from .engine import SlotRun, carry_run_base, layout_of, shuffle_order
 from .graph import pipe_graph, pipeline_of, random_pipes
 from .plan import block_range, carry_summary, dropped_count, pad_position, padded_count, slot_count
 from .readers import RandomAccessReader, Reader, StreamReader
-
-from . import datapipe as _datapipe
-from .datapipe import DistShardIterDataPipe, shards_in
 
 __all__ = ["Explanation", "explain", "explain_shard"]
 
@@ -168,8 +168,8 @@ def explain(pipeline: Any) -> Explanation:
         return parts[0]
     labels = [f"dist_shard {index} of {len(parts)}" for index in range(1, len(parts) + 1)]
     whole = Explanation(parts[0].context, parts=parts)
-    whole.sections.append(("pipeline", [f"{label}: {shard!r}" for label, shard in zip(labels, shards)]))
-    for label, part in zip(labels, parts):
+    whole.sections.append(("pipeline", [f"{label}: {shard!r}" for label, shard in zip(labels, shards, strict=True)]))
+    for label, part in zip(labels, parts, strict=True):
         whole.sections.extend((f"{label}: {title}", lines) for title, lines in part.sections)
         whole.warnings.extend(f"{label}: {warning}" for warning in part.warnings)
     return whole
@@ -203,8 +203,11 @@ def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Exp
     repeats, the layout, and the first positions of every slot, as the engine runs them."""
     S, even, multiple, shuffled = ctx.num_slots, pipe.even, pipe.multiple_of, pipe.global_shuffle
     reader: Reader = pipe.reader()
-    positions: Reader = _Positions(reader) if isinstance(reader, RandomAccessReader) else \
-        StreamReader(lambda: range(total), "positions", reader.identity())
+    positions: Reader = (
+        _Positions(reader)
+        if isinstance(reader, RandomAccessReader)
+        else StreamReader(lambda: range(total), "positions", reader.identity())
+    )
     layout = out.layout = layout_of(positions, shuffled, multiple)
     counts = out.per_slot = [slot_count(s, S, total, even, multiple) for s in range(S)]
     shown = counts if S <= _SHOWN_SLOTS else counts[:_SHOWN_SLOTS] + ["..."]
@@ -213,38 +216,59 @@ def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Exp
     whole = f" with multiple_of={multiple} (every slot a multiple of {multiple})" if multiple > 1 else ""
     order = " of the permuted order" if shuffled else ""
     if even == "drop":
-        lines.append(f"even='drop'{whole} leaves out the last {out.left_out} positions{order}" if out.left_out
-                     else f"even='drop'{whole} leaves nothing out: N is a multiple of the slot count")
+        lines.append(
+            f"even='drop'{whole} leaves out the last {out.left_out} positions{order}"
+            if out.left_out
+            else f"even='drop'{whole} leaves nothing out: N is a multiple of the slot count"
+        )
     seed = pipe.base_seed(ctx)
     permute = shuffle_order(reader, seed, pipe.epoch) if shuffled else (lambda v: v)  # type: ignore[arg-type]
     if even == "pad":
         if layout == "blocks":
             start, stop = block_range(ctx.slot, S, total, even)
-            pad = None if not total or total % S == 0 or ctx.slot < total % S else (start if stop > start else ctx.slot % total)
+            pad = (
+                None
+                if not total or total % S == 0 or ctx.slot < total % S
+                else (start if stop > start else ctx.slot % total)
+            )
         else:
             pad = pad_position(ctx.slot, S, total)
-        lines.append(f"even='pad' repeats {out.repeated} elements in all"
-                     + (f"; this slot repeats position {permute(pad)}" if pad is not None else "; none in this slot"))
+        lines.append(
+            f"even='pad' repeats {out.repeated} elements in all"
+            + (f"; this slot repeats position {permute(pad)}" if pad is not None else "; none in this slot")
+        )
     K = ctx.num_workers
-    lines.append({
-        "stride": f"layout: stride: the j-th position{order} goes to slot j % {S}",
-        "chunks": f"layout: whole batches of {multiple}: chunk c (the positions{order} [c*{multiple}, "
-                  f"(c+1)*{multiple})) goes to rank c % {ctx.world_size}, worker (c // {ctx.world_size}) % {K}, "
-                  "so the ranks' batches of one step are consecutive positions",
-        "blocks": "layout: a contiguous block per slot" + (" of the permuted order" if shuffled else ""),
-    }[layout])
+    lines.append(
+        {
+            "stride": f"layout: stride: the j-th position{order} goes to slot j % {S}",
+            "chunks": f"layout: whole batches of {multiple}: chunk c (the positions{order} [c*{multiple}, "
+            f"(c+1)*{multiple})) goes to rank c % {ctx.world_size}, worker (c // {ctx.world_size}) % {K}, "
+            "so the ranks' batches of one step are consecutive positions",
+            "blocks": "layout: a contiguous block per slot" + (" of the permuted order" if shuffled else ""),
+        }[layout]
+    )
     if layout == "blocks":
         start, stop = block_range(ctx.slot, S, total, even, multiple)
         lines.append(f"this slot reads the contiguous {'visit' if shuffled else 'element'} block [{start}, {stop})")
     for slot in range(min(S, _SHOWN_SLOTS)):
         rank, worker = divmod(slot, K)
-        run = SlotRun(positions, ctx=ShardContext(rank, ctx.world_size, worker, K, ctx.source), even=even,
-                      shuffle=shuffled, epoch=pipe.epoch, seed=seed, multiple=multiple)
-        out.first_positions[slot] = [p for _, p in zip(range(_SHOWN_POSITIONS), run)]
-    listed = "; ".join(f"s{slot}: {', '.join(map(str, first))}" + (" ..." if counts[slot] > len(first) else "")
-                       for slot, first in out.first_positions.items())
-    lines.append(f"first positions per slot{' (permuted)' if shuffled else ''}: {listed}"
-                 + (" ..." if S > _SHOWN_SLOTS else ""))
+        run = SlotRun(
+            positions,
+            ctx=ShardContext(rank, ctx.world_size, worker, K, ctx.source),
+            even=even,
+            shuffle=shuffled,
+            epoch=pipe.epoch,
+            seed=seed,
+            multiple=multiple,
+        )
+        out.first_positions[slot] = list(islice(run, _SHOWN_POSITIONS))
+    listed = "; ".join(
+        f"s{slot}: {', '.join(map(str, first))}" + (" ..." if counts[slot] > len(first) else "")
+        for slot, first in out.first_positions.items()
+    )
+    lines.append(
+        f"first positions per slot{' (permuted)' if shuffled else ''}: {listed}" + (" ..." if S > _SHOWN_SLOTS else "")
+    )
     return lines
 
 
@@ -265,8 +289,10 @@ def _carry_lines(pipe: "DistShardIterDataPipe", total: int, S: int, out: Explana
         f"epoch {epoch} opens with {taken}, and leaves {left} of epoch {epoch}'s elements to epoch {epoch + 1}",
     ]
     if (base.to_list(), first) != ([[0, None]], 0):
-        lines.append("its boundaries come from a loaded state (an elastic resume moves them): keep loading states "
-                     "into the pipeline (merge_states) so later epochs know them")
+        lines.append(
+            "its boundaries come from a loaded state (an elastic resume moves them): keep loading states "
+            "into the pipeline (merge_states) so later epochs know them"
+        )
     return lines
 
 
@@ -277,13 +303,21 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
     ctx = pipe.context()
     out = Explanation(ctx)
     S = ctx.num_slots
-    out.sections.append(("context", [
-        f"rank {ctx.rank} of {ctx.world_size}, from {_SOURCES[ctx.source]}",
-        f"worker {ctx.worker_id} of {ctx.num_workers} "
-        + ("(a DataLoader worker)" if ctx.num_workers > 1 or ctx.worker_id else
-           "(no DataLoader worker here: inside a DataLoader with K workers there are K slots per rank)"),
-        f"slot {ctx.slot} of {S} (slot = rank * num_workers + worker_id)",
-    ]))
+    out.sections.append(
+        (
+            "context",
+            [
+                f"rank {ctx.rank} of {ctx.world_size}, from {_SOURCES[ctx.source]}",
+                f"worker {ctx.worker_id} of {ctx.num_workers} "
+                + (
+                    "(a DataLoader worker)"
+                    if ctx.num_workers > 1 or ctx.worker_id
+                    else "(no DataLoader worker here: inside a DataLoader with K workers there are K slots per rank)"
+                ),
+                f"slot {ctx.slot} of {S} (slot = rank * num_workers + worker_id)",
+            ],
+        )
+    )
     if ctx.source == "default":
         out.warnings.append(
             "no distributed context found: every process will think it is rank 0 of 1 and read "
@@ -295,20 +329,26 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
     except TypeError:
         total = None
     out.total = total
-    plan_lines = [f"mode: {pipe.mode}; even={pipe.even!r}; "
-                  + (f"multiple_of={pipe.multiple_of}; " if pipe.multiple_of > 1 else "")
-                  + f"shuffle={pipe.global_shuffle}; "
-                  f"epoch={pipe.epoch}; seed={'given: ' + str(pipe.seed) if pipe.seed is not None else 'None (0, or the DataLoader shared seed when synced)'}"]
+    plan_lines = [
+        f"mode: {pipe.mode}; even={pipe.even!r}; "
+        + (f"multiple_of={pipe.multiple_of}; " if pipe.multiple_of > 1 else "")
+        + f"shuffle={pipe.global_shuffle}; "
+        f"epoch={pipe.epoch}; seed={'given: ' + str(pipe.seed) if pipe.seed is not None else 'None (0, or the DataLoader shared seed when synced)'}"
+    ]
     if total is None and pipe.whole_files:
-        plan_lines.append(f"whole files: file k goes to slot k mod {S}; a slot's count is known once its files "
-                          "are read (counts differ)")
+        plan_lines.append(
+            f"whole files: file k goes to slot k mod {S}; a slot's count is known once its files "
+            "are read (counts differ)"
+        )
     elif total is None:
         plan_lines.append(
             "stream length unknown: each slot finds its share while streaming; "
-            + {None: "slot counts will differ by at most 1",
-               "drop": f"every slot yields N // {S}, the last N % {S} are dropped",
-               "pad": f"every slot yields ceil(N / {S}), repeating fewer than {S} elements",
-               "carry": "even='carry' needs the length (it reads at positions)"}[pipe.even]
+            + {
+                None: "slot counts will differ by at most 1",
+                "drop": f"every slot yields N // {S}, the last N % {S} are dropped",
+                "pad": f"every slot yields ceil(N / {S}), repeating fewer than {S} elements",
+                "carry": "even='carry' needs the length (it reads at positions)",
+            }[pipe.even]
         )
     elif pipe.even == "carry":
         plan_lines += _carry_lines(pipe, total, S, out)
@@ -325,27 +365,38 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
         out.reads_per_element = out.decodes_per_element = 1.0
     elif pipe.mode != "element":
         if pipe.sizes is None:
-            reads.append("units go whole to slots as far as they go round; each leftover unit is "
-                         f"read by at most ceil({S} / leftover) slots")
+            reads.append(
+                "units go whole to slots as far as they go round; each leftover unit is "
+                f"read by at most ceil({S} / leftover) slots"
+            )
         else:
-            reads.append("each slot reads only the units (or unit ranges) of its block: about 1 read "
-                         "per element with a sequence-returning expand; an iterator-returning expand "
-                         "decodes what it skips inside a unit")
+            reads.append(
+                "each slot reads only the units (or unit ranges) of its block: about 1 read "
+                "per element with a sequence-returning expand; an iterator-returning expand "
+                "decodes what it skips inside a unit"
+            )
         out.reads_per_element = out.decodes_per_element = 1.0 if pipe.sizes is not None else None
     elif read_plan.sequence is not None:
-        reads.append(f"fast path: random access into {type(read_plan.sequence).__name__}; "
-                     "each slot indexes its own positions: 1 read per element cluster-wide")
+        reads.append(
+            f"fast path: random access into {type(read_plan.sequence).__name__}; "
+            "each slot indexes its own positions: 1 read per element cluster-wide"
+        )
         out.reads_per_element = 1.0
     else:
-        reads.append(f"stream: every slot walks the stream of {_name(read_plan.base)}: "
-                     f"{S} read{'s' if S > 1 else ''} per element of it (no random access)")
+        reads.append(
+            f"stream: every slot walks the stream of {_name(read_plan.base)}: "
+            f"{S} read{'s' if S > 1 else ''} per element of it (no random access)"
+        )
         out.reads_per_element = float(S)
     mixture = getattr(type(read_plan.base), "describe", None)
     if mixture is not None and hasattr(type(read_plan.base), "distshard_identity"):  # a mix, a weighted_sample
         reads.append(f"mixture: {mixture(read_plan.base)}")
     if read_plan.maps:
-        reads.append("pushdown: " + ", ".join(_name(m) for m in read_plan.maps)
-                     + " run on this slot's elements only: once per element cluster-wide")
+        reads.append(
+            "pushdown: "
+            + ", ".join(_name(m) for m in read_plan.maps)
+            + " run on this slot's elements only: once per element cluster-wide"
+        )
     if pipe.mode == "element" and read_plan.sequence is None:
         if maps_below:
             what = ", ".join(_name(m) for m in maps_below)
@@ -368,19 +419,24 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
 
     randoms = pipe._random_pipes if pipe._random_pipes is not None else None
     if randoms is None:
-
         randoms = random_pipes(pipe.source_datapipe)
     if randoms:
-        out.sections.append(("randomness", [
-            f"{len(randoms)} upstream random pipe(s) ({', '.join(_name(p) for p in randoms)}) seeded "
-            "identically on every slot from (seed, epoch); call set_epoch(e) each epoch"
-        ]))
+        out.sections.append(
+            (
+                "randomness",
+                [
+                    f"{len(randoms)} upstream random pipe(s) ({', '.join(_name(p) for p in randoms)}) seeded "
+                    "identically on every slot from (seed, epoch); call set_epoch(e) each epoch"
+                ],
+            )
+        )
 
     if pipeline is not None:
         for p in _path(pipe_graph(pipeline), pipe) or []:
             if _is_sharding_datapipe(p) and p is not pipe:
                 out.warnings.append(
-                    f"{_name(p)} after dist_shard shards a second time (torch's DataLoader will raise); remove it")
+                    f"{_name(p)} after dist_shard shards a second time (torch's DataLoader will raise); remove it"
+                )
             if type(p).__name__ in _UNBALANCING:
                 out.warnings.append(
                     f"{_name(p)} after dist_shard yields a data-dependent number of elements per slot, "

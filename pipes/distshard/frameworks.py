@@ -31,8 +31,7 @@ _ACCELERATE_FIX = (
 
 def _is(owner: object, what: tuple[str, str]) -> bool:
     cls = type(owner)
-    return cls.__module__.split(".")[0] == what[0] and any(
-        klass.__name__ == what[1] for klass in cls.__mro__)
+    return cls.__module__.split(".")[0] == what[0] and any(klass.__name__ == what[1] for klass in cls.__mro__)
 
 
 def refusal_for_loader() -> str | None:
@@ -40,9 +39,11 @@ def refusal_for_loader() -> str | None:
     process): why this loader would lose data, or ``None``."""
     for owner in callers(24, skip=3):
         if _is(owner, _DISPATCHER):
-            return ("Accelerate's DataLoaderDispatcher (what accelerator.prepare() makes of a DataLoader "
-                    "over an iterable dataset by default) lets rank 0 alone read the data and hands its "
-                    "batches to every rank, so only rank 0's shard would be trained. " + _ACCELERATE_FIX)
+            return (
+                "Accelerate's DataLoaderDispatcher (what accelerator.prepare() makes of a DataLoader "
+                "over an iterable dataset by default) lets rank 0 alone read the data and hands its "
+                "batches to every rank, so only rank 0's shard would be trained. " + _ACCELERATE_FIX
+            )
     return None
 
 
@@ -51,7 +52,9 @@ def refusal_for_iteration() -> str | None:
     when its ``len()`` is asked: why the code iterating it would lose data, or ``None``."""
     for owner in callers(16, skip=3):
         if _is(owner, _RESHARD):
-            return ("Accelerate's IterableDatasetShard (what accelerator.prepare() wraps an iterable "
-                    "dataset in with dispatch_batches=False) shards the stream again over processes, so "
-                    "each rank would keep 1 / world_size of its own shard. " + _ACCELERATE_FIX)
+            return (
+                "Accelerate's IterableDatasetShard (what accelerator.prepare() wraps an iterable "
+                "dataset in with dispatch_batches=False) shards the stream again over processes, so "
+                "each rank would keep 1 / world_size of its own shard. " + _ACCELERATE_FIX
+            )
     return None

@@ -32,8 +32,16 @@ from torch.utils.data.graph_settings import (
     get_all_graph_pipes,
 )
 
-__all__ = ["Positional", "Pushdown", "is_positional", "pipe_graph", "plan_pushdown", "positional",
-           "random_access", "upstream_pipes"]
+__all__ = [
+    "Positional",
+    "Pushdown",
+    "is_positional",
+    "pipe_graph",
+    "plan_pushdown",
+    "positional",
+    "random_access",
+    "upstream_pipes",
+]
 
 T = TypeVar("T")
 
@@ -220,8 +228,11 @@ def is_positional(obj: object) -> bool:
     # Iteration is obj[0], obj[1], ... through the same Python __getitem__ (a C type
     # such as mmap may iterate its sequence slot and index another: not trusted).
     iterate = getattr(cls, "__iter__", None)
-    return ((iterate is None or iterate is Sequence.__iter__) and hasattr(cls, "__len__")
-            and isinstance(getattr(cls, "__getitem__", None), FunctionType))
+    return (
+        (iterate is None or iterate is Sequence.__iter__)
+        and hasattr(cls, "__len__")
+        and isinstance(getattr(cls, "__getitem__", None), FunctionType)
+    )
 
 
 @dataclass
@@ -297,9 +308,14 @@ def pipeline_of(obj: Any) -> IterDataPipe | None:
     for _ in range(8):
         if isinstance(obj, IterDataPipe):
             return obj
-        obj = next((getattr(obj, name) for name in ("pipeline", "dataset", "_datapipe")
-                    if getattr(obj, name, None) is not None), None)
+        obj = next(
+            (
+                getattr(obj, name)
+                for name in ("pipeline", "dataset", "_datapipe")
+                if getattr(obj, name, None) is not None
+            ),
+            None,
+        )
         if obj is None:
             return None
     return None
-

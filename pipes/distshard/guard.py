@@ -63,8 +63,12 @@ class StopTogether(Generic[T]):
         # every rank creates it at the start of every epoch, so all call new_group in the same order
         ranks = None if self._group_arg is None else dist.get_process_group_ranks(self._group_arg)
         # with a group, only its members call new_group (the others never iterate this loop)
-        return dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout),
-                              use_local_synchronization=ranks is not None)
+        return dist.new_group(
+            ranks=ranks,
+            backend="gloo",
+            timeout=timedelta(seconds=self.timeout),
+            use_local_synchronization=ranks is not None,
+        )
 
     def __iter__(self) -> Iterator[T]:
         import torch.distributed as dist

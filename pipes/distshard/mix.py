@@ -33,6 +33,7 @@ import hashlib
 import math
 import numbers
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
@@ -64,8 +65,7 @@ def _check_int(name: str, value: object, *, optional: bool) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r} must be {'None or ' if optional else ''}an int "
-                        f"(got {type(value).__name__})")
+        raise TypeError(f"{name}={value!r} must be {'None or ' if optional else ''}an int (got {type(value).__name__})")
     if value < 0:
         raise ValueError(f"{name}={value} must be non-negative")
     return value
@@ -74,10 +74,12 @@ def _check_int(name: str, value: object, *, optional: bool) -> int | None:
 def _names(sources: Mapping) -> list[str]:
     names = [str(key) for key in sources]
     seen: dict[str, Any] = {}
-    for key, name in zip(sources, names):
+    for key, name in zip(sources, names, strict=True):
         if name in seen:
-            raise ValueError(f"sources {seen[name]!r} and {key!r} have the same name {name!r}; give the sources "
-                             "keys that print differently")
+            raise ValueError(
+                f"sources {seen[name]!r} and {key!r} have the same name {name!r}; give the sources "
+                "keys that print differently"
+            )
         seen[name] = key
     return names
 
@@ -99,16 +101,17 @@ def _check_weights(keys: list, weights: object, where: str, zero_ok: bool) -> li
     """One phase's weights, in source order."""
     if not isinstance(weights, Mapping):
         raise TypeError(f"{where}weights must be a mapping source -> weight, got {type(weights).__name__}")
-    _check_keys(keys, weights, f"{where}weights",
-                f"{where}source {{key!r}} has no weight; give every source a weight")
+    _check_keys(keys, weights, f"{where}weights", f"{where}source {{key!r}} has no weight; give every source a weight")
     out = []
     for key in keys:
         weight = weights[key]
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
             raise TypeError(f"{where}the weight of source {key!r} is {weight!r}, not a number")
         if not math.isfinite(weight) or weight < 0 or (weight == 0 and not zero_ok):
-            raise ValueError(f"{where}the weight of source {key!r} is {weight!r}; weights must be positive and "
-                             "finite (drop a source instead of giving it weight 0)")
+            raise ValueError(
+                f"{where}the weight of source {key!r} is {weight!r}; weights must be positive and "
+                "finite (drop a source instead of giving it weight 0)"
+            )
         out.append(float(weight) if not isinstance(weight, int) else weight)
     if not any(out):
         raise ValueError(f"{where}every weight is 0: give some source a positive weight")
@@ -121,8 +124,10 @@ def _check_phases(keys: list, weights: object) -> list[tuple[int, list[float]]]:
     if isinstance(weights, Mapping):
         return [(0, _check_weights(keys, weights, "", zero_ok=False))]
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
-        raise TypeError(f"weights must be a mapping source -> weight, or phases [(0, {{...}}), (start, {{...}}), "
-                        f"...], got {type(weights).__name__}")
+        raise TypeError(
+            f"weights must be a mapping source -> weight, or phases [(0, {{...}}), (start, {{...}}), "
+            f"...], got {type(weights).__name__}"
+        )
     if not weights:
         raise ValueError("weights has no phase; give [(0, {source: weight, ...}), ...]")
     phases: list[tuple[int, list[float]]] = []
@@ -135,8 +140,9 @@ def _check_phases(keys: list, weights: object) -> list[tuple[int, list[float]]]:
         if j == 0 and start != 0:
             raise ValueError(f"phase 0 starts at {start}; the first phase must start at position 0")
         if j and start <= phases[-1][0]:
-            raise ValueError(f"phase {j} starts at {start}, not after phase {j - 1}'s start {phases[-1][0]}: "
-                             "starts must increase")
+            raise ValueError(
+                f"phase {j} starts at {start}, not after phase {j - 1}'s start {phases[-1][0]}: starts must increase"
+            )
         phases.append((start, _check_weights(keys, mapping, f"phase {j} (from position {start}): ", zero_ok=True)))
     for i, key in enumerate(keys):
         if not any(weights_[i] for _, weights_ in phases):
@@ -145,14 +151,15 @@ def _check_phases(keys: list, weights: object) -> list[tuple[int, list[float]]]:
 
 
 def _is_sequence(value: object) -> bool:
-    return (hasattr(value, "__len__") and hasattr(value, "__getitem__")
-            and not isinstance(value, (str, bytes, Mapping)))
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(value, (str, bytes, Mapping))
 
 
 def _check_costs(key: Any, costs: object) -> list:
     if not _is_sequence(costs):
-        raise TypeError(f"the costs of source {key!r} are a {type(costs).__name__}; give a sequence of "
-                        "per-element costs aligned with the source's positions (e.g. token counts)")
+        raise TypeError(
+            f"the costs of source {key!r} are a {type(costs).__name__}; give a sequence of "
+            "per-element costs aligned with the source's positions (e.g. token counts)"
+        )
     out = []
     for index in range(len(costs)):  # type: ignore[arg-type]
         value = costs[index]  # type: ignore[index]
@@ -163,8 +170,10 @@ def _check_costs(key: Any, costs: object) -> list:
             raise ValueError(f"cost[{key!r}][{index}]={value!r}; costs must be finite and non-negative")
         out.append(value)
     if out and not any(out):
-        raise ValueError(f"the costs of source {key!r} are all 0: it would take every position of its phases; "
-                         "give its elements their costs, or drop it")
+        raise ValueError(
+            f"the costs of source {key!r} are all 0: it would take every position of its phases; "
+            "give its elements their costs, or drop it"
+        )
     return out
 
 
@@ -186,28 +195,40 @@ def _stored_bytes(key: Any, source: IterDataPipe) -> list[int]:
             f"cost='bytes' takes each sample's stored bytes from the index of a distshard file source "
             f"(webdataset, jsonl), but source {key!r} is a {type(source).__name__}"
             f"{'' if sequence is None else ' over ' + type(sequence).__name__}; pass "
-            "cost={source: [per-element costs], ...} instead")
+            "cost={source: [per-element costs], ...} instead"
+        )
     return list(sample_bytes())
 
 
 class MixIterDataPipe(IterDataPipe):
     r"""Sources interleaved by weight (see :func:`distshard.mix`)."""
 
-    def __init__(self, sources: Mapping[Any, IterDataPipe], weights: Weights | Phases, *,
-                 seed: int | None = None, stop: str = "all_exhausted", samples: int | None = None,
-                 cost: str | Mapping[Any, Sequence[float]] | None = None) -> None:
+    def __init__(
+        self,
+        sources: Mapping[Any, IterDataPipe],
+        weights: Weights | Phases,
+        *,
+        seed: int | None = None,
+        stop: str = "all_exhausted",
+        samples: int | None = None,
+        cost: str | Mapping[Any, Sequence[float]] | None = None,
+    ) -> None:
         if not isinstance(sources, Mapping):
-            raise TypeError(f"sources must be a mapping name -> IterDataPipe, e.g. {{'web': web, 'code': code}}, "
-                            f"got {type(sources).__name__}")
+            raise TypeError(
+                f"sources must be a mapping name -> IterDataPipe, e.g. {{'web': web, 'code': code}}, "
+                f"got {type(sources).__name__}"
+            )
         if not sources:
-            raise ValueError("sources must be a non-empty mapping name -> IterDataPipe, e.g. "
-                             "{'web': web, 'code': code}")
+            raise ValueError(
+                "sources must be a non-empty mapping name -> IterDataPipe, e.g. {'web': web, 'code': code}"
+            )
         self.keys = list(sources)
         self.names = _names(sources)
         for key, source in sources.items():
             if not isinstance(source, IterDataPipe):
-                raise TypeError(f"source {key!r} is a {type(source).__name__}, not an IterDataPipe; wrap it "
-                                "with IterableWrapper")
+                raise TypeError(
+                    f"source {key!r} is a {type(source).__name__}, not an IterDataPipe; wrap it with IterableWrapper"
+                )
         self.sources = list(sources.values())
         self.phases = _check_phases(self.keys, weights)
         self.weights = self.phases[0][1]  # the first phase's, in source order
@@ -222,11 +243,13 @@ class MixIterDataPipe(IterDataPipe):
         self.known_length: int | None = None
         if self.costs is not None:
             self.declared = [len(c) for c in self.costs]
-            for key, source, n in zip(self.keys, self.sources, self.declared):
+            for key, source, n in zip(self.keys, self.sources, self.declared, strict=True):
                 length = _source_length(source)
                 if length is not None and length != n:
-                    raise ValueError(f"the costs of source {key!r} have {n} entries but the source has {length} "
-                                     "elements; give one cost per element, aligned with its positions")
+                    raise ValueError(
+                        f"the costs of source {key!r} have {n} entries but the source has {length} "
+                        "elements; give one cost per element, aligned with its positions"
+                    )
             self.known_length = self.length_for(self.declared)
             assert isinstance(self.schedule, CostSchedule)  # costs make a cost schedule
             self.schedule.extend(self.known_length)  # the whole schedule, once, here: workers inherit it
@@ -241,13 +264,17 @@ class MixIterDataPipe(IterDataPipe):
             return None, None
         if isinstance(cost, str):
             if cost != "bytes":
-                raise ValueError(f"cost={cost!r}: give 'bytes' (distshard file sources) or a mapping source -> "
-                                 "per-element costs")
-            return "bytes", [_check_costs(key, _stored_bytes(key, source))
-                             for key, source in zip(self.keys, self.sources)]
+                raise ValueError(
+                    f"cost={cost!r}: give 'bytes' (distshard file sources) or a mapping source -> per-element costs"
+                )
+            return "bytes", [
+                _check_costs(key, _stored_bytes(key, source))
+                for key, source in zip(self.keys, self.sources, strict=True)
+            ]
         if not isinstance(cost, Mapping):
-            raise TypeError(f"cost must be None, 'bytes' or a mapping source -> per-element costs, "
-                            f"got {type(cost).__name__}")
+            raise TypeError(
+                f"cost must be None, 'bytes' or a mapping source -> per-element costs, got {type(cost).__name__}"
+            )
         _check_keys(self.keys, cost, "cost", "source {key!r} has no costs; give every source its per-element costs")
         return "given", [_check_costs(key, cost[key]) for key in self.keys]
 
@@ -256,9 +283,11 @@ class MixIterDataPipe(IterDataPipe):
         stop, samples, every phase's start and exact weights, every cost."""
         weights = [(start, integer_weights(w)) for start, w in self.phases]
         costs = "none" if self.costs is None else f"{self.cost_kind}:{digest(self.costs)}"
-        return (f"mix names={','.join(self.names)} seed={self.seed or 0} stop={self.stop} samples={self.samples} "
-                f"phases={len(self.phases)}:{digest([start for start, _ in self.phases])} "
-                f"weights={digest(weights)} cost={costs}")
+        return (
+            f"mix names={','.join(self.names)} seed={self.seed or 0} stop={self.stop} samples={self.samples} "
+            f"phases={len(self.phases)}:{digest([start for start, _ in self.phases])} "
+            f"weights={digest(weights)} cost={costs}"
+        )
 
     def distshard_identity(self) -> str:
         return self._identity
@@ -309,8 +338,10 @@ class MixIterDataPipe(IterDataPipe):
             return end
         empty = [self.names[i] for i, n in enumerate(counts) if n == 0]
         if empty:
-            raise ValueError(f"source {empty[0]!r} is empty: stop='all_exhausted' would never see it whole; "
-                             "drop it or use stop='first_exhausted'")
+            raise ValueError(
+                f"source {empty[0]!r} is empty: stop='all_exhausted' would never see it whole; "
+                "drop it or use stop='first_exhausted'"
+            )
         ends = []
         for i, n in enumerate(counts):
             last = schedule.position_of(i, n - 1)
@@ -318,7 +349,8 @@ class MixIterDataPipe(IterDataPipe):
                 raise ValueError(
                     f"source {self.names[i]!r} has weight 0 in the last phase and is not seen whole before it: "
                     "stop='all_exhausted' would never end; give it a weight in the last phase, or use samples= "
-                    "or stop='first_exhausted'")
+                    "or stop='first_exhausted'"
+                )
             ends.append(last)
         return max(ends) + 1
 
@@ -348,7 +380,7 @@ class MixIterDataPipe(IterDataPipe):
     def describe(self) -> str:
         def shares(weights: list[float]) -> str:
             total = sum(weights)
-            return ", ".join(f"{name} {100 * w / total:.3g}%" for name, w in zip(self.names, weights))
+            return ", ".join(f"{name} {100 * w / total:.3g}%" for name, w in zip(self.names, weights, strict=True))
 
         if len(self.phases) == 1:
             mixture = f"({shares(self.weights)})"
@@ -357,8 +389,11 @@ class MixIterDataPipe(IterDataPipe):
         if self.costs is not None:
             what = "stored bytes" if self.cost_kind == "bytes" else "the given costs"
             mixture += f", weights as shares of {what} (every prefix within the largest element cost)"
-        how = "random access" if self.__distshard_sequence__() is not None else \
-            "a stream (a source without random access: every slot reads every source)"
+        how = (
+            "random access"
+            if self.__distshard_sequence__() is not None
+            else "a stream (a source without random access: every slot reads every source)"
+        )
         end = f"samples={self.samples}" if self.samples is not None else f"stop={self.stop!r}"
         return f"mix of {len(self.names)} sources {mixture}, {end}, {how}"
 
@@ -401,7 +436,8 @@ class MixIterDataPipe(IterDataPipe):
                         raise ValueError(
                             f"source {self.names[j]!r} has weight 0 in the last phase and is not seen whole before "
                             "it: stop='all_exhausted' would never end; give it a weight in the last phase, or use "
-                            "samples= or stop='first_exhausted'")
+                            "samples= or stop='first_exhausted'"
+                        )
             if iterators[i] is None:
                 open_pass(i)
             if ahead[i] is _END:  # this pass of source i is over
@@ -427,18 +463,22 @@ class MixIterDataPipe(IterDataPipe):
         declared, length = self.declared, self.known_length
         assert declared is not None and length is not None
         iterators: list[Iterator[Any] | None] = [None] * len(self.sources)
-        for _, (i, k) in zip(range(length), self.schedule.iterate()):
+        for i, k in islice(self.schedule.iterate(), length):
             pass_, index = divmod(k, declared[i])
             if index == 0:
                 self._seed_pass(i, pass_)
                 iterators[i] = iter(self.sources[i])
             element = next(iterators[i], _END)  # type: ignore[arg-type]
             if element is _END:
-                raise ValueError(f"source {self.names[i]!r} yielded {index} elements in pass {pass_}, but its "
-                                 f"costs declare {declared[i]}; give one cost per element")
+                raise ValueError(
+                    f"source {self.names[i]!r} yielded {index} elements in pass {pass_}, but its "
+                    f"costs declare {declared[i]}; give one cost per element"
+                )
             if index == declared[i] - 1 and next(iterators[i], _END) is not _END:  # type: ignore[arg-type]
-                raise ValueError(f"source {self.names[i]!r} yielded more than the {declared[i]} elements its "
-                                 "costs declare; give one cost per element")
+                raise ValueError(
+                    f"source {self.names[i]!r} yielded more than the {declared[i]} elements its "
+                    "costs declare; give one cost per element"
+                )
             yield element
 
     def __getstate__(self) -> dict[str, Any]:
@@ -460,8 +500,11 @@ def _composed(plan: Any) -> Callable | None:
         return None
     if len(plan.maps) == 1:
         mapper = plan.maps[0]
-        if type(mapper)._apply_fn is MapperIterDataPipe._apply_fn and mapper.input_col is None \
-                and mapper.output_col is None:
+        if (
+            type(mapper)._apply_fn is MapperIterDataPipe._apply_fn
+            and mapper.input_col is None
+            and mapper.output_col is None
+        ):
             return mapper.fn
     return plan.apply
 
@@ -471,8 +514,10 @@ def _has_random_pipes(source: IterDataPipe, plan: Any) -> bool:
     pass). Only a base with a ``__distshard_sequence__`` of its own (a mix, a
     ``weighted_sample``) or a random map can: an ``IterableWrapper`` over a list has
     none, and walking its graph would pickle the list."""
-    if not any(_is_random_datapipe(pipe) for pipe in plan.maps) and \
-            getattr(type(plan.base), "__distshard_sequence__", None) is None:
+    if (
+        not any(_is_random_datapipe(pipe) for pipe in plan.maps)
+        and getattr(type(plan.base), "__distshard_sequence__", None) is None
+    ):
         return False
     return bool(random_pipes(source))
 
@@ -493,10 +538,11 @@ class MixSequence:
         self.counts = [len(sequence) for sequence in self.sequences]
         self.copiers = [ElementCopier() if plan.copy_elements else None for plan in plans]
         self.maps: list[Callable | None] = [_composed(plan) for plan in plans]
-        self.random = [_has_random_pipes(source, plan) for source, plan in zip(mix.sources, plans)]
+        self.random = [_has_random_pipes(source, plan) for source, plan in zip(mix.sources, plans, strict=True)]
         self.length = length
-        self._identity = (f"{mix.distshard_identity()} length={length} sources="
-                          + ",".join(SequenceReader(s).identity() for s in self.sequences))
+        self._identity = f"{mix.distshard_identity()} length={length} sources=" + ",".join(
+            SequenceReader(s).identity() for s in self.sequences
+        )
 
     def __len__(self) -> int:
         return self.length
@@ -551,9 +597,15 @@ class MixSequence:
         return copy.copy(self)
 
 
-def mix(sources: Mapping[Any, IterDataPipe], weights: Weights | Phases, *, seed: int | None = None,
-        stop: str = "all_exhausted", samples: int | None = None,
-        cost: str | Mapping[Any, Sequence[float]] | None = None) -> MixIterDataPipe:
+def mix(
+    sources: Mapping[Any, IterDataPipe],
+    weights: Weights | Phases,
+    *,
+    seed: int | None = None,
+    stop: str = "all_exhausted",
+    samples: int | None = None,
+    cost: str | Mapping[Any, Sequence[float]] | None = None,
+) -> MixIterDataPipe:
     r"""Interleave ``sources`` by ``weights`` into one stream.
 
     The source of every position comes from a low-discrepancy schedule computed from
@@ -593,4 +645,3 @@ def mix(sources: Mapping[Any, IterDataPipe], weights: Weights | Phases, *, seed:
         ...                          [(0, {"web": 0.9, "code": 0.1}), (50, {"web": 0.5, "code": 0.5})])
     """
     return MixIterDataPipe(sources, weights, seed=seed, stop=stop, samples=samples, cost=cost)
-

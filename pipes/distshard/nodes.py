@@ -125,18 +125,34 @@ class DistShardNode(BaseNode[T]):
                     "or a sequence whose [] is positional with distshard.positional()"
                 )
         self.source = source
-        options = check_options(rank=rank, world_size=world_size, even=even, seed=seed, shuffle=shuffle,
-                                expand=expand, sizes=sizes, multiple_of=multiple_of)
+        options = check_options(
+            rank=rank,
+            world_size=world_size,
+            even=even,
+            seed=seed,
+            shuffle=shuffle,
+            expand=expand,
+            sizes=sizes,
+            multiple_of=multiple_of,
+        )
         self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
         self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
         self.shuffle = options.shuffle
         fix = "a random-access sequence (a list, range, tensor, distshard.positional(...), a distshard file source)"
-        check_access(self.access(), even=self.even, shuffle=self.shuffle, expand=self.expand,
-                     source=type(source).__name__, fix=f"{fix} instead of a node, or units with sizes=",
-                     shuffle_fix="")
+        check_access(
+            self.access(),
+            even=self.even,
+            shuffle=self.shuffle,
+            expand=self.expand,
+            source=type(source).__name__,
+            fix=f"{fix} instead of a node, or units with sizes=",
+            shuffle_fix="",
+        )
         if self.even == CARRY and isinstance(source, BaseNode):  # units from a node: read again every epoch
-            raise carry_refused(f"units from a node ({type(source).__name__})",
-                                "Pass the units in a list, with sizes=, or use even='drop' / 'pad'")
+            raise carry_refused(
+                f"units from a node ({type(source).__name__})",
+                "Pass the units in a list, with sizes=, or use even='drop' / 'pad'",
+            )
         self._captured: Optional[tuple] = None  # (rank, world_size) of the pickling process
         self._epoch = 0
         self._epoch_set = False
@@ -186,8 +202,12 @@ class DistShardNode(BaseNode[T]):
             self._epoch += 1
         if resume is not None:
             self._check(resume)
-            check_slot(resume, ctx.slot, ctx.num_slots,
-                       f"rank {ctx.rank} of {ctx.world_size}, worker {ctx.worker_id} of {ctx.num_workers}")
+            check_slot(
+                resume,
+                ctx.slot,
+                ctx.num_slots,
+                f"rank {ctx.rank} of {ctx.world_size}, worker {ctx.worker_id} of {ctx.num_workers}",
+            )
             if self.even == CARRY and initial_state is not None:
                 check_carry_load(resume, self._carry, get_worker_info() is not None)
         listing = self.mode == "sized_units" and isinstance(self.source, BaseNode)  # reads the source
@@ -209,9 +229,17 @@ class DistShardNode(BaseNode[T]):
         reader = self._reader()
         if resume is not None and listing:
             self._check(resume, reader)
-        self._run = SlotRun(reader, ctx=ctx, even=self.even, shuffle=self.shuffle,
-                            epoch=self._epoch, seed=seed, resume=resume, multiple=self.multiple_of,
-                            carry=self._carry)
+        self._run = SlotRun(
+            reader,
+            ctx=ctx,
+            even=self.even,
+            shuffle=self.shuffle,
+            epoch=self._epoch,
+            seed=seed,
+            resume=resume,
+            multiple=self.multiple_of,
+            carry=self._carry,
+        )
         self._it = iter(self._run)
 
     def next(self) -> T:
@@ -286,9 +314,17 @@ class DistShardNode(BaseNode[T]):
         )
 
     def _check(self, found: Dict[str, Any], reader: Optional[Reader] = None) -> None:
-        check_fits(found, mode=self.mode, shuffle=self.shuffle, even=self.even, multiple_of=self.multiple_of,
-                   seed=self.seed, length=reader.length() if reader is not None else None,
-                   source=reader.identity() if reader is not None else None, what="node")
+        check_fits(
+            found,
+            mode=self.mode,
+            shuffle=self.shuffle,
+            even=self.even,
+            multiple_of=self.multiple_of,
+            seed=self.seed,
+            length=reader.length() if reader is not None else None,
+            source=reader.identity() if reader is not None else None,
+            what="node",
+        )
 
     # -- pickling -----------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:

@@ -18,8 +18,15 @@ from .mailbox import EPOCH_LIMIT
 from .plan import CARRY, Even, check_even, check_multiple
 from .readers import check_sizes
 
-__all__ = ["ShardOptions", "carry_refused", "check_epoch", "check_flag", "check_options", "check_seed",
-           "random_access_needed"]
+__all__ = [
+    "ShardOptions",
+    "carry_refused",
+    "check_epoch",
+    "check_flag",
+    "check_options",
+    "check_seed",
+    "random_access_needed",
+]
 
 Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]
 
@@ -64,8 +71,17 @@ def check_flag(name: str, value: object) -> bool:
     return value
 
 
-def check_options(*, rank: object, world_size: object, even: object, seed: object, shuffle: object,
-                  expand: object, sizes: object, multiple_of: object) -> ShardOptions:
+def check_options(
+    *,
+    rank: object,
+    world_size: object,
+    even: object,
+    seed: object,
+    shuffle: object,
+    expand: object,
+    sizes: object,
+    multiple_of: object,
+) -> ShardOptions:
     """Check the arguments both front-ends share and return them, normalised.
 
     Also surfaces a malformed ``RANK`` / ``WORLD_SIZE`` environment now, rather than
@@ -79,11 +95,14 @@ def check_options(*, rank: object, world_size: object, even: object, seed: objec
     multiple = check_multiple(multiple_of, checked_even)
     checked_sizes = check_sizes(sizes)
     if checked_sizes is not None and expand is None:
-        raise ValueError("sizes= counts the elements of each unit and needs expand=; "
-                         "pass expand=fn that yields a unit's elements, or drop sizes=")
+        raise ValueError(
+            "sizes= counts the elements of each unit and needs expand=; "
+            "pass expand=fn that yields a unit's elements, or drop sizes="
+        )
     if checked_even == CARRY and expand is not None and checked_sizes is None:
-        raise carry_refused("units without sizes=", "pass sizes= (the element count of each unit), or use "
-                            "even='drop' / 'pad'")
+        raise carry_refused(
+            "units without sizes=", "pass sizes= (the element count of each unit), or use even='drop' / 'pad'"
+        )
     if expand is not None and checked_sizes is None and (checked_even is not None or shuffle):
         what = f"even={checked_even!r}" if checked_even is not None else "shuffle=True"
         raise ValueError(

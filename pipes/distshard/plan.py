@@ -105,8 +105,9 @@ def padded_count(num_slots: int, total: int, even: Even) -> int:
     return num_slots - total % num_slots
 
 
-def slot_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0,
-                   multiple: int = 1) -> Iterator[int]:
+def slot_positions(
+    slot: int, num_slots: int, total: int, even: Even, skip: int = 0, multiple: int = 1
+) -> Iterator[int]:
     """The positions ``slot`` yields, in order, when the stream length is known;
     ``skip`` drops the first ``skip`` of them in O(1)."""
     own = slot_count(slot, num_slots, total, even if even == "drop" else None, multiple)
@@ -148,9 +149,7 @@ def _too_short(slot: int, num_slots: int, taken: int, seen: int) -> StreamTooSho
     )
 
 
-def select_stream(
-    items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0
-) -> Iterator[T]:
+def select_stream(items: Iterable[T], slot: int, num_slots: int, even: Even, skip_rounds: int = 0) -> Iterator[T]:
     """Yield ``slot``'s share of ``items`` without knowing how many there are.
 
     Yields exactly what ``slot_positions`` would pick. Skipping is done by
@@ -279,8 +278,9 @@ def chunk_slot(rank: int, world_size: int, worker_id: int) -> int:
     return worker_id * world_size + rank
 
 
-def chunk_runs(rank: int, world_size: int, worker_id: int, num_workers: int, total: int,
-               multiple: int, skip: int = 0) -> Iterator[range]:
+def chunk_runs(
+    rank: int, world_size: int, worker_id: int, num_workers: int, total: int, multiple: int, skip: int = 0
+) -> Iterator[range]:
     """The positions a slot yields in chunk layout (``even="drop"``: whole rounds of
     chunks only), one range per chunk, skipping the first ``skip`` in O(1)."""
     num_slots = world_size * num_workers
@@ -293,23 +293,25 @@ def chunk_runs(rank: int, world_size: int, worker_id: int, num_workers: int, tot
         j, i = j + 1, 0
 
 
-def chunk_positions(rank: int, world_size: int, worker_id: int, num_workers: int, total: int,
-                    multiple: int, skip: int = 0) -> Iterator[int]:
+def chunk_positions(
+    rank: int, world_size: int, worker_id: int, num_workers: int, total: int, multiple: int, skip: int = 0
+) -> Iterator[int]:
     """:func:`chunk_runs`, position by position."""
-    return itertools.chain.from_iterable(
-        chunk_runs(rank, world_size, worker_id, num_workers, total, multiple, skip))
+    return itertools.chain.from_iterable(chunk_runs(rank, world_size, worker_id, num_workers, total, multiple, skip))
 
 
-def select_chunks(items: Iterable[T], rank: int, world_size: int, worker_id: int, num_workers: int,
-                  multiple: int, skip: int = 0) -> Iterator[T]:
+def select_chunks(
+    items: Iterable[T], rank: int, world_size: int, worker_id: int, num_workers: int, multiple: int, skip: int = 0
+) -> Iterator[T]:
     """:func:`chunk_positions` on a stream of unknown length: chunks of ``multiple``
     elements split round-robin over the chunk-slots, complete rounds only."""
     it = iter(items)
-    chunks = zip(*([it] * multiple))  # whole chunks; an incomplete last one is in the dropped tail
+    chunks = zip(*([it] * multiple), strict=False)  # whole chunks; an incomplete last one is in the dropped tail
     skipped, into = divmod(skip, multiple)
     first = True
-    for chunk in select_stream(chunks, chunk_slot(rank, world_size, worker_id), world_size * num_workers,
-                               "drop", skipped):
+    for chunk in select_stream(
+        chunks, chunk_slot(rank, world_size, worker_id), world_size * num_workers, "drop", skipped
+    ):
         yield from (chunk[into:] if first else chunk)
         first = False
     if first and into:
@@ -319,8 +321,9 @@ def select_chunks(items: Iterable[T], rank: int, world_size: int, worker_id: int
         )
 
 
-def left_after_chunks(taken: Sequence[int], world_size: int, num_workers: int, total: int | None,
-                      multiple: int) -> Remaining:
+def left_after_chunks(
+    taken: Sequence[int], world_size: int, num_workers: int, total: int | None, multiple: int
+) -> Remaining:
     """What is left when slot ``rank * num_workers + worker`` of a chunk-layout run
     over ``total`` positions consumed its first ``taken[slot]`` positions (the
     dropped tail stays left)."""
@@ -372,8 +375,9 @@ def block_range(slot: int, num_slots: int, total: int, even: Even, multiple: int
     return start, start + base + (1 if slot < rest else 0)
 
 
-def block_positions(slot: int, num_slots: int, total: int, even: Even, skip: int = 0,
-                    multiple: int = 1) -> Iterator[int]:
+def block_positions(
+    slot: int, num_slots: int, total: int, even: Even, skip: int = 0, multiple: int = 1
+) -> Iterator[int]:
     """The positions ``slot`` yields in block layout, padding included; ``skip``
     drops the first ``skip`` of them in O(1)."""
     start, stop = block_range(slot, num_slots, total, even, multiple)
@@ -531,8 +535,7 @@ class Remaining:
     def clip(self, total: int) -> "Remaining":
         """The same set with every index ``>= total`` removed (closes an open end)."""
         return Remaining(
-            (start, total if stop is None or stop > total else stop)
-            for start, stop in self.intervals if start < total
+            (start, total if stop is None or stop > total else stop) for start, stop in self.intervals if start < total
         )
 
     def length(self) -> int | None:
@@ -620,16 +623,11 @@ def left_after_round_robin(taken: Sequence[int], num_slots: int) -> Remaining:
             f"slot at {low} and the fastest at {high}): such states do not come from one run of one "
             "pipeline; merge the states every slot saved at the same step"
         )
-    band = [
-        (j, j + 1)
-        for j in range(low * num_slots, high * num_slots)
-        if j // num_slots >= taken[j % num_slots]
-    ]
+    band = [(j, j + 1) for j in range(low * num_slots, high * num_slots) if j // num_slots >= taken[j % num_slots]]
     return Remaining(band + [(high * num_slots, None)])
 
 
-def left_after_blocks(taken: Sequence[int], num_slots: int, total: int, even: Even,
-                      multiple: int = 1) -> Remaining:
+def left_after_blocks(taken: Sequence[int], num_slots: int, total: int, even: Even, multiple: int = 1) -> Remaining:
     """What is left when slot ``s`` of a block split of ``total`` positions consumed
     the first ``taken[s]`` positions of its block (``drop``'s tail stays left)."""
     if len(taken) != num_slots:
@@ -695,8 +693,16 @@ def carry_after(base: Remaining, first: int, epoch: int, length: int, unit: int)
     return base.compose(Remaining([(hi, None)]))
 
 
-def slot_runs(layout: str, rank: int, world_size: int, worker_id: int, num_workers: int, total: int,
-              multiple: int = 1, skip: int = 0) -> Iterator[range]:
+def slot_runs(
+    layout: str,
+    rank: int,
+    world_size: int,
+    worker_id: int,
+    num_workers: int,
+    total: int,
+    multiple: int = 1,
+    skip: int = 0,
+) -> Iterator[range]:
     """The positions of ``[0, total)`` a slot yields under ``even="drop"`` in
     ``layout`` (``stride``, ``blocks`` or ``chunks``), as increasing ranges, skipping
     the first ``skip`` in O(1)."""
@@ -738,7 +744,7 @@ def carry_reads(window: Remaining, length: int, runs: Iterable[range]) -> Iterat
             k = max(0, bisect.bisect_right(firsts, run[0]) - 1)
             while k < len(pieces) and pieces[k][0] <= run[-1]:
                 first, start, stop = pieces[k]
-                part = run[bisect.bisect_left(run, first):bisect.bisect_left(run, first + stop - start)]
+                part = run[bisect.bisect_left(run, first) : bisect.bisect_left(run, first + stop - start)]
                 shift = start - first
                 positions = range(part.start + shift, part.stop + shift, part.step)
                 while positions:
@@ -753,8 +759,17 @@ def carry_reads(window: Remaining, length: int, runs: Iterable[range]) -> Iterat
         yield epoch, itertools.chain.from_iterable(positions for _, positions in group)
 
 
-def carry_left(base: Remaining, first: int, epoch: int, length: int, layout: str, taken: Sequence[int],
-               world_size: int, num_workers: int, multiple: int = 1) -> tuple[Remaining, int, bool]:
+def carry_left(
+    base: Remaining,
+    first: int,
+    epoch: int,
+    length: int,
+    layout: str,
+    taken: Sequence[int],
+    world_size: int,
+    num_workers: int,
+    multiple: int = 1,
+) -> tuple[Remaining, int, bool]:
     """What is left when slot ``rank * num_workers + worker`` of a carry run of
     ``epoch`` over ``base`` consumed its first ``taken[slot]`` positions.
 

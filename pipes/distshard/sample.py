@@ -35,13 +35,15 @@ def _check_weights(weights: object, n: int) -> list[float]:
     if isinstance(weights, Mapping):
         raise TypeError(
             "weights is a mapping; weighted_sample takes one weight per element position, as a sequence "
-            "aligned with the source: pass [weights[i] for i in range(len(source))]")
+            "aligned with the source: pass [weights[i] for i in range(len(source))]"
+        )
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
         raise TypeError(f"weights must be a sequence of one number per element, got {type(weights).__name__}")
     values = list(weights)
     if len(values) != n:
-        raise ValueError(f"weights has {len(values)} entries but the source has {n} elements; "
-                         "give one weight per element")
+        raise ValueError(
+            f"weights has {len(values)} entries but the source has {n} elements; give one weight per element"
+        )
     out = []
     for index, weight in enumerate(values):
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
@@ -63,8 +65,9 @@ def _check_weights(weights: object, n: int) -> list[float]:
 class WeightedSampleIterDataPipe(IterDataPipe):
     r"""``samples`` weighted draws with replacement (see :func:`distshard.weighted_sample`)."""
 
-    def __init__(self, source: IterDataPipe, weights: Sequence[float], *, samples: int,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, source: IterDataPipe, weights: Sequence[float], *, samples: int, seed: int | None = None
+    ) -> None:
         if not isinstance(source, IterDataPipe):
             raise TypeError(f"source must be an IterDataPipe, got {type(source).__name__}")
         if isinstance(samples, bool) or not isinstance(samples, int):
@@ -92,8 +95,7 @@ class WeightedSampleIterDataPipe(IterDataPipe):
         self._received: int | None = None
         # every weight enters the identity (exactly: the scaled floats' bytes)
         weights_digest = hashlib.blake2b(array("d", scaled).tobytes(), digest_size=8).hexdigest()
-        self._identity = (f"weighted_sample seed={seed or 0} samples={samples} n={len(scaled)} "
-                          f"weights={weights_digest}")
+        self._identity = f"weighted_sample seed={seed or 0} samples={samples} n={len(scaled)} weights={weights_digest}"
 
     def distshard_identity(self) -> str:
         return self._identity
@@ -164,8 +166,9 @@ class _Draws:
         return self.pipe.describe()
 
 
-def weighted_sample(source: IterDataPipe, weights: Sequence[float], *, samples: int,
-                    seed: int | None = None) -> WeightedSampleIterDataPipe:
+def weighted_sample(
+    source: IterDataPipe, weights: Sequence[float], *, samples: int, seed: int | None = None
+) -> WeightedSampleIterDataPipe:
     r"""``samples`` draws with replacement from ``source``, element ``i`` with
     probability ``weights[i] / sum(weights)``: a distributed weighted random sampler.
 

@@ -48,6 +48,7 @@ import math
 from array import array
 from fractions import Fraction
 from functools import reduce
+from itertools import pairwise
 from typing import Iterator, Sequence
 
 __all__ = ["PERIOD_LIMIT", "CostSchedule", "PhasedSchedule", "Schedule", "integer_weights", "make_schedule"]
@@ -213,7 +214,7 @@ class PhasedSchedule:
 
     def __init__(self, phases: Sequence[tuple[int, Sequence[float]]]) -> None:
         self.starts = [start for start, _ in phases]
-        if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in zip(self.starts, self.starts[1:])):
+        if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in pairwise(self.starts)):
             raise ValueError(f"phases must start at 0 and at increasing positions, got {self.starts}")
         self.phases = [Schedule(weights) for _, weights in phases]
         n = len(self.phases[0].weights)
@@ -271,7 +272,7 @@ class CostSchedule:
 
     def __init__(self, phases: Sequence[tuple[int, Sequence[float]]], costs: Sequence[Sequence[float]]) -> None:
         self.starts = [start for start, _ in phases]
-        if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in zip(self.starts, self.starts[1:])):
+        if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in pairwise(self.starts)):
             raise ValueError(f"phases must start at 0 and at increasing positions, got {self.starts}")
         self.weights = [integer_weights(weights) for _, weights in phases]
         self.costs = [list(c) for c in costs]  # a source without elements: []
@@ -340,7 +341,7 @@ class CostSchedule:
         if block * self.BLOCK == len(self.table):  # position is the table's end, a block boundary
             return self.counts[source]
         n = len(self.costs)
-        return self.marks[block * n + source] + self.table[block * self.BLOCK:position].count(source)
+        return self.marks[block * n + source] + self.table[block * self.BLOCK : position].count(source)
 
     def _never(self, source: int) -> bool:
         """The source has no weight from the current (last) phase on."""
@@ -381,8 +382,9 @@ class CostSchedule:
             position += 1
 
 
-def make_schedule(phases: Sequence[tuple[int, Sequence[float]]],
-                  costs: Sequence[Sequence[float]] | None = None) -> Schedule | PhasedSchedule | CostSchedule:
+def make_schedule(
+    phases: Sequence[tuple[int, Sequence[float]]], costs: Sequence[Sequence[float]] | None = None
+) -> Schedule | PhasedSchedule | CostSchedule:
     """The schedule of ``phases`` (``[(0, weights)]`` for fixed weights), over
     ``costs`` if given (see the module doc)."""
     if costs is not None:

@@ -44,8 +44,17 @@ KEY = "distshard"  # the marker (and version) key of a slot or merged state
 MODES = ("element", "units", "sized_units")  # what the positions are
 LAYOUTS = ("stride", "blocks", "units", "chunks")  # how a run laid its positions out over slots
 
-__all__ = ["VERSION", "carry_base_after", "check_carry_load", "check_fits", "check_slot", "fresh_state",
-           "validate_state", "merge_states", "find_states"]
+__all__ = [
+    "VERSION",
+    "carry_base_after",
+    "check_carry_load",
+    "check_fits",
+    "check_slot",
+    "fresh_state",
+    "validate_state",
+    "merge_states",
+    "find_states",
+]
 
 FRESH_CARRY: tuple[list, int] = ([[0, None]], 0)  # the base of a carry pipe no state moved: epoch 0 at 0
 
@@ -58,10 +67,24 @@ def fresh_state(epoch: int, mode: str, even: Any, carry: tuple[list, int] | None
     else:  # a base opening a later epoch does not apply to this one
         base, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
     return {
-        KEY: VERSION, "epoch": epoch, "seed": None, "mode": mode, "even": even,
-        "layout": None, "shuffle": None, "length": None, "source": None, "multiple_of": 1, "workers": None,
-        "remaining": [list(pair) for pair in base], "total": None, "num_slots": None, "slot": None,
-        "taken": 0, "finished": False, "carry_from": first,
+        KEY: VERSION,
+        "epoch": epoch,
+        "seed": None,
+        "mode": mode,
+        "even": even,
+        "layout": None,
+        "shuffle": None,
+        "length": None,
+        "source": None,
+        "multiple_of": 1,
+        "workers": None,
+        "remaining": [list(pair) for pair in base],
+        "total": None,
+        "num_slots": None,
+        "slot": None,
+        "taken": 0,
+        "finished": False,
+        "carry_from": first,
     }
 
 
@@ -91,8 +114,9 @@ def validate_state(state: object) -> dict[str, Any]:
             "dist_shard's state_dict(), StatefulPipeline.state_dict() or merge_states() returned"
         )
     if state[KEY] != VERSION or isinstance(state[KEY], bool):
-        older = " (an older distshard's state records too little to check it against the data)" \
-            if state[KEY] == 1 else ""
+        older = (
+            " (an older distshard's state records too little to check it against the data)" if state[KEY] == 1 else ""
+        )
         raise _fail(f"version {state[KEY]!r} is not {VERSION}, the one this distshard reads{older}")
     missing = [k for k in fresh_state(0, "element", None) if k not in state]
     if missing:
@@ -126,7 +150,8 @@ def validate_state(state: object) -> dict[str, Any]:
         raise _fail(f"finished={state['finished']!r} must be True or False")
     remaining = state["remaining"]
     if not isinstance(remaining, list) or not all(
-        isinstance(pair, (list, tuple)) and len(pair) == 2
+        isinstance(pair, (list, tuple))
+        and len(pair) == 2
         and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in pair)
         and pair[0] is not None
         for pair in remaining
@@ -166,18 +191,30 @@ def _check_carry(state: Mapping, base: Remaining) -> None:
     if state["slot"] is not None and state["length"] is None:
         raise _fail("a carry slot state must record its epoch's length")
     if state["length"] is not None and base.intervals[-1][0] > (first + 1) * state["length"]:
-        raise _fail(f"remaining starts its open end at {base.intervals[-1][0]}, past the end of epoch {first}'s "
-                    f"stream ({(first + 1) * state['length']}): it was altered or comes from other data")
+        raise _fail(
+            f"remaining starts its open end at {base.intervals[-1][0]}, past the end of epoch {first}'s "
+            f"stream ({(first + 1) * state['length']}): it was altered or comes from other data"
+        )
 
 
-def check_fits(found: Mapping[str, Any], *, mode: str, shuffle: bool, even: Any, multiple_of: int,
-               seed: int | None, length: int | None = None, source: str | None = None,
-               what: str = "dist_shard") -> None:
+def check_fits(
+    found: Mapping[str, Any],
+    *,
+    mode: str,
+    shuffle: bool,
+    even: Any,
+    multiple_of: int,
+    seed: int | None,
+    length: int | None = None,
+    source: str | None = None,
+    what: str = "dist_shard",
+) -> None:
     """Raise ``ValueError`` if the validated state ``found`` does not come from a
     pipeline with these options (``length`` and ``source``, the reader's, when known).
 
     What a slot's state records of its own run (``even``, ``multiple_of``) is checked
     only for slot states: a merged state starts a new run with the loader's options."""
+
     def refuse(key: str, theirs: Any, ours: Any) -> ValueError:
         return ValueError(
             f"the state was saved with {key}={theirs!r} but this {what} has {key}={ours!r}: "
@@ -228,7 +265,7 @@ def _difference(theirs: str, ours: str) -> str:
     """Where two identities first differ, as `` (the state's seed=1, this pipeline's
     seed=2)``: identities are space-separated ``key=value`` parts (mixes record
     their seed, weights, phases and costs that way)."""
-    for a, b in zip(theirs.split(), ours.split()):
+    for a, b in zip(theirs.split(), ours.split(), strict=False):
         if a != b:
             return f" (the state's {a}, this pipeline's {b})"
     return ""
@@ -239,13 +276,17 @@ def check_slot(found: Mapping[str, Any], slot: int, num_slots: int, where: str) 
     this copy: rank and worker)."""
     if found["slot"] is not None and (found["slot"], found["num_slots"]) != (slot, num_slots):
         if found["num_slots"] == num_slots:  # same ranks and workers: another rank's (or worker's) state
-            fix = ("the run has the same ranks and workers, so this is another slot's own state: give every "
-                   "rank the state it saved (PyTorch Lightning 2.6 saves rank 0's loader state only and "
-                   "hands it to every rank: add the LoaderStatePerRank callback of docs/integrations.md), "
-                   "or merge the states of all slots with distshard.merge_states() and load that")
+            fix = (
+                "the run has the same ranks and workers, so this is another slot's own state: give every "
+                "rank the state it saved (PyTorch Lightning 2.6 saves rank 0's loader state only and "
+                "hands it to every rank: add the LoaderStatePerRank callback of docs/integrations.md), "
+                "or merge the states of all slots with distshard.merge_states() and load that"
+            )
         else:
-            fix = ("to resume with other ranks or workers, merge the states of all slots with "
-                   "distshard.merge_states() and load that")
+            fix = (
+                "to resume with other ranks or workers, merge the states of all slots with "
+                "distshard.merge_states() and load that"
+            )
         raise ValueError(
             f"the loaded state is slot {found['slot']} of {found['num_slots']}'s, but this copy is slot "
             f"{slot} of {num_slots} ({where}); {fix}"
@@ -297,11 +338,15 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     found = find_states(list(states))
     if not found:
         raise ValueError("merge_states found no distshard state in what was given")
-    common = {key: _agree(found, key, optional=key in ("seed", "total", "length", "source", "shuffle"))
-              for key in ("epoch", "mode", "remaining", "seed", "total", "length", "source", "shuffle")}
+    common = {
+        key: _agree(found, key, optional=key in ("seed", "total", "length", "source", "shuffle"))
+        for key in ("epoch", "mode", "remaining", "seed", "total", "length", "source", "shuffle")
+    }
     if len({s["even"] == CARRY for s in found}) > 1:
-        raise ValueError("some states come from a run with even='carry' and others not: they count positions "
-                         "differently (through the epochs or within one) and cannot be merged")
+        raise ValueError(
+            "some states come from a run with even='carry' and others not: they count positions "
+            "differently (through the epochs or within one) and cannot be merged"
+        )
     common["carry_from"] = _agree(found, "carry_from", False)
     sized = [s for s in found if s["slot"] is not None]
     blank = len(found) - len(sized)  # states of slots that consumed nothing yet (no slot known)
@@ -314,8 +359,7 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     workers = _agree(sized, "workers", True)
     num_slots = sized[0]["num_slots"]
     if any(s["num_slots"] != num_slots for s in sized):
-        raise ValueError(f"states come from runs with different slot counts: "
-                         f"{sorted({s['num_slots'] for s in sized})}")
+        raise ValueError(f"states come from runs with different slot counts: {sorted({s['num_slots'] for s in sized})}")
     by_slot: dict[int, dict] = {}
     for s in sized:
         if s["slot"] in by_slot:
@@ -329,15 +373,22 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         )
     if len(absent) < blank:
         raise ValueError(f"{len(found)} states for {num_slots} slots: some appear twice")
-    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=multiple,
-                  workers=None)
+    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=multiple, workers=None)
     if even == CARRY:
         if workers is None or num_slots % workers:
             raise _fail(f"workers={workers} does not divide num_slots={num_slots}")
         taken = [by_slot[slot]["taken"] if slot in by_slot else 0 for slot in range(num_slots)]
-        base, opens, finished = carry_left(Remaining((a, b) for a, b in common["remaining"]), common["carry_from"],
-                                           common["epoch"], common["length"], layout, taken,
-                                           num_slots // workers, workers, multiple)
+        base, opens, finished = carry_left(
+            Remaining((a, b) for a, b in common["remaining"]),
+            common["carry_from"],
+            common["epoch"],
+            common["length"],
+            layout,
+            taken,
+            num_slots // workers,
+            workers,
+            multiple,
+        )
         merged.update(remaining=base.to_list(), carry_from=opens, total=None, finished=finished)
         return merged
     if all(s["finished"] for s in by_slot.values()) and not absent:

@@ -53,9 +53,7 @@ class StatefulPipeline(IterableDataset):
             raise TypeError(f"StatefulPipeline wraps an IterDataPipe, got {type(pipeline).__name__}")
         shards = shards_in(pipeline)
         if len(shards) != 1:
-            raise ValueError(
-                f"StatefulPipeline needs exactly one dist_shard in the pipeline, found {len(shards)}"
-            )
+            raise ValueError(f"StatefulPipeline needs exactly one dist_shard in the pipeline, found {len(shards)}")
         self.pipeline = pipeline
         self.shard: DistShardIterDataPipe = shards[0]
 

@@ -41,12 +41,19 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import context as _context
 from .datapipe import shards_in
-from .keys import canonical, display, key
 from .guard import check_timeout
+from .keys import canonical, display, key
 from .plan import Even, check_even, dropped_count, padded_count
 
 __all__ = [
-    "FactoryPath", "RankOutcome", "VerifyReport", "canonical", "free_port", "key", "run_on_group", "verify",
+    "FactoryPath",
+    "RankOutcome",
+    "VerifyReport",
+    "canonical",
+    "free_port",
+    "key",
+    "run_on_group",
+    "verify",
 ]
 
 _AUTO = "auto"
@@ -124,8 +131,9 @@ def _send(results: Any, who: Any, call: Callable[[], Any]) -> None:
         results.put((who, value, None, False))
 
 
-def _group_main(rank: int, world_size: int, init_method: str, deadline: float,
-                fn: Callable[..., Any], args: tuple, results: Any) -> None:
+def _group_main(
+    rank: int, world_size: int, init_method: str, deadline: float, fn: Callable[..., Any], args: tuple, results: Any
+) -> None:
     import torch.distributed as dist
 
     _child_setup()
@@ -133,7 +141,10 @@ def _group_main(rank: int, world_size: int, init_method: str, deadline: float,
 
     def call() -> Any:
         dist.init_process_group(
-            "gloo", init_method=init_method, rank=rank, world_size=world_size,
+            "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
             timeout=timedelta(seconds=max(0.1, deadline - time.monotonic())),
         )
         return fn(rank, world_size, *args)
@@ -150,9 +161,16 @@ def _reference_main(build: Callable[[], IterDataPipe], epochs: int, num_slots: i
     _send(results, "reference", lambda: _reference(build, epochs, num_slots))
 
 
-def _run(start_method: str, world_size: int, fn: Callable[..., Any], args: tuple, deadline: float,
-         timeout: float, progress: Callable[[str], None] | None,
-         reference: tuple | None = None) -> dict[Any, tuple[Any, str | None]]:
+def _run(
+    start_method: str,
+    world_size: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    deadline: float,
+    timeout: float,
+    progress: Callable[[str], None] | None,
+    reference: tuple | None = None,
+) -> dict[Any, tuple[Any, str | None]]:
     """Start the ranks (and the reference run), collect ``{who: (value, error)}``
     until ``deadline``, and leave no process behind."""
     ctx: Any = mp.get_context(start_method)  # a context of start_method's kind (typeshed knows only the base)
@@ -181,8 +199,9 @@ def _run(start_method: str, world_size: int, fn: Callable[..., Any], args: tuple
     return got
 
 
-def _collect(procs: dict[Any, Any], results: Any, deadline: float, timeout: float,
-             progress: Callable[[str], None] | None) -> tuple[dict[Any, tuple[Any, str | None]], bool]:
+def _collect(
+    procs: dict[Any, Any], results: Any, deadline: float, timeout: float, progress: Callable[[str], None] | None
+) -> tuple[dict[Any, tuple[Any, str | None]], bool]:
     """``{who: (value, error)}`` as the processes report, and whether the run stopped
     at the factory's own failure (then the others are not waited for)."""
     got: dict[Any, tuple[Any, str | None]] = {}
@@ -344,8 +363,7 @@ class FactoryPath:
                 return
             found = importlib.machinery.PathFinder.find_spec(parts[depth], list(found.submodule_search_locations))
             if found is None:
-                raise ImportError(f"could not import {module_name!r}: No module named "
-                                  f"{'.'.join(parts[:depth + 1])!r}")
+                raise ImportError(f"could not import {module_name!r}: No module named {'.'.join(parts[: depth + 1])!r}")
 
     def load(self) -> Callable[[], IterDataPipe]:
         """Import the module and return the callable, with a clear error for every way it fails."""
@@ -374,9 +392,17 @@ class FactoryPath:
 _UNCLOSED: list = []  # a rank's iterators that failed, closed when the process exits
 
 
-def _verify_rank(rank: int, world_size: int, build: Callable[[], IterDataPipe],
-                 num_workers: int, start_method: str, deadline: float, epochs: int,
-                 loader: str, step_collective: bool | None) -> tuple[str | None, list]:
+def _verify_rank(
+    rank: int,
+    world_size: int,
+    build: Callable[[], IterDataPipe],
+    num_workers: int,
+    start_method: str,
+    deadline: float,
+    epochs: int,
+    loader: str,
+    step_collective: bool | None,
+) -> tuple[str | None, list]:
     """One rank of :func:`verify`: returns ``(error, [(epoch, slot, key), ...])``,
     keeping what was seen before an error. Every wait ends by ``deadline``."""
     import torch.distributed as dist
@@ -402,8 +428,7 @@ def _verify_rank(rank: int, world_size: int, build: Callable[[], IterDataPipe],
                 loader_cls = DataLoader
             kwargs: dict[str, Any] = {"batch_size": None, "num_workers": num_workers}
             if num_workers:
-                kwargs.update(multiprocessing_context=start_method,
-                              timeout=max(1.0, deadline - time.monotonic()))
+                kwargs.update(multiprocessing_context=start_method, timeout=max(1.0, deadline - time.monotonic()))
             data_loader = loader_cls(tagged, **kwargs)
             batches = lambda: iter(data_loader)  # noqa: E731
         grad = torch.zeros(4)
@@ -533,13 +558,20 @@ class VerifyReport:
             out.append(f"{self.duplicate_count} duplicates, where even={self.even!r} allows exactly {allowed}")
         allowed = self.allowed_missing * self.epochs
         if self.error is None and self.missing_count != allowed:
-            out.append(f"{self.missing_count} missing, where even={self.even!r} over {self.num_slots} slots "
-                       f"leaves out exactly {allowed}")
+            out.append(
+                f"{self.missing_count} missing, where even={self.even!r} over {self.num_slots} slots "
+                f"leaves out exactly {allowed}"
+            )
         if self.even is not None and not self.slots_equal and self.error is None:
-            own = "" if self.pipeline_even == self.even else \
-                f" (the pipeline's own dist_shard has even={self.pipeline_even!r})"
-            out.append(f"per-slot counts differ ({_counts(self.per_slot)}), where even={self.even!r} requires "
-                       f"every slot to yield the same{own}")
+            own = (
+                ""
+                if self.pipeline_even == self.even
+                else f" (the pipeline's own dist_shard has even={self.pipeline_even!r})"
+            )
+            out.append(
+                f"per-slot counts differ ({_counts(self.per_slot)}), where even={self.even!r} requires "
+                f"every slot to yield the same{own}"
+            )
         return out
 
     @property
@@ -653,9 +685,14 @@ def verify(
     report = VerifyReport(world_size, num_workers, checked, epochs)
 
     got = _run(
-        rank_start_method, world_size, _verify_rank,
+        rank_start_method,
+        world_size,
+        _verify_rank,
         (build, num_workers, start_method, deadline, epochs, loader, step_collective),
-        deadline, timeout, progress, reference=(build, epochs, report.num_slots),
+        deadline,
+        timeout,
+        progress,
+        reference=(build, epochs, report.num_slots),
     )
     blocks = []
     for who in ["reference", *range(world_size)]:
@@ -693,7 +730,7 @@ def verify(
         report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
         report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
         report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
-        pairs = list(zip(received, references))
+        pairs = list(zip(received, references, strict=False))
         if report.even == "carry":  # the epochs are one stream: compare everything, less the last tail
             unit, total = report.num_slots * multiple, per_epoch * epochs
             report.allowed_missing, report.carried = 0, total - unit * (total // unit)

@@ -43,14 +43,15 @@ with open(os.path.join(sys.argv[1], f"pid-{os.getpid()}"), "w") as _f:
 import json  # noqa: E402
 import traceback  # noqa: E402
 from datetime import timedelta  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 
 import distshard  # noqa: E402
-from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs  # noqa: E402
 
 N = 203
 BATCH = 4
@@ -87,8 +88,15 @@ def model_and_optimizer(accelerator):
 def refused(accelerator, loader) -> dict:
     """Prepare ``loader`` with ``accelerator`` and train on it: record what happens."""
     model, optimizer = model_and_optimizer(accelerator)
-    result = {"ids": [[]], "steps": [0], "error": None, "batches_before_error": 0,
-              "prepared": None, "len_error": None, "len_cause": None}
+    result: dict[str, Any] = {
+        "ids": [[]],
+        "steps": [0],
+        "error": None,
+        "batches_before_error": 0,
+        "prepared": None,
+        "len_error": None,
+        "len_cause": None,
+    }
     try:
         prepared = accelerator.prepare(loader)
         result["prepared"] = type(prepared).__name__
@@ -110,10 +118,10 @@ def refused(accelerator, loader) -> dict:
 
 
 def working(accelerator) -> dict:
-    model, optimizer = model_and_optimizer(accelerator)      # prepare these ...
+    model, optimizer = model_and_optimizer(accelerator)  # prepare these ...
     pipeline = batched()
     loader = DataLoader(pipeline, batch_size=None, num_workers=2)  # ... but not the DataLoader
-    result = {"ids": [], "steps": [], "error": None, "len": len(loader)}
+    result: dict[str, Any] = {"ids": [], "steps": [], "error": None, "len": len(loader)}
     for epoch in range(EPOCHS):
         distshard.set_epoch(pipeline, epoch)
         ids, steps = [], 0
@@ -137,10 +145,14 @@ def main() -> int:
             accelerator = Accelerator(cpu=True, kwargs_handlers=kwargs)
             result = refused(accelerator, DataLoader(batched(), batch_size=None, num_workers=2))
         elif case in ("prepare_no_dispatch", "prepare_no_dispatch_recipe"):
-            accelerator = Accelerator(cpu=True, kwargs_handlers=kwargs,
-                                      dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
-            loader = DataLoader(elements(), batch_size=BATCH, num_workers=2) if case == "prepare_no_dispatch" \
+            accelerator = Accelerator(
+                cpu=True, kwargs_handlers=kwargs, dataloader_config=DataLoaderConfiguration(dispatch_batches=False)
+            )
+            loader = (
+                DataLoader(elements(), batch_size=BATCH, num_workers=2)
+                if case == "prepare_no_dispatch"
                 else DataLoader(batched(), batch_size=None, num_workers=2)
+            )
             result = refused(accelerator, loader)
         elif case == "working":
             accelerator = Accelerator(cpu=True, kwargs_handlers=kwargs)
@@ -152,8 +164,11 @@ def main() -> int:
                 status = 3
         else:
             raise SystemExit(f"unknown case {case!r}")
-        result.update(rank=accelerator.process_index, world=accelerator.num_processes,
-                      distributed_type=str(accelerator.distributed_type))
+        result.update(
+            rank=accelerator.process_index,
+            world=accelerator.num_processes,
+            distributed_type=str(accelerator.distributed_type),
+        )
         with open(os.path.join(out, f"{case}-rank{accelerator.process_index}.json"), "w") as f:
             json.dump(result, f)
         if status:

@@ -44,16 +44,17 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+from typing import Any
 
+import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import distshard
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelCheckpoint
-from pytorch_lightning.strategies import DDPStrategy
 
 BATCH = 4
 
@@ -76,9 +77,13 @@ def train_pipeline(n: int, shard: str, seed: int | None):
 
 
 def val_pipeline(n: int, first: int):
-    return (IterableWrapper(range(first, first + n))
-            .dist_shard(even="drop", multiple_of=BATCH)
-            .map(to_tensor).batch(BATCH).collate())
+    return (
+        IterableWrapper(range(first, first + n))
+        .dist_shard(even="drop", multiple_of=BATCH)
+        .map(to_tensor)
+        .batch(BATCH)
+        .collate()
+    )
 
 
 class LoaderStatePerRank(pl.Callback):
@@ -121,20 +126,23 @@ class Tiny(pl.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         batches = self.trainer.num_training_batches
-        self.record({"kind": "epoch", "epoch": self.current_epoch,
-                     "num_training_batches": batches if batches != float("inf") else "inf"})
+        self.record(
+            {
+                "kind": "epoch",
+                "epoch": self.current_epoch,
+                "num_training_batches": batches if batches != float("inf") else "inf",
+            }
+        )
         if self.shard in ("multiple_of", "drop"):
             distshard.set_epoch(self.train_pipe, self.current_epoch)
 
     def training_step(self, batch, batch_idx):
-        self.record({"kind": "train", "epoch": self.current_epoch, "batch_idx": batch_idx,
-                     "ids": batch.tolist()})
+        self.record({"kind": "train", "epoch": self.current_epoch, "batch_idx": batch_idx, "ids": batch.tolist()})
         x = batch.float().unsqueeze(1) / 256
         return (self.layer(x) - x).pow(2).mean()
 
     def validation_step(self, batch, batch_idx):
-        self.record({"kind": "val", "epoch": self.current_epoch, "batch_idx": batch_idx,
-                     "ids": batch.tolist()})
+        self.record({"kind": "val", "epoch": self.current_epoch, "batch_idx": batch_idx, "ids": batch.tolist()})
         x = batch.float().unsqueeze(1) / 2048
         loss = (self.layer(x) - x).pow(2).mean()
         self.log("val_loss", loss, sync_dist=True)  # a collective at the end of validation
@@ -162,6 +170,7 @@ class Recorder:
     def watch(self, seconds: float) -> None:
         """Exit the process (status 4) once nothing was recorded for ``seconds`` after
         the first record (start-up, however slow, does not count)."""
+
         def loop() -> None:
             while not self.closed:
                 time.sleep(0.25)
@@ -186,7 +195,9 @@ def run_phase(config: dict, phase: dict) -> bool:
     workers = phase.get("workers", 0)
     shard = phase.get("shard", "multiple_of")
     pipe = train_pipeline(phase.get("n_train", config["n_train"]), shard, phase.get("seed"))
-    persistent = {"persistent_workers": True} if phase.get("persistent") else {}  # workers live across epochs
+    persistent: dict[str, Any] = (
+        {"persistent_workers": True} if phase.get("persistent") else {}
+    )  # workers live across epochs
     if phase.get("stateful"):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -196,42 +207,67 @@ def run_phase(config: dict, phase: dict) -> bool:
         train_loader = DataLoader(pipe, batch_size=None, num_workers=workers, **persistent)
     val_loader = None
     if phase.get("val", True):
-        val_loader = DataLoader(val_pipeline(config["n_val"], config["val_first"]),
-                                batch_size=None, num_workers=workers)
+        val_loader = DataLoader(
+            val_pipeline(config["n_val"], config["val_first"]), batch_size=None, num_workers=workers
+        )
 
     callbacks: list[pl.Callback] = []
     if phase.get("save_every"):
-        callbacks.append(ModelCheckpoint(dirpath=os.path.join(out, f"{phase['name']}-ckpt"),
-                                         filename="{step}", every_n_train_steps=phase["save_every"],
-                                         save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=os.path.join(out, f"{phase['name']}-ckpt"),
+                filename="{step}",
+                every_n_train_steps=phase["save_every"],
+                save_top_k=-1,
+            )
+        )
     if phase.get("recipe"):
         callbacks.append(LoaderStatePerRank())
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, max_epochs=phase.get("epochs", 2), max_steps=phase.get("max_steps", -1),
+        accelerator="cpu",
+        devices=2,
+        max_epochs=phase.get("epochs", 2),
+        max_steps=phase.get("max_steps", -1),
         # strategy="ddp" with a bound on every collective: a rank left waiting raises instead of hanging
         strategy=DDPStrategy(timeout=timedelta(seconds=config["ddp_timeout"])),
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=bool(phase.get("save_every")), num_sanity_val_steps=0,
-        limit_val_batches=1.0 if val_loader is not None else 0, callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(phase.get("save_every")),
+        num_sanity_val_steps=0,
+        limit_val_batches=1.0 if val_loader is not None else 0,
+        callbacks=callbacks,
     )
     if phase.get("stall_after"):
         record.watch(phase["stall_after"])
     error = None
     start = time.monotonic()
     try:
-        trainer.fit(Tiny(record, pipe, shard), train_dataloaders=train_loader,
-                    val_dataloaders=val_loader, ckpt_path=phase.get("resume"))
+        trainer.fit(
+            Tiny(record, pipe, shard),
+            train_dataloaders=train_loader,
+            val_dataloaders=val_loader,
+            ckpt_path=phase.get("resume"),
+        )
     except Exception as exc:  # recorded for the test; the script stops after this phase
         error = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
     try:
-        length = len(train_loader)
+        length: int | str = len(train_loader)
     except TypeError as exc:  # torch's DataLoader wraps the pipe's TypeError: keep its cause
         length = f"TypeError: {exc}" + (f" <- {exc.__cause__}" if exc.__cause__ else "")
     batches = trainer.num_training_batches
-    record({"kind": "end", "rank": trainer.global_rank, "global_step": trainer.global_step,
+    record(
+        {
+            "kind": "end",
+            "rank": trainer.global_rank,
+            "global_step": trainer.global_step,
             "num_training_batches": batches if batches != float("inf") else "inf",
-            "len": length, "error": error, "seconds": round(time.monotonic() - start, 2)})
+            "len": length,
+            "error": error,
+            "seconds": round(time.monotonic() - start, 2),
+        }
+    )
     record.close()
     return error is None
 

@@ -11,8 +11,9 @@ from .base import RandomAccessReader, stable_digest
 
 __all__ = ["SequenceReader", "DEEPCOPY_WARNING", "ElementCopier"]
 
-DEEPCOPY_WARNING = ("The input iterable can not be deepcopied, please be aware of in-place "
-                    "modification would affect source data.")
+DEEPCOPY_WARNING = (
+    "The input iterable can not be deepcopied, please be aware of in-place modification would affect source data."
+)
 
 # types that copy.deepcopy returns as they are
 _ATOMIC = frozenset({type(None), bool, int, float, complex, str, bytes})

@@ -25,5 +25,7 @@ class StreamReader(Reader):
         return self._identity
 
     def describe(self) -> str:
-        return (f"stream: every slot walks {self.name} and keeps its own positions "
-                "(skipping in C, decoding only what it keeps)")
+        return (
+            f"stream: every slot walks {self.name} and keeps its own positions "
+            "(skipping in C, decoding only what it keeps)"
+        )

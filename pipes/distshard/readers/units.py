@@ -30,8 +30,15 @@ from .base import RandomAccessReader, Reader, stable_digest
 Expand = Callable[[Any], Any]
 Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]
 
-__all__ = ["SizedUnitsReader", "WholeFilesReader", "WholeUnitsReader", "check_sizes", "unit_sizes",
-           "iterate_whole_units", "iterate_sized_units"]
+__all__ = [
+    "SizedUnitsReader",
+    "WholeFilesReader",
+    "WholeUnitsReader",
+    "check_sizes",
+    "unit_sizes",
+    "iterate_whole_units",
+    "iterate_sized_units",
+]
 
 
 def _is_sequence(value: Any) -> bool:
@@ -180,7 +187,11 @@ def _runs(positions: Iterable[int]) -> Iterator[tuple[int, int]]:
 
 
 def iterate_sized_units(
-    units: list, sizes: list[int], expand: Expand, positions: Iterable[int], shuffled: bool,
+    units: list,
+    sizes: list[int],
+    expand: Expand,
+    positions: Iterable[int],
+    shuffled: bool,
 ) -> Iterator[Any]:
     """Unit mode with sizes: the elements at ``positions`` of the global element
     index space (the units' elements laid end to end).
@@ -245,8 +256,10 @@ class WholeUnitsReader(Reader):
         return self._identity
 
     def describe(self) -> str:
-        return ("units without sizes: whole units go to slots round by round; the leftover units "
-                "are split element-wise among a few slots")
+        return (
+            "units without sizes: whole units go to slots round by round; the leftover units "
+            "are split element-wise among a few slots"
+        )
 
     def select(self, slot: int, num_slots: int, skip: int) -> Iterator[Any]:
         return iterate_whole_units(self._open_units(), self.expand, slot, num_slots, skip)
@@ -259,14 +272,17 @@ class WholeFilesReader(WholeUnitsReader):
     and ``shuffle=True`` do not apply. ``skip`` resumes by streaming past what
     the slot yielded."""
 
-    def __init__(self, open_units: Callable[[], Iterable[Any]], expand: Expand, identity: str,
-                 description: str = "") -> None:
+    def __init__(
+        self, open_units: Callable[[], Iterable[Any]], expand: Expand, identity: str, description: str = ""
+    ) -> None:
         super().__init__(open_units, expand, identity)
         self.description = description
 
     def describe(self) -> str:
-        return self.description or ("whole units only: slot s streams units s, s + num_slots, ..., each read "
-                                    "once over the cluster (slot counts differ)")
+        return self.description or (
+            "whole units only: slot s streams units s, s + num_slots, ..., each read "
+            "once over the cluster (slot counts differ)"
+        )
 
     def select(self, slot: int, num_slots: int, skip: int) -> Iterator[Any]:
         def elements() -> Iterator[Any]:
@@ -295,11 +311,15 @@ class SizedUnitsReader(RandomAccessReader):
         return f"sized_units:{len(self.units)}:{self._total}:{stable_digest(self.units, self.sizes)}"
 
     def describe(self) -> str:
-        return (f"{len(self.units)} units with sizes ({self._total} elements): each slot reads a "
-                "contiguous block of the element space, touching only the units it covers")
+        return (
+            f"{len(self.units)} units with sizes ({self._total} elements): each slot reads a "
+            "contiguous block of the element space, touching only the units it covers"
+        )
 
-    shuffle_kind = ("units in a permuted order, each unit's elements in a permuted order: every slot "
-                    "expands each of its units about once")
+    shuffle_kind = (
+        "units in a permuted order, each unit's elements in a permuted order: every slot "
+        "expands each of its units about once"
+    )
 
     def order(self, seed: int) -> UnitOrder:
         return UnitOrder(self.sizes, seed)
@@ -309,7 +329,7 @@ class SizedUnitsReader(RandomAccessReader):
 
     def check_empty_units(self) -> None:
         """Check that units declared empty are (no slot's block reads them)."""
-        for unit, size in zip(self.units, self.sizes):
+        for unit, size in zip(self.units, self.sizes, strict=True):
             if size == 0:
                 for _ in _elements(self.expand, unit, 0, None, 0):
                     pass

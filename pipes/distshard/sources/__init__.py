@@ -98,8 +98,10 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
         url = shard.get("url") if isinstance(shard, Mapping) else None
         count = shard.get("nsamples") if isinstance(shard, Mapping) else None
         if not isinstance(url, str) or not url or isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"{where}: shardlist[{position}] needs a 'url' string and a non-negative "
-                             f"integer 'nsamples', got {shard!r}")
+            raise ValueError(
+                f"{where}: shardlist[{position}] needs a 'url' string and a non-negative "
+                f"integer 'nsamples', got {shard!r}"
+            )
         if base is not None and not is_remote(url) and not os.path.isabs(url):
             url = urljoin(base, url) if is_remote(base) else os.path.join(os.path.dirname(base), url)
         urls.append(url)
@@ -107,8 +109,9 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
     return urls, counts
 
 
-def _files(urls: UrlsArg | None, index: ShardIndex | None,
-           storage_options: StorageOptions) -> tuple[list[str], dict[str, int]]:
+def _files(
+    urls: UrlsArg | None, index: ShardIndex | None, storage_options: StorageOptions
+) -> tuple[list[str], dict[str, int]]:
     if index is None:
         if urls is None:
             raise TypeError("urls is required (a list of files, a glob or a brace pattern)")
@@ -129,8 +132,13 @@ def _files(urls: UrlsArg | None, index: ShardIndex | None,
     return files, counts
 
 
-def webdataset(urls: UrlsArg | None, *, index: ShardIndex | None = None, storage_options: StorageOptions = None,
-               read_options: ReadOptions | None = None) -> WebDatasetIterDataPipe:
+def webdataset(
+    urls: UrlsArg | None,
+    *,
+    index: ShardIndex | None = None,
+    storage_options: StorageOptions = None,
+    read_options: ReadOptions | None = None,
+) -> WebDatasetIterDataPipe:
     """WebDataset tar shards as an ``IterDataPipe`` of samples.
 
     Each sample is a dict ``{"__key__": key, "__url__": shard, "<ext>": bytes, ...}``
@@ -163,8 +171,9 @@ def webdataset(urls: UrlsArg | None, *, index: ShardIndex | None = None, storage
     return WebDatasetIterDataPipe(TarFormat(), files, counts, storage_options, read_options)
 
 
-def jsonl(urls: UrlsArg, *, storage_options: StorageOptions = None,
-          read_options: ReadOptions | None = None) -> JsonLinesIterDataPipe:
+def jsonl(
+    urls: UrlsArg, *, storage_options: StorageOptions = None, read_options: ReadOptions | None = None
+) -> JsonLinesIterDataPipe:
     """JSON-lines files as an ``IterDataPipe``: one parsed JSON value per non-blank line.
 
     Lines are UTF-8 (``\\n`` or ``\\r\\n``); a bad line raises ``ValueError``
@@ -176,12 +185,16 @@ def jsonl(urls: UrlsArg, *, storage_options: StorageOptions = None,
     Example:
         >>> dp = distshard.jsonl("corpus/part-*.jsonl").dist_shard(even="drop").map(tokenize)
     """
-    return JsonLinesIterDataPipe(JsonlFormat(), expand_urls(urls, storage_options), None, storage_options,
-                                 read_options)
+    return JsonLinesIterDataPipe(JsonlFormat(), expand_urls(urls, storage_options), None, storage_options, read_options)
 
 
-def parquet(urls: UrlsArg, columns: Sequence[str] | None = None, *, storage_options: StorageOptions = None,
-            read_options: ReadOptions | None = None) -> ParquetIterDataPipe:
+def parquet(
+    urls: UrlsArg,
+    columns: Sequence[str] | None = None,
+    *,
+    storage_options: StorageOptions = None,
+    read_options: ReadOptions | None = None,
+) -> ParquetIterDataPipe:
     """Parquet files as an ``IterDataPipe``: one dict per row.
 
     Needs ``pyarrow`` (``pip install distshard[parquet]``). ``columns`` selects
@@ -197,5 +210,6 @@ def parquet(urls: UrlsArg, columns: Sequence[str] | None = None, *, storage_opti
     from .parquet import require_pyarrow
 
     require_pyarrow()
-    return ParquetIterDataPipe(ParquetFormat(columns), expand_urls(urls, storage_options), None, storage_options,
-                               read_options)
+    return ParquetIterDataPipe(
+        ParquetFormat(columns), expand_urls(urls, storage_options), None, storage_options, read_options
+    )

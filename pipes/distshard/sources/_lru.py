@@ -22,8 +22,9 @@ class LRU(Generic[V]):
     """At most ``max_items`` entries and ``max_weight`` total weight; the least
     recently used go first, handed to ``on_evict`` (e.g. to close a file)."""
 
-    def __init__(self, max_items: int, max_weight: int | None = None,
-                 on_evict: Callable[[V], None] | None = None) -> None:
+    def __init__(
+        self, max_items: int, max_weight: int | None = None, on_evict: Callable[[V], None] | None = None
+    ) -> None:
         self.max_items = max_items
         self.max_weight = max_weight
         self.on_evict = on_evict
@@ -53,8 +54,7 @@ class LRU(Generic[V]):
             self._data[key] = (value, weight)
             self._weight += weight
             while len(self._data) > 1 and (
-                len(self._data) > self.max_items
-                or (self.max_weight is not None and self._weight > self.max_weight)
+                len(self._data) > self.max_items or (self.max_weight is not None and self._weight > self.max_weight)
             ):
                 _, (gone, gone_weight) = self._data.popitem(last=False)
                 self._weight -= gone_weight

@@ -108,8 +108,13 @@ class SourceSequence(Sequence):
     index), before any of its samples is yielded.
     """
 
-    def __init__(self, fmt: Format, files: list[tuple[FileRef, int]], access: FileAccess = DEFAULT_FILE_ACCESS,
-                 declared: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        fmt: Format,
+        files: list[tuple[FileRef, int]],
+        access: FileAccess = DEFAULT_FILE_ACCESS,
+        declared: Iterable[int] = (),
+    ) -> None:
         self.fmt = fmt
         self.access = access
         self.refs = tuple(ref for ref, _ in files)
@@ -132,10 +137,12 @@ class SourceSequence(Sequence):
     distshard_blocks = True
 
     #: what ``shuffle=True`` does (see :meth:`distshard_order`), for ``explain()``
-    distshard_shuffle_kind = ("files in a permuted order, each file's windows (runs of samples of about "
-                              "ReadOptions.window bytes; Parquet row groups) in a permuted order, each "
-                              "window's samples in a seeded order: every slot reads the files it touches in "
-                              "big ranges and never another slot's bytes")
+    distshard_shuffle_kind = (
+        "files in a permuted order, each file's windows (runs of samples of about "
+        "ReadOptions.window bytes; Parquet row groups) in a permuted order, each "
+        "window's samples in a seeded order: every slot reads the files it touches in "
+        "big ranges and never another slot's bytes"
+    )
 
     def distshard_identity(self) -> str:
         """What a checkpoint records of this data: format, files and their counts,
@@ -143,9 +150,11 @@ class SourceSequence(Sequence):
         changed file changes its count or is refused when read)."""
         from ..readers.base import stable_digest
 
-        return (f"{self.fmt.name}:{len(self.refs)} files:{self._total}:"
-                f"{stable_digest([ref.url for ref in self.refs], list(self.counts))}:"
-                f"order=files/{self.access.options.token()}/{getattr(self.fmt, 'window_order', 'expand')}")
+        return (
+            f"{self.fmt.name}:{len(self.refs)} files:{self._total}:"
+            f"{stable_digest([ref.url for ref in self.refs], list(self.counts))}:"
+            f"order=files/{self.access.options.token()}/{getattr(self.fmt, 'window_order', 'expand')}"
+        )
 
     def __len__(self) -> int:
         return self._total
@@ -159,7 +168,7 @@ class SourceSequence(Sequence):
         f = bisect.bisect_right(self._starts, i) - 1
         return f, i - self._starts[f]
 
-    def __getitem__(self, i: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, i: Any) -> Any:
         """One sample, read on its own (``dist_shard`` reads many at once
         through :meth:`distshard_read`)."""
         if isinstance(i, slice):
@@ -249,13 +258,16 @@ class SourceSequence(Sequence):
             arrays = index.arrays
             if "first" in arrays and "length" in arrays:  # tar: sample i is members first[i] .. first[i + 1]
                 first, lengths = arrays["first"], arrays["length"]
-                out.extend(sum(lengths[first[i]:first[i + 1]]) for i in range(index.count))
+                out.extend(sum(lengths[first[i] : first[i + 1]]) for i in range(index.count))
             elif "length" in arrays:  # JSON lines: one line a sample
                 out.extend(arrays["length"])
             else:
-                raise ValueError(f"{ref.url}: a {self.fmt.name} index has no stored bytes per sample; "
-                                 "give per-sample costs instead of cost='bytes'")
+                raise ValueError(
+                    f"{ref.url}: a {self.fmt.name} index has no stored bytes per sample; "
+                    "give per-sample costs instead of cost='bytes'"
+                )
         return out
+
     def _forked(self) -> None:
         """In a child made by fork: handles and indexes of its own."""
         self._open, self._known, self._pid = {}, {}, os.getpid()
@@ -293,10 +305,14 @@ class SourceSequence(Sequence):
 
 def count_error(url: str, real: int, expected: int, declared: bool) -> ValueError:
     if declared:
-        return ValueError(f"{url} holds {real} samples but the shard index given as index= says nsamples="
-                          f"{expected}: fix its nsamples (or drop index= to count the file)")
-    return ValueError(f"{url} holds {real} samples but {expected} were counted when the source was built: "
-                      "the file changed; build the source again")
+        return ValueError(
+            f"{url} holds {real} samples but the shard index given as index= says nsamples="
+            f"{expected}: fix its nsamples (or drop index= to count the file)"
+        )
+    return ValueError(
+        f"{url} holds {real} samples but {expected} were counted when the source was built: "
+        "the file changed; build the source again"
+    )
 
 
 class FileSourceIterDataPipe(IterDataPipe):
@@ -316,14 +332,18 @@ class FileSourceIterDataPipe(IterDataPipe):
             (:class:`distshard.sources.ReadOptions`).
     """
 
-    def __init__(self, fmt: Format, urls: list[str], counts: dict[str, int] | None = None,
-                 storage_options: Mapping[str, Any] | None = None,
-                 read_options: ReadOptions | None = None) -> None:
+    def __init__(
+        self,
+        fmt: Format,
+        urls: list[str],
+        counts: dict[str, int] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        read_options: ReadOptions | None = None,
+    ) -> None:
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}")
         if read_options is not None and not isinstance(read_options, ReadOptions):
-            raise TypeError(f"read_options must be a distshard.sources.ReadOptions, got "
-                            f"{type(read_options).__name__}")
+            raise TypeError(f"read_options must be a distshard.sources.ReadOptions, got {type(read_options).__name__}")
         self.fmt = fmt
         self.urls = list(urls)
         self.declared = dict(counts or {})
@@ -361,10 +381,23 @@ class FileSourceIterDataPipe(IterDataPipe):
         if self._summary is None:
             declared = {key_of(url): n for url, n in self.declared.items()}
             todo = [url for url in self.urls if key_of(url) not in declared]
-            found = dict(zip(todo, summarize_files(self.fmt.name, todo, partial(_build, self.fmt, self.access),
-                                                   collective, identify=partial(file_identity, access=self.access))))
-            self._summary = [found.get(url) or (self._declared_ref(url, declared[key_of(url)]), declared[key_of(url)])
-                             for url in self.urls]
+            found = dict(
+                zip(
+                    todo,
+                    summarize_files(
+                        self.fmt.name,
+                        todo,
+                        partial(_build, self.fmt, self.access),
+                        collective,
+                        identify=partial(file_identity, access=self.access),
+                    ),
+                    strict=True,
+                )
+            )
+            self._summary = [
+                found.get(url) or (self._declared_ref(url, declared[key_of(url)]), declared[key_of(url)])
+                for url in self.urls
+            ]
         return self._summary
 
     def _declared_ref(self, url: str, count: int) -> FileRef:
@@ -403,8 +436,9 @@ class FileSourceIterDataPipe(IterDataPipe):
         if self._sequence is None:
             summary = self.prepare()
             declared = {key_of(url) for url in self.declared}
-            self._sequence = SourceSequence(self.fmt, summary, self.access,
-                                            [f for f, url in enumerate(self.urls) if key_of(url) in declared])
+            self._sequence = SourceSequence(
+                self.fmt, summary, self.access, [f for f, url in enumerate(self.urls) if key_of(url) in declared]
+            )
         return self._sequence
 
     def __distshard_units__(self) -> tuple[list[str], Callable[[str], Iterator[Any]]]:
@@ -419,13 +453,14 @@ class FileSourceIterDataPipe(IterDataPipe):
         if self._summary is not None:
             text += f", {sum(c for _, c in self._summary):,} samples"
         if self.random_access:
-            return f"{text}, {self.fmt.access}, read ahead in ranges of up to " \
-                   f"{self.access.options.max_range >> 20} MiB"
+            return f"{text}, {self.fmt.access}, read ahead in ranges of up to {self.access.options.max_range >> 20} MiB"
         compressed = sum(1 for url in self.urls if self.fmt.compression(url))
         which = "" if compressed == n else f" ({compressed} of {n} files compressed)"
-        return (f"{text}, whole-file streaming (compressed){which}: no random access, so each file goes whole "
-                "to one slot (file k to slot k mod num_slots) and is decompressed once; slot counts differ; "
-                "even= and shuffle=True are refused")
+        return (
+            f"{text}, whole-file streaming (compressed){which}: no random access, so each file goes whole "
+            "to one slot (file k to slot k mod num_slots) and is decompressed once; slot counts differ; "
+            "even= and shuffle=True are refused"
+        )
 
     def __repr__(self) -> str:
         first = self.urls[0] if self.urls else ""

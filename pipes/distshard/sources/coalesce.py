@@ -51,8 +51,12 @@ def find_live(live: Sequence[Range], start: int, stop: int, starts: Sequence[int
     return None
 
 
-def coalesce(spans: Iterable[tuple[int, int, int]], max_range: int, max_gap: int,
-             live: Mapping[int, Sequence[Range]] | None = None) -> list[Range]:
+def coalesce(
+    spans: Iterable[tuple[int, int, int]],
+    max_range: int,
+    max_gap: int,
+    live: Mapping[int, Sequence[Range]] | None = None,
+) -> list[Range]:
     """The ranges to fetch for ``spans`` (``(file, start, stop)``, in any order,
     duplicates allowed), sorted by ``(file, start)``.
 
@@ -89,8 +93,9 @@ def coalesce(spans: Iterable[tuple[int, int, int]], max_range: int, max_gap: int
                 gap = start - current[1]
                 merged = max(stop, current[1]) - current[0]
                 overlapping = gap < 0
-                if overlapping or (gap <= max_gap and merged <= max_range
-                                   and not _live_between(fetched, starts, current[1], start)):
+                if overlapping or (
+                    gap <= max_gap and merged <= max_range and not _live_between(fetched, starts, current[1], start)
+                ):
                     current[1] = max(current[1], stop)
                     continue
                 out.append(Range(file, current[0], current[1]))

@@ -127,8 +127,7 @@ class ReadAhead:
     #: the most requests pulled ahead of delivery (each costs a small tuple)
     MAX_PENDING = 1 << 16
 
-    def __init__(self, options: ReadOptions, open: Callable[[int], Opened],
-                 gaps: Sequence[int] | None = None) -> None:
+    def __init__(self, options: ReadOptions, open: Callable[[int], Opened], gaps: Sequence[int] | None = None) -> None:
         self.options = options
         self.open = open
         self.gaps = gaps
@@ -137,7 +136,7 @@ class ReadAhead:
     def run(self, requests: Iterable[Request]) -> Iterator[tuple[Any, list[memoryview]]]:
         """``(payload, [bytes of each span])`` for every request, in order."""
         source = iter(requests)
-        pending: deque[tuple[Request, list[tuple[_Held, int, int]]]] = deque()
+        pending: deque[tuple[Request, list[tuple[_Held | None, int, int]]]] = deque()  # None: an empty span
         live: dict[int, list[_Held]] = {}
         starts: dict[int, list[int]] = {}
         held = 0
@@ -160,8 +159,11 @@ class ReadAhead:
             nonlocal held, exhausted
             batch: list[Request] = []
             new = 0
-            while not exhausted and (not batch or (new < self.batch and held + new < options.budget)) \
-                    and len(pending) + len(batch) < self.MAX_PENDING:
+            while (
+                not exhausted
+                and (not batch or (new < self.batch and held + new < options.budget))
+                and len(pending) + len(batch) < self.MAX_PENDING
+            ):
                 try:
                     request = next(source)
                 except StopIteration:
@@ -182,8 +184,14 @@ class ReadAhead:
                         by_gap.setdefault(gap, []).append((request.file, start, stop))
             ranges: list[Range] = []
             for gap, spans in by_gap.items():
-                ranges.extend(coalesce(spans, options.max_range, gap,
-                                       {f: [h.range for h in live[f]] for f in {s[0] for s in spans} if f in live}))
+                ranges.extend(
+                    coalesce(
+                        spans,
+                        options.max_range,
+                        gap,
+                        {f: [h.range for h in live[f]] for f in {s[0] for s in spans} if f in live},
+                    )
+                )
             for rng in sorted(ranges, key=_first_use(batch)):
                 item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop))
                 at = bisect.bisect_left(starts.setdefault(rng.file, []), rng.start)
@@ -196,16 +204,16 @@ class ReadAhead:
                     STATS.held += rng.size
                     STATS.peak_held = max(STATS.peak_held, STATS.held)
             for request in batch:
-                uses = []
+                uses: list[tuple[_Held | None, int, int]] = []
                 for start, stop in request.spans:
                     if stop <= start:
                         uses.append((None, 0, 0))
                         continue
-                    item = self._live(live, starts, request.file, start, stop)
-                    assert item is not None, (request.file, start, stop)
-                    item.users += 1
-                    uses.append((item, start - item.range.start, stop - item.range.start))
-                pending.append((request, uses))  # type: ignore[arg-type]
+                    found = self._live(live, starts, request.file, start, stop)
+                    assert found is not None, (request.file, start, stop)
+                    found.users += 1
+                    uses.append((found, start - found.range.start, stop - found.range.start))
+                pending.append((request, uses))
 
         try:
             while True:
@@ -222,8 +230,12 @@ class ReadAhead:
                     for item, _, _ in uses:
                         if item is not None:
                             release(item)
-                while not exhausted and held < options.budget and len(pending) < self.MAX_PENDING and (
-                        len(pending) < 2 or held + self.batch <= options.budget):
+                while (
+                    not exhausted
+                    and held < options.budget
+                    and len(pending) < self.MAX_PENDING
+                    and (len(pending) < 2 or held + self.batch <= options.budget)
+                ):
                     before = len(pending)
                     plan()
                     if len(pending) == before:
@@ -237,8 +249,9 @@ class ReadAhead:
                 STATS.held -= held
 
     @staticmethod
-    def _live(live: dict[int, list[_Held]], starts: dict[int, list[int]], file: int, start: int,
-              stop: int) -> _Held | None:
+    def _live(
+        live: dict[int, list[_Held]], starts: dict[int, list[int]], file: int, start: int, stop: int
+    ) -> _Held | None:
         items = live.get(file)
         if not items:
             return None

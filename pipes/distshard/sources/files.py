@@ -35,11 +35,29 @@ from typing import Any, BinaryIO, Mapping
 from .options import ReadOptions
 from .urls import is_remote
 
-__all__ = ["FileAccess", "FileRef", "compression_of", "file_identity", "key_of", "open_random", "open_scan",
-           "open_stream"]
+__all__ = [
+    "FileAccess",
+    "FileRef",
+    "compression_of",
+    "file_identity",
+    "key_of",
+    "open_random",
+    "open_scan",
+    "open_stream",
+]
 
-_COMPRESSIONS = {".gz": "gzip", ".tgz": "gzip", ".bz2": "bz2", ".tbz2": "bz2", ".tbz": "bz2",
-                 ".xz": "xz", ".txz": "xz", ".zst": "zstd", ".zstd": "zstd", ".tzst": "zstd"}
+_COMPRESSIONS = {
+    ".gz": "gzip",
+    ".tgz": "gzip",
+    ".bz2": "bz2",
+    ".tbz2": "bz2",
+    ".tbz": "bz2",
+    ".xz": "xz",
+    ".txz": "xz",
+    ".zst": "zstd",
+    ".zstd": "zstd",
+    ".tzst": "zstd",
+}
 _MAGICS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 STREAM_BUFFER = 1 << 20
 
@@ -81,7 +99,7 @@ def key_of(url: str) -> str:
 
 
 def local_path(url: str) -> str:
-    path = url[len("file://"):] if url.startswith("file://") else url
+    path = url[len("file://") :] if url.startswith("file://") else url
     return os.path.expanduser(path)
 
 
@@ -195,8 +213,7 @@ class RemoteRandomFile:
 
     def submit(self, start: int, stop: int) -> Any:
         """A future-like object (``result()``, ``cancel()``) of the bytes."""
-        return self.client.submit_range(self.ref.url, start, stop, self.ref.size, self.ref.stamp,
-                                        self.access.options)
+        return self.client.submit_range(self.ref.url, start, stop, self.ref.size, self.ref.stamp, self.access.options)
 
     def close(self) -> None:
         pass
@@ -278,7 +295,7 @@ class ScanFile(io.RawIOBase):
             if not (self.buffer_at <= self.pos < self.buffer_at + len(self.buffer)):
                 self._fill(end)
             start = self.pos - self.buffer_at
-            piece = self.buffer[start:start + (end - self.pos)]
+            piece = self.buffer[start : start + (end - self.pos)]
             out.append(piece)
             self.pos += len(piece)
         return b"".join(out)
@@ -346,7 +363,7 @@ def _decompressed(raw: BinaryIO, compression: str, url: str) -> BinaryIO:
         import zstandard
     except ImportError:
         raise ImportError(f"{url} is zstd-compressed: reading it needs `pip install zstandard`") from None
-    return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[return-value]
+    return zstandard.ZstdDecompressor().stream_reader(raw)
 
 
 class StreamFile:
@@ -406,7 +423,7 @@ def open_stream(url: str, compression: str | None = None, access: FileAccess = D
     if compression is None:
         return StreamFile(raw)
     try:
-        inner = io.BufferedReader(_decompressed(raw, compression, url), STREAM_BUFFER)  # type: ignore[arg-type]
+        inner = io.BufferedReader(_decompressed(raw, compression, url), STREAM_BUFFER)  # type: ignore[type-var]  # a raw stream
     except BaseException:
         raw.close()
         raise

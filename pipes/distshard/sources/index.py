@@ -116,14 +116,25 @@ def dumps(index: FileIndex) -> bytes:
     names = sorted(index.arrays)
     body = b"".join(index.arrays[n].tobytes() for n in names)
     body += json.dumps({k: index.strings[k] for k in sorted(index.strings)}, ensure_ascii=False).encode(
-        "utf-8", "surrogatepass")
+        "utf-8", "surrogatepass"
+    )
     packed = zlib.compress(body, 6)
-    header = json.dumps({
-        "version": VERSION, "format": index.format, "key": index.key, "size": index.size,
-        "stamp": index.stamp, "count": index.count, "meta": index.meta, "byteorder": sys.byteorder,
-        "arrays": [[n, index.arrays[n].typecode, len(index.arrays[n])] for n in names],
-        "body_len": len(packed), "body_digest": hashlib.blake2b(packed, digest_size=16).hexdigest(),
-    }, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    header = json.dumps(
+        {
+            "version": VERSION,
+            "format": index.format,
+            "key": index.key,
+            "size": index.size,
+            "stamp": index.stamp,
+            "count": index.count,
+            "meta": index.meta,
+            "byteorder": sys.byteorder,
+            "arrays": [[n, index.arrays[n].typecode, len(index.arrays[n])] for n in names],
+            "body_len": len(packed),
+            "body_digest": hashlib.blake2b(packed, digest_size=16).hexdigest(),
+        },
+        ensure_ascii=False,
+    ).encode("utf-8", "surrogatepass")
     return MAGIC + _PREFIX.pack(len(header), zlib.crc32(header)) + header + packed
 
 
@@ -133,15 +144,21 @@ def _header(data: bytes, fmt: str, ref: FileRef) -> tuple[dict[str, Any], int] |
     if len(data) < start or not data.startswith(MAGIC):
         return None
     length, crc = _PREFIX.unpack_from(data, len(MAGIC))
-    raw = data[start:start + length]
+    raw = data[start : start + length]
     if len(raw) != length or zlib.crc32(raw) != crc:
         return None
     try:
         header = json.loads(raw.decode("utf-8", "surrogatepass"))
     except ValueError:
         return None
-    expected = {"version": VERSION, "format": fmt, "key": key_of(ref.url), "size": ref.size, "stamp": ref.stamp,
-                "byteorder": sys.byteorder}
+    expected = {
+        "version": VERSION,
+        "format": fmt,
+        "key": key_of(ref.url),
+        "size": ref.size,
+        "stamp": ref.stamp,
+        "byteorder": sys.byteorder,
+    }
     if not isinstance(header, dict) or any(header.get(k) != v for k, v in expected.items()):
         return None
     if not isinstance(header.get("count"), int) or header["count"] < 0:
@@ -155,13 +172,21 @@ def loads(data: bytes, fmt: str, ref: FileRef, header_only: bool = False) -> Fil
     if found is None:
         return None
     header, offset = found
-    index = FileIndex(fmt, header["key"], header["size"], header["stamp"], header["count"],
-                      meta=dict(header.get("meta") or {}), complete=not header_only)
+    index = FileIndex(
+        fmt,
+        header["key"],
+        header["size"],
+        header["stamp"],
+        header["count"],
+        meta=dict(header.get("meta") or {}),
+        complete=not header_only,
+    )
     if header_only:
         return index
     packed = data[offset:]
-    if len(packed) != header.get("body_len") or hashlib.blake2b(
-            packed, digest_size=16).hexdigest() != header.get("body_digest"):
+    if len(packed) != header.get("body_len") or hashlib.blake2b(packed, digest_size=16).hexdigest() != header.get(
+        "body_digest"
+    ):
         return None
     try:
         body = zlib.decompress(packed)
@@ -249,8 +274,9 @@ def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
 Builder = Callable[[FileRef], FileIndex]
 
 
-def obtain(fmt: str, ref: FileRef, build: Builder, header_only: bool = False,
-           wait: bool = True) -> tuple[FileIndex | None, bytes | None]:
+def obtain(
+    fmt: str, ref: FileRef, build: Builder, header_only: bool = False, wait: bool = True
+) -> tuple[FileIndex | None, bytes | None]:
     """``ref``'s index from the cache, or built (once: under the file's lock) and
     cached. Returns the index and, when it was built here, its cache entry;
     ``(None, None)`` if ``wait=False`` and another builder holds the lock."""
@@ -300,8 +326,9 @@ def _threads(urls: list[str]) -> int:
     return min(len(urls), 16 if any(is_remote(u) for u in urls) else 1) or 1
 
 
-def _summarize(fmt: str, urls: list[str], build: Builder, identify: Callable[[str], tuple[int, str]],
-               start: int = 0) -> list[tuple[FileRef, int, bytes | None]]:
+def _summarize(
+    fmt: str, urls: list[str], build: Builder, identify: Callable[[str], tuple[int, str]], start: int = 0
+) -> list[tuple[FileRef, int, bytes | None]]:
     """``(ref, count, entry built here)`` per url, in order (remote files by
     several threads at once); files another builder is indexing are left for
     last (see the module docstring). ``start`` rotates where this builder begins."""
@@ -333,7 +360,7 @@ def _summarize(fmt: str, urls: list[str], build: Builder, identify: Callable[[st
     else:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="distshard-index") as pool:
             list(pool.map(identified, order))
-            busy = [k for k, done in zip(order, pool.map(lambda k: attempt(k, False), order)) if not done]
+            busy = [k for k, done in zip(order, pool.map(lambda k: attempt(k, False), order), strict=True) if not done]
             list(pool.map(lambda k: attempt(k, True), busy))
     assert all(item is not None for item in out)
     return out  # type: ignore[return-value]
@@ -350,13 +377,24 @@ def _start_of(count: int) -> int:
     return info.id * count // max(1, info.num_workers)
 
 
-_ERRORS = {"FileNotFoundError": FileNotFoundError, "ValueError": ValueError, "ImportError": ImportError,
-           "PermissionError": PermissionError, "TypeError": TypeError, "RemoteReadError": OSError,
-           "OSError": OSError}
+_ERRORS = {
+    "FileNotFoundError": FileNotFoundError,
+    "ValueError": ValueError,
+    "ImportError": ImportError,
+    "PermissionError": PermissionError,
+    "TypeError": TypeError,
+    "RemoteReadError": OSError,
+    "OSError": OSError,
+}
 
 
-def summarize_files(fmt: str, urls: list[str], build: Builder, collective: bool = False,
-                    identify: Callable[[str], tuple[int, str]] = file_identity) -> list[tuple[FileRef, int]]:
+def summarize_files(
+    fmt: str,
+    urls: list[str],
+    build: Builder,
+    collective: bool = False,
+    identify: Callable[[str], tuple[int, str]] = file_identity,
+) -> list[tuple[FileRef, int]]:
     """``(ref with identity, sample count)`` for every url, in order.
 
     With ``collective`` (and this process a rank of an initialized
@@ -375,8 +413,9 @@ def summarize_files(fmt: str, urls: list[str], build: Builder, collective: bool 
     error: tuple[str, str] | None = None
     try:
         positions = list(range(rank, len(urls), world))
-        for position, (ref, count, built) in zip(positions, _summarize(fmt, [urls[p] for p in positions], build,
-                                                                       identify)):
+        for position, (ref, count, built) in zip(
+            positions, _summarize(fmt, [urls[p] for p in positions], build, identify), strict=True
+        ):
             if built is None:
                 built = _read_entry(cache_path(fmt, ref), header_only=False)
             mine.append((position, ref.url, ref.size, ref.stamp, count, built))

@@ -90,13 +90,14 @@ class JsonlFormat:
         starts, lengths = array("q"), array("q")
         raw = open_scan(ref, access)
         try:
-            for _, start, line in _lines(io.BufferedReader(raw, 1 << 20)):  # type: ignore[arg-type]
+            for _, start, line in _lines(io.BufferedReader(raw, 1 << 20)):
                 starts.append(start)
                 lengths.append(len(line))
         finally:
             raw.close()
-        return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, len(starts),
-                         arrays={"start": starts, "length": lengths})
+        return FileIndex(
+            self.name, key_of(ref.url), ref.size, ref.stamp, len(starts), arrays={"start": starts, "length": lengths}
+        )
 
     def spans(self, index: FileIndex, i: int) -> list[tuple[int, int]]:
         """Line ``i``: exactly its bytes."""

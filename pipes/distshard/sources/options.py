@@ -55,14 +55,18 @@ class ReadOptions:
             value = getattr(self, item.name)
             number = (int, float) if item.type in ("float", float) else (int,)
             if isinstance(value, bool) or not isinstance(value, number):
-                raise TypeError(f"ReadOptions({item.name}={value!r}) must be a{'' if number == (int,) else ' real'} "
-                                f"number{' of bytes' if item.name in _BYTES else ''}")
+                raise TypeError(
+                    f"ReadOptions({item.name}={value!r}) must be a{'' if number == (int,) else ' real'} "
+                    f"number{' of bytes' if item.name in _BYTES else ''}"
+                )
             low = 0 if item.name in ("retries", "max_gap", "retry_seconds") else 1
             if value < low or value != value:
                 raise ValueError(f"ReadOptions({item.name}={value!r}) must be at least {low}")
         if self.max_gap >= self.window:
-            raise ValueError(f"ReadOptions(max_gap={self.max_gap}) must be below window={self.window}: "
-                             "a larger gap would make a slot download the windows of other slots")
+            raise ValueError(
+                f"ReadOptions(max_gap={self.max_gap}) must be below window={self.window}: "
+                "a larger gap would make a slot download the windows of other slots"
+            )
 
     def token(self) -> str:
         """What of these options changes which position means which element (the

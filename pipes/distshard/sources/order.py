@@ -29,6 +29,7 @@ permutations are :class:`distshard.plan.Permutation` (O(1) each).
 from __future__ import annotations
 
 import bisect
+from itertools import pairwise
 from typing import Callable, Sequence
 
 from ..plan import Permutation, mix_seed
@@ -66,8 +67,9 @@ class FileOrder:
     bounds: sample indices ``[0, ..., counts[f]]``, increasing. ``within`` is
     ``"expand"`` (every first part of a window is one run) or ``"permute"``."""
 
-    def __init__(self, counts: Sequence[int], seed: int, windows: Callable[[int], Sequence[int]],
-                 within: str = "expand") -> None:
+    def __init__(
+        self, counts: Sequence[int], seed: int, windows: Callable[[int], Sequence[int]], within: str = "expand"
+    ) -> None:
         if within not in ("expand", "permute"):
             raise ValueError(f"within={within!r} must be 'expand' or 'permute'")
         self.counts = list(counts)
@@ -92,8 +94,12 @@ class FileOrder:
         """File ``f``'s windows in visit order and where each starts in it."""
         if self._file is None or self._file[0] != f:
             bounds = self.windows(f)
-            if len(bounds) < 1 or bounds[0] != 0 or bounds[-1] != self.counts[f] or any(
-                    b > a for a, b in zip(bounds[1:], bounds[:-1])):
+            if (
+                len(bounds) < 1
+                or bounds[0] != 0
+                or bounds[-1] != self.counts[f]
+                or any(b > a for b, a in pairwise(bounds))
+            ):
                 raise ValueError(f"file {f}'s windows {list(bounds)[:8]} do not cover its {self.counts[f]} samples")
             count = max(0, len(bounds) - 1)
             permuted = Permutation(count, mix_seed(self.seed, 2, f))

@@ -87,7 +87,7 @@ class _Chunks(io.RawIOBase):
         if at >= 0:
             start, data = self.pieces[at]
             if self.pos >= start and end <= start + len(data):
-                out = bytes(data[self.pos - start:end - start])
+                out = bytes(data[self.pos - start : end - start])
                 self.pos = end
                 return out
         out = self.fallback.read_at(self.pos, end - self.pos) if end > self.pos else b""
@@ -161,8 +161,9 @@ class ParquetFormat:
             scan.close()
         starts = array("q", [0])
         chunk_start, chunk_size = array("q"), array("q")
-        leaves = [meta.row_group(0).column(c).path_in_schema for c in range(meta.num_columns)] \
-            if meta.num_row_groups else []
+        leaves = (
+            [meta.row_group(0).column(c).path_in_schema for c in range(meta.num_columns)] if meta.num_row_groups else []
+        )
         for group in range(meta.num_row_groups):
             rg = meta.row_group(group)
             starts.append(starts[-1] + rg.num_rows)
@@ -171,10 +172,15 @@ class ParquetFormat:
                 begin = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
                 chunk_start.append(begin)
                 chunk_size.append(chunk.total_compressed_size)
-        return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, starts[-1],
-                         arrays={"starts": starts, "chunk_start": chunk_start, "chunk_size": chunk_size,
-                                 "footer": footer},
-                         strings={"columns": names, "leaves": leaves})
+        return FileIndex(
+            self.name,
+            key_of(ref.url),
+            ref.size,
+            ref.stamp,
+            starts[-1],
+            arrays={"starts": starts, "chunk_start": chunk_start, "chunk_size": chunk_size, "footer": footer},
+            strings={"columns": names, "leaves": leaves},
+        )
 
     # -- random access ------------------------------------------------------------------------
     def _leaves(self, index: FileIndex) -> list[int]:
@@ -185,8 +191,11 @@ class ParquetFormat:
             if self.columns is None:
                 found = list(range(len(leaves)))
             else:
-                found = [k for k, path in enumerate(leaves)
-                         if any(path == c or path.startswith(c + ".") for c in self.columns)]
+                found = [
+                    k
+                    for k, path in enumerate(leaves)
+                    if any(path == c or path.startswith(c + ".") for c in self.columns)
+                ]
             index.derived[("leaves", self.columns)] = found
         return found
 
@@ -198,8 +207,10 @@ class ParquetFormat:
         group = self._group(index, i)
         width = len(index.strings["leaves"])
         starts, sizes = index.arrays["chunk_start"], index.arrays["chunk_size"]
-        return [(starts[group * width + k], starts[group * width + k] + sizes[group * width + k])
-                for k in self._leaves(index)]
+        return [
+            (starts[group * width + k], starts[group * width + k] + sizes[group * width + k])
+            for k in self._leaves(index)
+        ]
 
     def parse(self, handle: Any, index: FileIndex, i: int, ref: FileRef, views: list[memoryview]) -> dict[str, Any]:
         """Row ``i``: its row group, decoded once per process while it stays in the LRU."""
@@ -210,7 +221,7 @@ class ParquetFormat:
         if rows is None:
             _check_columns(ref.url, index.strings["columns"], self.columns)
             pq = require_pyarrow()
-            pieces = [(start, view) for (start, _), view in zip(self.spans(index, i), views)]
+            pieces = [(start, view) for (start, _), view in zip(self.spans(index, i), views, strict=True)]
             file = pq.ParquetFile(_Chunks(index.size, pieces, handle), metadata=self._metadata(index, ref))
             columns = list(self.columns) if self.columns is not None else None
             rows = file.read_row_group(group, columns=columns).to_pylist()

@@ -68,7 +68,8 @@ def _missing(url: str) -> FileNotFoundError:
 def changed_error(url: str, what: str) -> ValueError:
     return ValueError(
         f"{url} changed after it was indexed ({what}); refusing to read it with a stale index: "
-        "build the source again (the index is rebuilt for the new file)")
+        "build the source again (the index is rebuilt for the new file)"
+    )
 
 
 def _import_fsspec(url: str) -> Any:
@@ -77,7 +78,8 @@ def _import_fsspec(url: str) -> Any:
     except ImportError:
         raise ImportError(
             f"reading the remote URL {url!r} needs fsspec: `pip install distshard[remote]` "
-            "(distshard[s3] for s3://; gcsfs for gs://)") from None
+            "(distshard[s3] for s3://; gcsfs for gs://)"
+        ) from None
     return fsspec
 
 
@@ -168,8 +170,19 @@ if hasattr(os, "register_at_fork"):
 # -- the client -----------------------------------------------------------------------------
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-_S3_RETRY_CODES = {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling",
-                   "ThrottlingException", "RequestTimeTooSkewed", "500", "502", "503", "504"}
+_S3_RETRY_CODES = {
+    "SlowDown",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeTooSkewed",
+    "500",
+    "502",
+    "503",
+    "504",
+}
 
 
 def _http_stamp(headers: Mapping[str, str]) -> str:
@@ -199,12 +212,19 @@ class Client:
         try:
             cls = fsspec.get_filesystem_class(protocol)
         except (ImportError, ValueError) as exc:
-            hint = {"s3": "distshard[s3] (s3fs)", "s3a": "distshard[s3] (s3fs)", "gs": "gcsfs", "gcs": "gcsfs",
-                    "http": "distshard[remote] (aiohttp)", "https": "distshard[remote] (aiohttp)"}.get(protocol)
+            hint = {
+                "s3": "distshard[s3] (s3fs)",
+                "s3a": "distshard[s3] (s3fs)",
+                "gs": "gcsfs",
+                "gcs": "gcsfs",
+                "http": "distshard[remote] (aiohttp)",
+                "https": "distshard[remote] (aiohttp)",
+            }.get(protocol)
             more = f": `pip install {hint}`" if hint else ""
             raise ImportError(f"reading {url!r} needs the fsspec filesystem for {protocol}://{more} ({exc})") from None
-        self.kind = "http" if cls.__name__ == "HTTPFileSystem" else "s3" if cls.__name__ == "S3FileSystem" \
-            else "generic"
+        self.kind = (
+            "http" if cls.__name__ == "HTTPFileSystem" else "s3" if cls.__name__ == "S3FileSystem" else "generic"
+        )
         self._cls = cls
         self._fs: Any = None
         self._checked: dict[str, tuple[int, str]] = {}  # generic stores: identity checked per process
@@ -253,13 +273,13 @@ class Client:
                     _check_status(url, r.status, "metadata")
                     size = r.headers.get("Content-Length")
                     if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-                        raise ValueError(f"{url}: the server does not report the file's size; random access "
-                                         "needs it")
+                        raise ValueError(f"{url}: the server does not report the file's size; random access needs it")
                     return int(size), _http_stamp(r.headers)
             headers["Range"] = "bytes=0-0"
             async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
                 match = _CONTENT_RANGE.match(r.headers.get("Content-Range", "")) or re.match(
-                    r"bytes \*/(\d+)", r.headers.get("Content-Range", ""))
+                    r"bytes \*/(\d+)", r.headers.get("Content-Range", "")
+                )
                 if r.status not in (206, 416) or match is None or not match.groups()[-1].isdigit():
                     _check_status(url, r.status, "metadata")
                     raise ValueError(f"{url}: the server reports no size (no Content-Range); random access needs it")
@@ -268,8 +288,9 @@ class Client:
         if self.kind == "s3":
             bucket, key, version = self.fs.split_path(self.path_of(url))
             s3 = await self._s3(bucket)
-            kw = self.fs._get_s3_method_kwargs(s3.head_object, Bucket=bucket, Key=key,
-                                               **({"VersionId": version} if version else {}))
+            kw = self.fs._get_s3_method_kwargs(
+                s3.head_object, Bucket=bucket, Key=key, **({"VersionId": version} if version else {})
+            )
             head = await _s3_call(url, "metadata", s3.head_object(**kw))
             return int(head["ContentLength"]), str(head.get("ETag") or head.get("VersionId") or "")
         info = await self._generic_info(url)
@@ -289,8 +310,9 @@ class Client:
         return await self.fs.get_s3(bucket)
 
     # -- range reads ----------------------------------------------------------------------------
-    def submit_range(self, url: str, start: int, stop: int, size: int | None, stamp: str | None,
-                     options: ReadOptions = _DEFAULT) -> "_Pending":
+    def submit_range(
+        self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions = _DEFAULT
+    ) -> "_Pending":
         """Bytes ``[start, stop)`` of ``url``, checked against ``(size, stamp)``
         (the indexed identity; ``None`` skips the check), retried; a future-like
         object (``result()``, ``cancel()``)."""
@@ -301,15 +323,17 @@ class Client:
             # (cancelled after an earlier error) must not make asyncio print its error
             try:
                 async with self._semaphore(options.concurrency):
-                    return True, await self._retrying(url, what, lambda: self._get(url, start, stop, size, stamp),
-                                                      options)
+                    return True, await self._retrying(
+                        url, what, lambda: self._get(url, start, stop, size, stamp), options
+                    )
             except Exception as exc:  # noqa: BLE001 - raised by _Pending.result
                 return False, exc
 
         return _Pending(self.submit(limited()))
 
-    def read_range(self, url: str, start: int, stop: int, size: int | None, stamp: str | None,
-                   options: ReadOptions = _DEFAULT) -> bytes:
+    def read_range(
+        self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions = _DEFAULT
+    ) -> bytes:
         return self.submit_range(url, start, stop, size, stamp, options).result()
 
     def _semaphore(self, limit: int) -> asyncio.Semaphore:
@@ -350,8 +374,10 @@ class Client:
             if r.status == 206:
                 _check_content_range(url, r.headers.get("Content-Range"), start, stop, size)
             elif not (r.status == 200 and start == 0 and size is not None and stop == size):
-                raise ValueError(f"{url}: asked for {what} and the server sent status {r.status} without "
-                                 "Content-Range: it does not serve range requests, which random access needs")
+                raise ValueError(
+                    f"{url}: asked for {what} and the server sent status {r.status} without "
+                    "Content-Range: it does not serve range requests, which random access needs"
+                )
             try:
                 data = await r.read()
             except Exception as exc:  # noqa: BLE001 - a cut body: the aiohttp error is retried below
@@ -366,8 +392,9 @@ class Client:
         if etag is not None:
             extra["IfMatch"] = etag
         what = f"bytes [{start}, {stop})"
-        kw = self.fs._get_s3_method_kwargs(s3.get_object, Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}",
-                                           **extra)
+        kw = self.fs._get_s3_method_kwargs(
+            s3.get_object, Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **extra
+        )
         response = await _s3_call(url, what, s3.get_object(**kw))
         body = response["Body"]
         try:
@@ -395,7 +422,8 @@ class Client:
                 data = await fs._cat_file(self.path_of(url), start=start, end=stop)
             else:
                 data = await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: fs.cat_file(self.path_of(url), start=start, end=stop))
+                    None, lambda: fs.cat_file(self.path_of(url), start=start, end=stop)
+                )
         except FileNotFoundError:
             raise _missing(url) from None
         except (ConnectionError, TimeoutError, asyncio.TimeoutError) as exc:
@@ -439,7 +467,8 @@ class Client:
         raise RemoteReadError(
             f"{url}: {what}: {len(failures)} attempt{'s' if len(failures) != 1 else ''} failed in "
             f"{time.monotonic() - started:.1f} s (retries={options.retries}, retry_seconds="
-            f"{options.retry_seconds:g}); last: {failures[-1] if failures else '?'}")
+            f"{options.retry_seconds:g}); last: {failures[-1] if failures else '?'}"
+        )
 
 
 class _Pending:
@@ -462,14 +491,30 @@ class _Pending:
 
 def _looks_transient(exc: BaseException) -> bool:
     names = {cls.__name__ for cls in type(exc).__mro__}
-    transient = {"ClientError", "ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError",
-                 "ClientOSError", "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
-                 "ConnectTimeoutError", "IncompleteReadError", "ResponseStreamingError", "HTTPClientError",
-                 "ConnectionError", "TimeoutError", "ProtocolError"}
+    transient = {
+        "ClientError",
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+        "HTTPClientError",
+        "ConnectionError",
+        "TimeoutError",
+        "ProtocolError",
+    }
     if "ClientResponseError" in names:
         return getattr(exc, "status", 0) in _RETRY_STATUS
-    return bool(names & transient) or isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError,
-                                                                                     PermissionError))
+    return (
+        bool(names & transient)
+        or isinstance(exc, OSError)
+        and not isinstance(exc, (FileNotFoundError, PermissionError))
+    )
 
 
 def _check_status(url: str, status: int, what: str) -> None:
@@ -478,8 +523,10 @@ def _check_status(url: str, status: int, what: str) -> None:
     if status == 404:
         raise _missing(url)
     if status in (401, 403):
-        raise PermissionError(f"{url}: access denied (HTTP {status}) reading {what}: check the credentials "
-                              "or headers given in storage_options")
+        raise PermissionError(
+            f"{url}: access denied (HTTP {status}) reading {what}: check the credentials "
+            "or headers given in storage_options"
+        )
     if status == 416:
         raise _Changed(f"the server says {what} is beyond the end of the file (HTTP 416)")
     if status in _RETRY_STATUS or status >= 500:
@@ -490,8 +537,10 @@ def _check_status(url: str, status: int, what: str) -> None:
 def _check_content_range(url: str, header: str | None, start: int, stop: int, size: int | None) -> None:
     match = _CONTENT_RANGE.match(header or "")
     if match is None:
-        raise ValueError(f"{url}: asked for bytes [{start}, {stop}) and the answer has no Content-Range "
-                         f"({header!r}): the server does not serve range requests")
+        raise ValueError(
+            f"{url}: asked for bytes [{start}, {stop}) and the answer has no Content-Range "
+            f"({header!r}): the server does not serve range requests"
+        )
     first, last, total = int(match.group(1)), int(match.group(2)), match.group(3)
     if size is not None and total != "*" and int(total) != size:
         raise _Changed(f"size {size} -> {total}")
@@ -519,8 +568,10 @@ async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:
         if code in ("NoSuchKey", "404", "NotFound") or status == 404:
             raise _missing(url) from None
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
-            raise PermissionError(f"{url}: access denied ({code}) reading {what}: check the credentials in "
-                                  "storage_options or the environment") from None
+            raise PermissionError(
+                f"{url}: access denied ({code}) reading {what}: check the credentials in "
+                "storage_options or the environment"
+            ) from None
         if code == "InvalidRange" or status == 416:
             raise _Changed(f"{what} is beyond the end of the object") from None
         if code in _S3_RETRY_CODES or status >= 500 or status == 429:
@@ -532,15 +583,28 @@ def _identity_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:
     size = info.get("size")
     if size is None:
         raise ValueError(f"{url}: the store does not report the file's size; random access needs it")
-    for name in ("ETag", "etag", "generation", "version_id", "VersionId", "mtime", "LastModified",
-                 "last_modified", "updated", "Last-Modified", "md5Hash", "Content-MD5"):
+    for name in (
+        "ETag",
+        "etag",
+        "generation",
+        "version_id",
+        "VersionId",
+        "mtime",
+        "LastModified",
+        "last_modified",
+        "updated",
+        "Last-Modified",
+        "md5Hash",
+        "Content-MD5",
+    ):
         if info.get(name):
             return int(size), str(info[name])
     return int(size), ""
 
 
-def remote_identity(url: str, storage_options: Mapping[str, Any] | None = None,
-                    options: ReadOptions = _DEFAULT) -> tuple[int, str]:
+def remote_identity(
+    url: str, storage_options: Mapping[str, Any] | None = None, options: ReadOptions = _DEFAULT
+) -> tuple[int, str]:
     """``(size, stamp)`` of a remote file: one metadata request."""
     return client_for(url, storage_options).identity(url, options)
 

@@ -29,7 +29,16 @@ import tarfile
 from array import array
 from typing import Any, Iterator, Sequence
 
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream, sniff_compression
+from .files import (
+    DEFAULT_FILE_ACCESS,
+    FileAccess,
+    FileRef,
+    compression_of,
+    key_of,
+    open_scan,
+    open_stream,
+    sniff_compression,
+)
 from .index import FileIndex, byte_windows
 from .remote import RemoteReadError
 
@@ -169,31 +178,37 @@ def walk(f: Any, url: str, file_size: int | None, seekable: bool, where: str = "
                 info = info._proc_member(state)
             else:
                 state.offset = info.offset_data + (-(-info.size // _BLOCK) * _BLOCK if info.isreg() else 0)
-        except tarfile.EOFHeaderError:
+        except tarfile.EOFHeaderError:  # type: ignore[attr-defined]  # tarfile's own, not in typeshed
             return  # a zero block: the end-of-archive marker
-        except tarfile.EmptyHeaderError:
+        except tarfile.EmptyHeaderError:  # type: ignore[attr-defined]
             if position == 0:
                 raise ValueError(f"{url}: empty file, not a tar archive") from None
             raise ValueError(
-                f"{url}: truncated tar: the data ends at byte {position}{where} without the "
-                "end-of-archive marker") from None
-        except tarfile.TruncatedHeaderError:
-            raise ValueError(f"{url}: truncated tar: incomplete member header at byte {position}{where}"
-                             f"{_compressed_hint(f, url, position)}") from None
+                f"{url}: truncated tar: the data ends at byte {position}{where} without the end-of-archive marker"
+            ) from None
+        except tarfile.TruncatedHeaderError:  # type: ignore[attr-defined]
+            raise ValueError(
+                f"{url}: truncated tar: incomplete member header at byte {position}{where}"
+                f"{_compressed_hint(f, url, position)}"
+            ) from None
         except tarfile.HeaderError as exc:
-            raise ValueError(f"{url}: not a valid tar header at byte {position}{where} ({exc})"
-                             f"{_compressed_hint(f, url, position)}") from None
+            raise ValueError(
+                f"{url}: not a valid tar header at byte {position}{where} ({exc}){_compressed_hint(f, url, position)}"
+            ) from None
         except RemoteReadError:
             raise
         except (OSError, EOFError) as exc:  # a corrupt compressed stream
             raise ValueError(f"{url}: cannot read the member header at byte {position}{where}: {exc}") from None
         if info.sparse is not None:
-            raise ValueError(f"{url}: member {info.name!r} at byte {info.offset}{where} is a sparse file, "
-                             "which tar shards of samples do not use; not supported")
+            raise ValueError(
+                f"{url}: member {info.name!r} at byte {info.offset}{where} is a sparse file, "
+                "which tar shards of samples do not use; not supported"
+            )
         if file_size is not None and info.isreg() and info.offset_data + info.size > file_size:
             raise ValueError(
                 f"{url}: truncated tar: member {info.name!r} (header at byte {info.offset}) needs bytes "
-                f"[{info.offset_data}, {info.offset_data + info.size}) but the file ends at byte {file_size}")
+                f"[{info.offset_data}, {info.offset_data + info.size}) but the file ends at byte {file_size}"
+            )
         yield info
 
 
@@ -230,7 +245,8 @@ def group(url: str, members: Iterator[tuple[str, Any, int, int]]) -> Iterator[tu
         if ext in seen:
             raise ValueError(
                 f"{url}: member {name!r} (header at byte {position}) repeats the extension {ext!r} "
-                f"in sample {key!r}; WebDataset rejects duplicate file names in a sample")
+                f"in sample {key!r}; WebDataset rejects duplicate file names in a sample"
+            )
         seen.add(ext)
         parts.append((ext, payload))
         bad = bad or (ext == "__bad__" and size > 0)
@@ -261,6 +277,7 @@ class TarFormat:
         compression = self.compression(url)
         where = " of the decompressed stream" if compression else ""
         with open_stream(url, compression, access) as f:
+
             def members() -> Iterator[tuple[str, bytes, int, int]]:
                 for info in walk(f, url, None, seekable=False, where=where):
                     if not kept(info):
@@ -270,12 +287,14 @@ class TarFormat:
                     except RemoteReadError:
                         raise
                     except (OSError, EOFError) as exc:
-                        raise ValueError(f"{url}: cannot read member {info.name!r} at byte "
-                                         f"{info.offset_data}{where}: {exc}") from None
+                        raise ValueError(
+                            f"{url}: cannot read member {info.name!r} at byte {info.offset_data}{where}: {exc}"
+                        ) from None
                     if len(data) != info.size:
                         raise ValueError(
                             f"{url}: truncated tar: member {info.name!r} (header at byte {info.offset}{where}) "
-                            f"has {len(data)} of its {info.size} bytes")
+                            f"has {len(data)} of its {info.size} bytes"
+                        )
                     yield info.name, data, info.size, info.offset
 
             for key, parts in group(url, members()):
@@ -294,8 +313,11 @@ class TarFormat:
         vocabulary: dict[str, int] = {}
         f = open_scan(ref, access)
         try:
-            members = ((info.name, (info.offset_data, info.size), info.size, info.offset)
-                       for info in walk(f, ref.url, ref.size, seekable=True) if kept(info))
+            members = (
+                (info.name, (info.offset_data, info.size), info.size, info.offset)
+                for info in walk(f, ref.url, ref.size, seekable=True)
+                if kept(info)
+            )
             for key, parts in group(ref.url, members):
                 keys.append(key)
                 for ext, (offset, size) in parts:
@@ -306,7 +328,11 @@ class TarFormat:
         finally:
             f.close()
         return FileIndex(
-            self.name, key_of(ref.url), ref.size, ref.stamp, len(keys),
+            self.name,
+            key_of(ref.url),
+            ref.size,
+            ref.stamp,
+            len(keys),
             arrays={"first": first, "offset": offsets, "length": lengths, "ext": ext_ids},
             strings={"keys": keys, "exts": list(vocabulary)},
         )
@@ -330,9 +356,11 @@ class TarFormat:
         if not members:
             return _sample(strings["keys"][i], ref.url, [])
         view, base = views[0], offsets[first[i]]
-        return _sample(strings["keys"][i], ref.url,
-                       [(exts[ext_ids[j]], bytes(view[offsets[j] - base:offsets[j] - base + lengths[j]]))
-                        for j in members])
+        return _sample(
+            strings["keys"][i],
+            ref.url,
+            [(exts[ext_ids[j]], bytes(view[offsets[j] - base : offsets[j] - base + lengths[j]])) for j in members],
+        )
 
     def windows(self, index: FileIndex, window: int) -> Sequence[int]:
         """Shuffle windows: runs of consecutive samples spanning about ``window`` bytes."""
@@ -350,4 +378,4 @@ class TarFormat:
     def sample_sizes(self, index: FileIndex) -> list[int]:
         """Stored bytes per sample: the sum of its members' lengths."""
         first, lengths = index.arrays["first"], index.arrays["length"]
-        return [sum(lengths[first[i]:first[i + 1]]) for i in range(index.count)]
+        return [sum(lengths[first[i] : first[i + 1]]) for i in range(index.count)]

@@ -49,8 +49,7 @@ def braceexpand(pattern: str) -> list[str]:
     try:
         return [_ESCAPED.sub(r"\1", _flatten(item)) for item in _pattern(pattern)]
     except _Unbalanced:
-        raise ValueError(f"unbalanced braces in the url pattern {pattern!r} (escape a literal brace as \\{{)") \
-            from None
+        raise ValueError(f"unbalanced braces in the url pattern {pattern!r} (escape a literal brace as \\{{)") from None
 
 
 class _Unbalanced(Exception):
@@ -78,7 +77,7 @@ def _pattern(pattern: str) -> Iterable[tuple]:
         elif char == "}":
             depth -= 1
             if depth == 0:
-                body = pattern[start + 1:pos]
+                body = pattern[start + 1 : pos]
                 group = _expression(body)
                 if group is None:  # neither a range nor a sequence: literal braces around it
                     items.extend([["{"], list(_pattern(body)), ["}"]])
@@ -138,9 +137,9 @@ def _char_range(first: str, last: str, step: str | None) -> str:
     increment = (int(step) or 1) if step else 1
     lo, hi = _ALPHABET.index(first), _ALPHABET.index(last)
     if lo < hi:
-        return _ALPHABET[lo:hi + 1:increment]
+        return _ALPHABET[lo : hi + 1 : increment]
     hi = hi or -len(_ALPHABET)
-    return _ALPHABET[lo:hi - 1:-increment]
+    return _ALPHABET[lo : hi - 1 : -increment]
 
 
 def _glob_one(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -148,7 +147,7 @@ def _glob_one(pattern: str, storage_options: Mapping[str, Any] | None = None) ->
         from .remote import glob_remote
 
         return glob_remote(pattern, storage_options)
-    path = pattern[len("file://"):] if pattern.startswith("file://") else pattern
+    path = pattern[len("file://") :] if pattern.startswith("file://") else pattern
     return sorted(_glob.glob(os.path.expanduser(path)))
 
 
@@ -180,10 +179,10 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
                     out.append(item)
     elif isinstance(urls, Iterable) and not isinstance(urls, (bytes, dict)):
         out = []
-        for item in urls:
-            if not isinstance(item, (str, os.PathLike)):
-                raise TypeError(f"urls must hold str or os.PathLike items, got {type(item).__name__}: {item!r}")
-            out.append(os.fspath(item))
+        for given in urls:
+            if not isinstance(given, (str, os.PathLike)):
+                raise TypeError(f"urls must hold str or os.PathLike items, got {type(given).__name__}: {given!r}")
+            out.append(os.fspath(given))
     else:
         raise TypeError(f"urls must be a str, an os.PathLike or a list of them, got {type(urls).__name__}")
     if not out or any(not item for item in out):
