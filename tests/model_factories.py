@@ -24,7 +24,8 @@ import distshard
 # weight phases: "mix-phases", and weighted by per-element costs: "mix-cost"; a
 # random-access source whose elements change with the epoch (as weighted_sample's
 # draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
-# that fails every 7th request: "remote"
+# that fails every 7th request: "remote"; a mix of that remote file and a list (the
+# file read through its read-ahead from inside the mix): "mix-files"
 SOURCES = (
     "list",
     "list+map",
@@ -37,8 +38,9 @@ SOURCES = (
     "mix-cost",
     "tagged",
     "remote",
+    "mix-files",
 )
-MIXES = ("mix", "mix-phases", "mix-cost")
+MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
 
 @dataclass(frozen=True)
@@ -117,9 +119,10 @@ def jsonl_file(n: int) -> str:
 
 def mixed(n: int, kind: str = "mix"):
     """Two lists mixed 2:1 until the first runs out: distinct elements. ``mix-phases``:
-    1:3 from the middle on; ``mix-cost``: 2:1 of per-element costs."""
-    sources = {
-        "a": IterableWrapper([f"a{i}" for i in range(n)]),
+    1:3 from the middle on; ``mix-cost``: 2:1 of per-element costs; ``mix-files``: the
+    first source is the remote JSON-lines file of ``"e0" .. "e{n-1}"`` (:func:`remote_jsonl`)."""
+    sources: dict[str, Any] = {
+        "a": remote_jsonl(n) if kind == "mix-files" else IterableWrapper([f"a{i}" for i in range(n)]),
         "b": IterableWrapper([f"b{i}" for i in range(n // 2 + 1)]),
     }
     weights: Any = {"a": 2, "b": 1}

@@ -290,3 +290,44 @@ def test_no_hang_in_the_parent_after_fork_workers(tmp_path, scheme):
         pytest.fail(f"the parent hung after its fork workers ended: {exc.stdout!r}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["before", "46", "epoch", "46", "after", "21"], done.stdout
+
+
+def test_a_mix_of_remote_sources_reads_each_through_its_read_ahead(tmp_path, server):
+    """A mix hands each file source the indices of its picks at once: a slot's share
+    of a remote source is fetched in a few large ranges, not a round trip per sample
+    (with every 5th response faulty: retried, exactly)."""
+    import distshard
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    server.fault_every = 5
+    web_urls, web = remote_shards(tmp_path, server, shards=3, per_shard=40)[:2]
+    paths, lines = write_jsonl(tmp_path / "j", files=2, lines=50)
+    options = ReadOptions(retry_seconds=20)
+
+    def pipe(rank: int):
+        sources = {
+            "web": webdataset(web_urls, read_options=options),
+            "text": jsonl([server.url(p) for p in paths], read_options=options),
+            "ids": IterableWrapper([f"id{i}" for i in range(30)]),
+        }
+        return distshard.mix(sources, {"web": 2, "text": 2, "ids": 1}, stop="first_exhausted").dist_shard(
+            rank=rank, world_size=2, shuffle=True, seed=4
+        )
+
+    whole = list(distshard.mix({"web": IterableWrapper(web), "text": IterableWrapper(lines),
+                                "ids": IterableWrapper([f"id{i}" for i in range(30)])},
+                               {"web": 2, "text": 2, "ids": 1}, stop="first_exhausted"))
+    pipes = [pipe(rank) for rank in range(2)]  # indexes the files (HEAD + GET per file)
+    server.settle()
+    server.reset_counters()
+    got = [element for p in pipes for element in p]
+
+    def key(element):
+        return repr(sorted(element.items())) if isinstance(element, dict) else repr(element)
+
+    assert Counter(map(key, got)) == Counter(map(key, whole)) and len(got) == len(whole)
+    samples = sum(1 for e in got if isinstance(e, dict))
+    gets = server.settle().requests["GET"]
+    # per sample it was one GET each (plus retries); read ahead: a few ranges per file and slot
+    assert gets <= 2 * 2 * (len(web_urls) + len(paths)), (gets, samples)
+    assert server.faulted and sum(server.faulted.values()) < gets

@@ -32,6 +32,7 @@ import copy
 import hashlib
 import math
 import numbers
+from collections import deque
 from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -539,6 +540,12 @@ class MixSequence:
         self.copiers = [ElementCopier() if plan.copy_elements else None for plan in plans]
         self.maps: list[Callable | None] = [_composed(plan) for plan in plans]
         self.random = [_has_random_pipes(source, plan) for source, plan in zip(mix.sources, plans, strict=True)]
+        # sources that read many positions at once (distshard's file sources: read ahead
+        # in large ranges, a round trip per range instead of per element on object storage)
+        self.many = [
+            not random and callable(getattr(sequence, "distshard_read", None))
+            for sequence, random in zip(self.sequences, self.random, strict=True)
+        ]
         self.length = length
         self._identity = f"{mix.distshard_identity()} length={length} sources=" + ",".join(
             SequenceReader(s).identity() for s in self.sequences
@@ -553,12 +560,79 @@ class MixSequence:
         return source, k % self.counts[source]
 
     def __getitem__(self, position: int) -> Any:
-        return next(self.distshard_read((position,)))
+        return next(self._read_each((position,)))
 
     def distshard_read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
         """The elements at ``positions``, in order (``SequenceReader`` reads through it:
-        one generator for a slot's whole share, not a call per element; ``shuffled``
-        is not used: each source is read an element at a time)."""
+        one generator for a slot's whole share, not a call per element). A source that
+        reads many positions at once (a file source) is handed, through one reader of
+        its own, the indices of its picks among ``positions``, in order: its read-ahead
+        fetches them in large ranges. ``shuffled`` goes to those readers."""
+        if any(self.many):
+            return self._read_by_source(iter(positions), shuffled)
+        return self._read_each(positions)
+
+    def _position(self, position: int) -> tuple[int, int, int]:
+        """``(source, pass, index in the source)`` of a position."""
+        if not 0 <= position < self.length:
+            raise IndexError(f"position {position} is outside the mix of {self.length}")
+        source, k = self.schedule.source_at(position)
+        pass_, index = divmod(k, self.counts[source])
+        return source, pass_, index
+
+    def _finish(self, source: int, element: Any) -> Any:
+        copier = self.copiers[source]
+        if copier is not None:
+            element = copier(element)
+        apply = self.maps[source]
+        return apply(element) if apply is not None else element
+
+    def _read_by_source(self, positions: Iterator[int], shuffled: bool) -> Iterator[Any]:
+        """Positions are taken from ``positions`` as the readers need them: the picks
+        not yet yielded wait in ``pending`` (in position order), and each reading
+        source's indices in its own queue, which its reader drains (reading ahead
+        takes positions early; the others' picks then wait as three integers)."""
+        many, sequences, mix = self.many, self.sequences, self.mix
+        pending: deque[tuple[int, int, int]] = deque()
+        queues: list[deque[int]] = [deque() for _ in sequences]
+
+        def take() -> bool:
+            position = next(positions, None)
+            if position is None:
+                return False
+            pick = self._position(position)
+            pending.append(pick)
+            if many[pick[0]]:
+                queues[pick[0]].append(pick[2])
+            return True
+
+        def indices(source: int) -> Iterator[int]:
+            queue = queues[source]
+            while queue or take():
+                if queue:
+                    yield queue.popleft()
+
+        readers: list[Iterator[Any] | None] = [None] * len(sequences)
+        try:
+            while pending or take():
+                source, pass_, index = pending.popleft()
+                if many[source]:
+                    reader = readers[source]
+                    if reader is None:
+                        reader = readers[source] = iter(sequences[source].distshard_read(indices(source), shuffled))
+                    element = next(reader)
+                else:
+                    if self.random[source]:
+                        mix.seed_pass(source, pass_)
+                    element = sequences[source][index]
+                yield self._finish(source, element)
+        finally:
+            for reader in readers:
+                close = getattr(reader, "close", None)
+                if close is not None:
+                    close()
+
+    def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
         length, source_at, mix = self.length, self.schedule.source_at, self.mix
         counts, sequences, copiers, maps, random = self.counts, self.sequences, self.copiers, self.maps, self.random
         for position in positions:
