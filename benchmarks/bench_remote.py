@@ -13,7 +13,7 @@ cap per response; it counts requests and body bytes.
 
 What runs
 ---------
-Every variant runs in its own process tree (``--run KEY``): a gloo group of
+Every variant runs in its own process tree (``harness.launch``): a gloo group of
 ``--world-size`` ranks (default 2) on 127.0.0.1, each iterating
 ``DataLoader(..., batch_size=None, num_workers=2, multiprocessing_context="fork")``
 over the pipeline:
