@@ -13,7 +13,7 @@ cap per response; it counts requests and body bytes.
 
 What runs
 ---------
-Every variant runs in its own process tree (``--run KEY``): a gloo group of
+Every variant runs in its own process tree (``harness.launch``): a gloo group of
 ``--world-size`` ranks (default 2) on 127.0.0.1, each iterating
 ``DataLoader(..., batch_size=None, num_workers=2, multiprocessing_context="fork")``
 over the pipeline:
@@ -50,21 +50,17 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import random
-import resource
 import shutil
-import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-import traceback
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -72,9 +68,9 @@ for path in (str(HERE), str(ROOT)):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from bench_files import _child_env, fake_jpeg, peers_python, setup_peers  # noqa: E402
-from torch.utils.data import IterableDataset  # noqa: E402
-from torch.utils.data.datapipes.datapipe import IterDataPipe  # noqa: E402
+import harness  # noqa: E402
+from bench_files import fake_jpeg  # noqa: E402
+from harness import Col  # noqa: E402
 
 NUM_WORKERS = 2
 MiB = 1 << 20
@@ -108,21 +104,9 @@ def generate(folder: Path, shards: int, per_shard: int, seed: int = 0) -> dict[s
     return {"paths": paths, "keys": keys, "bytes": sum(os.path.getsize(p) for p in paths)}
 
 
-# -- inside the ranks ----------------------------------------------------------------------
-def worker_report(outdir: str, rank: int) -> None:
-    """At a worker's end: the read-ahead's peak and the worker's peak RSS."""
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    record: dict[str, Any] = {"rank": rank, "worker": info.id if info else -1,
-                              "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
-    try:
-        from distshard.sources import fetch
-
-        record.update(fetch.STATS.as_dict())
-    except ImportError:
-        pass
-    (Path(outdir) / f"r{rank}-w{record['worker']}-p{os.getpid()}.json").write_text(json.dumps(record))
+# -- the contenders, on a gloo group (in a child process tree) --------------------------------------
+def key_of(sample: dict[str, Any]) -> str:
+    return sample["__key__"]
 
 
 def build(key: str, urls: list[str]) -> Any:
@@ -136,97 +120,44 @@ def build(key: str, urls: list[str]) -> Any:
     return distshard.webdataset(urls).dist_shard(even="drop", shuffle=key.endswith("shuffle")).map(key_of)
 
 
-class _Reporting:
-    """The last stage: at a worker's end, its figures (see ``worker_report``)."""
-
-    def __init__(self, inner: Any, outdir: str, rank: int) -> None:
-        self.inner, self.outdir, self.rank = inner, outdir, rank
-
-    def __iter__(self):
-        try:
-            yield from self.inner
-        finally:
-            worker_report(self.outdir, self.rank)
-
-
-class ReportPipe(_Reporting, IterDataPipe):
-    """For DataPipes: stays a DataPipe, so that the DataLoader shards and seeds its graph."""
-
-
-class ReportDataset(_Reporting, IterableDataset):
-    """For webdataset's iterable datasets."""
-
-
-def key_of(sample: dict[str, Any]) -> str:
-    return sample["__key__"]
-
-
-def wrap(inner: Any, outdir: str, rank: int) -> Any:
-    return (ReportPipe if isinstance(inner, IterDataPipe) else ReportDataset)(inner, outdir, rank)
-
-
-def rank_main(rank: int, world_size: int, key: str, urls: list[str], outdir: str, timeout: float) -> dict[str, Any]:
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1")
-    mine = Path(outdir) / f"rank{rank}"
-    mine.mkdir(parents=True, exist_ok=True)
-    if key == "webdataset":
-        import webdataset  # noqa: F401
-    else:
-        import distshard.sources  # noqa: F401
-    dist.barrier()
-    started = time.perf_counter()
-    out: dict[str, Any] = {"rank": rank, "keys": [], "error": None}
+def read_ahead() -> dict[str, int]:
+    """A worker's read-ahead figures (``fetch.STATS``: ``peak_held`` ...), for its report."""
     try:
-        pipe = wrap(build(key, urls), str(mine), rank)
-        loader = DataLoader(pipe, batch_size=None, num_workers=NUM_WORKERS, multiprocessing_context="fork",
-                            timeout=timeout)
-        out["keys"] = list(loader)
-    except BaseException:  # noqa: BLE001 - reported
-        out["error"] = traceback.format_exc()
-    out["wall_s"] = time.perf_counter() - started
-    out["workers"] = [json.loads(p.read_text()) for p in sorted(mine.glob("*.json"))]
-    return out
+        from distshard.sources import fetch
+    except ImportError:
+        return {}
+    return fetch.STATS.as_dict()
+
+
+@dataclass
+class RemoteJob(harness.Job):
+    """Every rank (torchrun's variables set) builds variant ``key`` over ``urls``
+    inside the window and iterates it through ``DataLoader(batch_size=None,
+    num_workers=2)``; every worker reports its read-ahead's figures."""
+
+    key: str = ""
+    urls: list[str] = field(default_factory=list)
+    num_workers: int = NUM_WORKERS
+    torchrun_env: bool = True
+    worker_extra: Callable[[], dict] | None = read_ahead
+
+    def prepare(self, rank: int) -> None:
+        if self.key == "webdataset":
+            import webdataset  # noqa: F401
+        else:
+            import distshard.sources  # noqa: F401
+
+    def build(self, rank: int) -> Any:
+        return build(self.key, self.urls)
 
 
 def run_variant(key: str, urls: list[str], world_size: int, timeout: float) -> dict[str, Any]:
-    from distshard.verify import run_on_group
-
-    with tempfile.TemporaryDirectory(prefix="bench_remote-") as outdir:
-        outcomes = run_on_group(rank_main, world_size=world_size, timeout=timeout,
-                                args=(key, urls, outdir, timeout))
-    errors = [f"rank {o.rank}: {o.error or (o.value or {}).get('error')}" for o in outcomes
-              if o.error or o.value is None or o.value.get("error")]
-    values = [o.value for o in outcomes if o.value is not None]
-    return {"errors": errors, "keys": [k for v in values for k in v["keys"]],
-            "wall_s": max((v["wall_s"] for v in values), default=float("nan")),
-            "workers": [w for v in values for w in v["workers"]]}
+    """In a child process: one gloo group, one variant; the keys it delivered and its figures."""
+    run = harness.run_job(RemoteJob(key=key, urls=urls, world_size=world_size, timeout=timeout))
+    return {"errors": run.errors, "keys": run.values(), "wall_s": run.wall_s, "workers": run.workers}
 
 
-# -- the parent ---------------------------------------------------------------------------------
-def launch(key: str, data: Path, urls: list[str], cache: str, world_size: int, timeout: float) -> dict[str, Any]:
-    python = sys.executable if VARIANTS[key][1] == "dev" else peers_python()
-    if python is None:
-        return {"skipped": "no benchmark venv (benchmarks/.venv): run bench_files.py --setup-peers"}
-    with tempfile.TemporaryDirectory(prefix="bench_remote-out-") as tmp:
-        out = Path(tmp) / "result.json"
-        (Path(tmp) / "urls.json").write_text(json.dumps(urls))
-        command = [str(python), str(Path(__file__).resolve()), "--run", key, "--urls", str(Path(tmp) / "urls.json"),
-                   "--out", str(out), "--world-size", str(world_size), "--timeout", str(timeout)]
-        env = _child_env(cache)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "pipes"), str(HERE), str(ROOT)])
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout + 120)
-        except subprocess.TimeoutExpired:
-            return {"errors": [f"timed out after {timeout + 120:.0f}s"]}
-        if not out.exists():
-            return {"errors": [f"exit {done.returncode}: {done.stderr[-2000:]}"]}
-        return json.loads(out.read_text())
-
-
+# -- the parent: serve, run every variant in rounds, tabulate ------------------------------------------
 def summarize(key: str, runs: list[dict[str, Any]], manifest: dict[str, Any], slots: int,
               budget: int) -> dict[str, Any]:
     if runs and "skipped" in runs[0]:
@@ -235,23 +166,17 @@ def summarize(key: str, runs: list[dict[str, Any]], manifest: dict[str, Any], sl
     row: dict[str, Any] = {"key": key, "errors": [e for r in runs for e in r.get("errors", [])]}
     if not good:
         return row
-    n = len(manifest["keys"])
     expected = Counter(manifest["keys"])
-    checks = []
-    for r in good:
-        got = Counter(r["keys"])
-        allowed = n % slots if key.startswith("distshard") else 0
-        checks.append((sum((got - expected).values()), sum((expected - got).values()), allowed))
-    once = all(dup == 0 and miss <= allowed for dup, miss, allowed in checks)
+    even = "drop" if key.startswith("distshard") else None
+    onces = [harness.exactly_once(r["keys"], expected, even=even, slots=slots) for r in good]
     workers = [w for r in good for w in r["workers"]]
     row.update(
-        wall_s=statistics.median(r["wall_s"] for r in good),
-        requests=statistics.median(r["requests"] for r in good),
-        gets=statistics.median(r["gets"] for r in good),
-        heads=statistics.median(r["heads"] for r in good),
-        bytes=statistics.median(r["served"] for r in good),
-        once="✓" + (f" (drop {checks[0][1]})" if checks[0][1] else "") if once else
-             f"✗ {checks[0][0]} dup, {checks[0][1]} missing",
+        wall_s=harness.median(r["wall_s"] for r in good),
+        requests=harness.median(r["requests"] for r in good),
+        gets=harness.median(r["gets"] for r in good),
+        heads=harness.median(r["heads"] for r in good),
+        bytes=harness.median(r["served"] for r in good),
+        once=next((o for o in onces if not o.ok), onces[0]).cell(),
         peak_held=max((w.get("peak_held", 0) for w in workers), default=0),
         maxrss_mib=max((w.get("maxrss_kib", 0) for w in workers), default=0) / 1024,
         budget=budget,
@@ -259,40 +184,45 @@ def summarize(key: str, runs: list[dict[str, Any]], manifest: dict[str, Any], sl
     return row
 
 
+COLUMNS = [Col("pipeline"), Col("wall s", 2), Col("vs webdataset", right=True),
+           Col("requests (GET + HEAD)", right=True), Col("target", right=True), Col("bytes / dataset", 3),
+           Col("target", right=True), Col("exactly-once"), Col("read-ahead peak / budget per worker", right=True),
+           Col("worker RSS MiB", 0)]
+
+
+def mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
 def table(rows: list[dict[str, Any]], manifest: dict[str, Any], shards: int) -> str:
+    """Against webdataset in the same run; the targets (module docstring) for distshard."""
     total = manifest["bytes"]
     base = next((r for r in rows if r["key"] == "webdataset" and "wall_s" in r), None)
-    lines = ["| pipeline | wall s | vs webdataset | requests (GET + HEAD) | target | bytes / dataset | target "
-             "| exactly-once | read-ahead peak / budget per worker | worker RSS MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    cells: list[list[Any]] = []
     for row in rows:
         label = VARIANTS[row["key"]][0]
         if "skipped" in row:
-            lines.append(f"| {label} | not run: {row['skipped']} |" + " |" * 8)
+            cells.append([label, f"not run: {row['skipped']}"])
             continue
         if "wall_s" not in row:
-            first = (row["errors"] or ["no run"])[0].strip().splitlines()[-1][:100]
-            lines.append(f"| {label} | failed: {first} |" + " |" * 8)
+            cells.append([label, f"failed: {harness.error_line((row['errors'] or ['no run'])[0])[:100]}"])
             continue
-        ratio = f"{row['wall_s'] / base['wall_s']:.2f}×" if base else "—"
-        read_mib = row["bytes"] / MiB
-        cold = "cold" in row["key"]
-        if row["key"] == "webdataset":
-            req_target = byte_target = "—"
+        peer, cold = row["key"] == "webdataset", "cold" in row["key"]
+        vs = "—" if not base else f"{row['wall_s'] / base['wall_s']:.2f}×" + (
+            "" if peer else f" {mark(row['wall_s'] <= (2.0 if cold else 1.25) * base['wall_s'])}")
+        requests = f"{row['requests']:.0f} ({row['gets']:.0f} + {row['heads']:.0f})"
+        if peer:
+            req_target = byte_target = peak = "—"
         else:
-            allowed = (8 if cold else 4) * shards + (2 if cold else 1) * read_mib / 4
-            req_target = f"≤ {allowed:.0f} {'✓' if row['requests'] <= allowed else '✗'}"
+            allowed = (8 if cold else 4) * shards + (2 if cold else 1) * row["bytes"] / MiB / 4
+            req_target = f"≤ {allowed:.0f} {mark(row['requests'] <= allowed)}"
             limit = 2.0 if cold else 1.10
-            byte_target = f"≤ {limit:.2f} {'✓' if row['bytes'] <= limit * total else '✗'}"
-        wall_target = "" if not base or row["key"] == "webdataset" else (
-            " ✓" if row["wall_s"] <= (2.0 if cold else 1.25) * base["wall_s"] else " ✗")
-        peak = "—" if row["key"] == "webdataset" else \
-            f"{row['peak_held'] / MiB:.1f} / {row['budget'] / MiB:.0f} MiB {'✓' if row['peak_held'] <= row['budget'] else '✗'}"
-        lines.append(
-            f"| {label} | {row['wall_s']:.2f} | {ratio}{wall_target} | {row['requests']:.0f} ({row['gets']:.0f} + "
-            f"{row['heads']:.0f}) | {req_target} | {row['bytes'] / total:.3f} | {byte_target} | {row['once']} | "
-            f"{peak} | {row['maxrss_mib']:.0f} |")
-    return "\n".join(lines)
+            byte_target = f"≤ {limit:.2f} {mark(row['bytes'] <= limit * total)}"
+            peak = (f"{row['peak_held'] / MiB:.1f} / {row['budget'] / MiB:.0f} MiB "
+                    f"{mark(row['peak_held'] <= row['budget'])}")
+        cells.append([label, row["wall_s"], vs, requests, req_target, row["bytes"] / total, byte_target, row["once"],
+                      peak, row["maxrss_mib"]])
+    return harness.table(COLUMNS, cells)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,70 +237,66 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", type=Path, help="also dump every measurement here")
     parser.add_argument("--setup-peers", action="store_true", help="create benchmarks/.venv with the peers")
-    parser.add_argument("--run", help=argparse.SUPPRESS)
-    parser.add_argument("--urls", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    harness.add_child_args(parser)
     args = parser.parse_args(argv)
     if args.setup_peers:
-        return setup_peers()
-    if args.run:
-        try:
-            result = run_variant(args.run, json.loads(args.urls.read_text()), args.world_size, args.timeout)
-        except BaseException:  # noqa: BLE001
-            result = {"errors": [traceback.format_exc()]}
-        args.out.write_text(json.dumps(result))
-        return 0
-    return orchestrate(args)
+        return harness.setup_peers()
+    if args.run:  # one variant in a fresh process tree
+        return harness.child(args.run, args.out, globals())
+    return orchestrate(args, harness.choose(args.only, {k: k for k in VARIANTS}, parser))
 
 
-def orchestrate(args: argparse.Namespace) -> int:
-    from _common import command_line, environment, write_json
-
-    from distshard.sources import ReadOptions
+def orchestrate(args: argparse.Namespace, chosen: list[str]) -> int:
     from tests.range_server import RangeServer
 
-    chosen = [k for k in args.only.split(",") if k] if args.only else list(VARIANTS)
+    from distshard.sources import ReadOptions
+
+    session = harness.Session()
     workdir = Path(tempfile.mkdtemp(prefix="bench_remote-"))
+    server = None
     try:
         manifest = generate(workdir / "data", args.shards, args.per_shard)
         n, total = len(manifest["keys"]), manifest["bytes"]
         slots = args.world_size * NUM_WORKERS
         server = RangeServer(workdir / "data", latency=args.latency, bandwidth=args.bandwidth).start()
         urls = [server.url(p) for p in manifest["paths"]]
-        print(f"# {command_line()}")
-        print(f"# Python {sys.version.split()[0]}, torch {environment()['torch']}, {os.cpu_count()} cores; "
-              f"{args.shards} shards, {n:,} samples, {total / MiB:.1f} MiB; {args.latency * 1e3:.0f} ms per request"
-              f"{f', {args.bandwidth / 1e6:.0f} MB/s per response' if args.bandwidth else ''}; "
-              f"{args.world_size} ranks x {NUM_WORKERS} workers; {args.rounds} round(s), medians", flush=True)
+
+        def launch(key: str, cache: str) -> dict[str, Any]:
+            return harness.launch(__file__, "run_variant", {"key": key, "urls": urls, "world_size": args.world_size,
+                                                            "timeout": args.timeout},
+                                  peers=VARIANTS[key][1] == "peers", timeout=args.timeout, cache=cache)
+
         warm = str(workdir / "warm-cache")
         if any(k in ("distshard", "distshard_shuffle") for k in chosen):
-            launch("distshard", workdir, urls, warm, args.world_size, args.timeout)  # builds the cached index
+            launch("distshard", warm)  # builds the cached index
         results: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
-        for r in range(args.rounds):
-            for key in chosen:
+        for r, order in harness.rounds(chosen, args.rounds):
+            for key in order:
                 cache = str(workdir / f"cold-{r}-{key}") if "cold" in key or key == "webdataset" else warm
                 server.reset_counters()
                 started = time.perf_counter()
-                result = launch(key, workdir, urls, cache, args.world_size, args.timeout)
+                result = launch(key, cache)
                 server.settle()
                 result.update(requests=server.total_requests, gets=server.requests["GET"],
                               heads=server.requests["HEAD"], served=server.served)
                 results[key].append(result)
                 print(f"#   round {r + 1}/{args.rounds}: {key} done in {time.perf_counter() - started:.0f}s",
                       file=sys.stderr, flush=True)
-        server.stop()
         budget = ReadOptions().budget
         rows = [summarize(k, results[k], manifest, slots, budget) for k in chosen]
+        print(session.header(
+            f"{args.shards} shards, {n:,} samples, {total / MiB:.1f} MiB; {args.latency * 1e3:.0f} ms per request"
+            f"{f', {args.bandwidth / 1e6:.0f} MB/s per response' if args.bandwidth else ''}; "
+            f"{args.world_size} ranks x {NUM_WORKERS} workers; {args.rounds} round(s), medians"))
+        print()
         print(table(rows, manifest, args.shards))
         print(f"\nbytes: body bytes the server sent, over the {total / MiB:.1f} MiB of tar files; requests: every "
               "request it answered (the cold rows include the index build). The read-ahead's peak is the most "
               "bytes a worker held in fetched or in-flight ranges (ReadOptions.budget).")
-        if args.json:
-            for row in rows:
-                row.pop("keys", None)
-            write_json(args.json, {"environment": environment(), "samples": n, "bytes": total, "rows": rows,
-                                   "latency": args.latency, "bandwidth": args.bandwidth})
+        session.dump(args.json, samples=n, bytes=total, rows=rows, latency=args.latency, bandwidth=args.bandwidth)
     finally:
+        if server is not None:
+            server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

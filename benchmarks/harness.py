@@ -1,4 +1,4 @@
-"""What every benchmark script shares, once; a script keeps its contenders (the
+r"""What every benchmark script shares, once; a script keeps its contenders (the
 pipelines it compares), its targets and its own analysis.
 
 ``Job``, ``run_job``, ``GroupRun``: a fresh gloo group of ranks on 127.0.0.1
@@ -736,7 +736,7 @@ def table(columns: Sequence[Col | str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(c.title for c in cols) + " |",
              "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
     for row in rows:
-        cells = [col.cell(value) for col, value in zip(cols, row)]
+        cells = [col.cell(value) for col, value in zip(cols, row, strict=False)]
         lines.append("| " + " | ".join(cells + [""] * (len(cols) - len(cells))) + " |")
     return "\n".join(lines)
 
