@@ -5,6 +5,7 @@ No timing is asserted."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import harness  # noqa: E402
 from harness import Col  # noqa: E402
@@ -117,3 +119,17 @@ def test_a_small_gloo_group_is_collected_counted_and_checked():
     assert sorted(w["yielded"] for w in run.workers if w["epoch"] == 0) == [2, 3, 3, 3]
     assert run.cpu_s > 0 and run.wall_s > 0 and run.rss_mib > 0
     assert harness.GroupRun.of(json.loads(json.dumps(run.__dict__))).total("decodes") == 22
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))
+def test_every_script_imports_and_shows_its_options(script):
+    """A script whose imports broke (a helper moved into the harness) fails here,
+    not when someone next measures."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]

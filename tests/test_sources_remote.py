@@ -296,8 +296,9 @@ def test_a_mix_of_remote_sources_reads_each_through_its_read_ahead(tmp_path, ser
     """A mix hands each file source the indices of its picks at once: a slot's share
     of a remote source is fetched in a few large ranges, not a round trip per sample
     (with every 5th response faulty: retried, exactly)."""
-    import distshard
     from torch.utils.data.datapipes.iter import IterableWrapper
+
+    import distshard
 
     server.fault_every = 5
     web_urls, web = remote_shards(tmp_path, server, shards=3, per_shard=40)[:2]
@@ -314,9 +315,17 @@ def test_a_mix_of_remote_sources_reads_each_through_its_read_ahead(tmp_path, ser
             rank=rank, world_size=2, shuffle=True, seed=4
         )
 
-    whole = list(distshard.mix({"web": IterableWrapper(web), "text": IterableWrapper(lines),
-                                "ids": IterableWrapper([f"id{i}" for i in range(30)])},
-                               {"web": 2, "text": 2, "ids": 1}, stop="first_exhausted"))
+    whole = list(
+        distshard.mix(
+            {
+                "web": IterableWrapper(web),
+                "text": IterableWrapper(lines),
+                "ids": IterableWrapper([f"id{i}" for i in range(30)]),
+            },
+            {"web": 2, "text": 2, "ids": 1},
+            stop="first_exhausted",
+        )
+    )
     pipes = [pipe(rank) for rank in range(2)]  # indexes the files (HEAD + GET per file)
     server.settle()
     server.reset_counters()
