@@ -69,3 +69,31 @@ def kill_leftover_ranks(out: Path, script: str) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+# what launchers (torchrun, Lightning, Accelerate) set for the processes they start
+LAUNCHER_VARIABLES = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "PL_GLOBAL_SEED",
+    }
+)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts as a user would by hand: this
+    one's without any launcher's or Accelerate's variables, one thread a process,
+    gloo on loopback, unbuffered, warnings off; then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("ACCELERATE_")}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+    env.update(extra)
+    return env

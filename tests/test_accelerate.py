@@ -39,7 +39,7 @@ pytest.importorskip("accelerate", reason="accelerate is not installed (pip insta
 
 from distshard.verify import free_port  # noqa: E402
 
-from .helpers import kill_leftover_ranks  # noqa: E402
+from .helpers import child_env, kill_leftover_ranks  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
@@ -77,27 +77,7 @@ class Run:
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in {
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "GROUP_RANK",
-            "ROLE_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID",
-        }
-        and not k.startswith("ACCELERATE_")
-    }
-    env.update(
-        OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", HF_HOME=str(home)
-    )  # no user's accelerate config file
-    return env
+    return child_env(HF_HOME=str(home))  # no user's accelerate config file
 
 
 def _kill_leftover_ranks(out: Path) -> None:

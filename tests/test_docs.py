@@ -153,34 +153,15 @@ def _run(command: list[str], cwd: Path, timeout: float) -> tuple[int | None, str
 
     from distshard.verify import free_port
 
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in {
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "NODE_RANK",
-            "LOCAL_WORLD_SIZE",
-            "GROUP_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "PL_GLOBAL_SEED",
-        }
-        and not k.startswith("ACCELERATE_")
-    }
-    env.update(
+    from .helpers import child_env
+
+    env = child_env(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-        PYTHONWARNINGS="ignore",
         HF_HOME=str(cwd / "home"),
         DISTSHARD_DOCS_LOG=str(cwd / "decoded"),
         DISTSHARD_CACHE=str(cwd / "cache"),
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     )
     log_path = cwd / "output.log"
     with open(log_path, "wb") as log:

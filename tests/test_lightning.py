@@ -48,6 +48,8 @@ from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 import distshard  # noqa: E402,F401  (registers .dist_shard, used by order())
 from distshard.verify import free_port  # noqa: E402
 
+from .helpers import child_env  # noqa: E402
+
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
 )
@@ -163,31 +165,7 @@ class Run:
 
 
 def _env(port: int) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in {
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "NODE_RANK",
-            "LOCAL_WORLD_SIZE",
-            "GROUP_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "PL_GLOBAL_SEED",
-        }
-    }
-    env.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-        PYTHONWARNINGS="ignore",
-    )
-    return env
+    return child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
 def run_script(out: Path, phases: list[dict]) -> Run:

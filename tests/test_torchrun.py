@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import kill_leftover_ranks
+from .helpers import child_env, kill_leftover_ranks
 
 WORKER = Path(__file__).with_name("torchrun_worker.py")
 NODES, PROCS, WORKERS = 2, 2, 2
@@ -54,24 +54,7 @@ def _torchrun() -> list[str]:
 
 
 def _agent_env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k
-        not in {
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "GROUP_RANK",
-            "ROLE_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID",
-        }
-    }
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
-    return env
+    return child_env()
 
 
 def _tail(path: Path, lines: int = 30) -> str:
