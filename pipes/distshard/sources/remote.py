@@ -227,13 +227,16 @@ class Client:
         )
         self._cls = cls
         self._fs: Any = None
+        self._fs_lock = threading.Lock()  # threads that index files at once make one filesystem
         self._checked: dict[str, tuple[int, str]] = {}  # generic stores: identity checked per process
         self._semaphores: dict[int, asyncio.Semaphore] = {}
 
     @property
     def fs(self) -> Any:
         if self._fs is None:
-            self._fs = self._cls(skip_instance_cache=True, **self.storage_options)
+            with self._fs_lock:
+                if self._fs is None:
+                    self._fs = self._cls(skip_instance_cache=True, **self.storage_options)
         return self._fs
 
     def path_of(self, url: str) -> str:
@@ -306,8 +309,9 @@ class Client:
             raise _missing(url) from None
 
     async def _s3(self, bucket: str) -> Any:
-        await self.fs.set_session()
-        return await self.fs.get_s3(bucket)
+        fs = self.fs
+        await fs.set_session()
+        return await fs.get_s3(bucket)
 
     # -- range reads ----------------------------------------------------------------------------
     def submit_range(
