@@ -47,7 +47,7 @@ def braceexpand(pattern: str) -> list[str]:
     removed. Unbalanced braces raise ``ValueError``.
     """
     try:
-        return [_ESCAPED.sub(r"\1", _flatten(item)) for item in _pattern(pattern)]
+        return [_flatten(item) for item in _pattern(pattern)]
     except _Unbalanced:
         raise ValueError(f"unbalanced braces in the url pattern {pattern!r} (escape a literal brace as \\{{)") from None
 
@@ -57,7 +57,9 @@ class _Unbalanced(Exception):
 
 
 def _flatten(item: Iterable) -> str:
-    return "".join(part if isinstance(part, str) else _flatten(part) for part in item)
+    """Join, and remove escapes; as braceexpand does, at every level of nesting (so
+    an escape inside a literal group is removed twice: ``"{\\\\}"`` gives ``{}``)."""
+    return _ESCAPED.sub(r"\1", "".join(part if isinstance(part, str) else _flatten(part) for part in item))
 
 
 def _pattern(pattern: str) -> Iterable[tuple]:
