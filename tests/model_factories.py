@@ -25,7 +25,8 @@ import distshard
 # random-access source whose elements change with the epoch (as weighted_sample's
 # draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
 # that fails every 7th request: "remote"; a mix of that remote file and a list (the
-# file read through its read-ahead from inside the mix): "mix-files"
+# file read through its read-ahead from inside the mix): "mix-files"; the same elements
+# in three gzip-compressed JSON-lines files, which go whole to slots: "gz"
 SOURCES = (
     "list",
     "list+map",
@@ -39,6 +40,7 @@ SOURCES = (
     "tagged",
     "remote",
     "mix-files",
+    "gz",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -58,6 +60,11 @@ class Spec:
     @property
     def units(self) -> bool:
         return self.source == "units"
+
+    @property
+    def whole_files(self) -> bool:
+        """Files that go whole to slots (compressed): like units without sizes."""
+        return self.source == "gz"
 
     @property
     def random_access(self) -> bool:
@@ -115,6 +122,27 @@ def jsonl_file(n: int) -> str:
             handle.writelines(json.dumps(f"e{i}") + "\n" for i in range(n))
         os.replace(tmp, path)
     return path
+
+
+def gz_files(n: int) -> list[str]:
+    """``"e0" .. "e{n-1}"`` in three gzip-compressed JSON-lines files (in order,
+    uneven, some possibly empty), written once per machine."""
+    import gzip
+    import json
+    import os
+
+    root = os.path.dirname(jsonl_file(0))
+    bounds = [0, n // 4, (3 * n) // 4, n]
+    paths = []
+    for f in range(3):
+        path = os.path.join(root, f"e{n}-{f}.jsonl.gz")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}"
+            with gzip.open(tmp, "wt") as handle:
+                handle.writelines(json.dumps(f"e{i}") + "\n" for i in range(bounds[f], bounds[f + 1]))
+            os.replace(tmp, path)
+        paths.append(path)
+    return paths
 
 
 def mixed(n: int, kind: str = "mix"):
@@ -244,6 +272,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = Tagged(spec.n)
     elif spec.source == "remote":
         source = remote_jsonl(spec.n)
+    elif spec.source == "gz":
+        source = distshard.jsonl(gz_files(spec.n))
     else:
         raise ValueError(f"unknown source {spec.source!r}")
     return source.dist_shard(**options)
@@ -275,6 +305,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(Tagged(spec.n), **options)
     if spec.source == "remote":
         return DistShardNode(remote_jsonl(spec.n), **options)
+    if spec.source == "gz":
+        return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 

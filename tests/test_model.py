@@ -86,6 +86,22 @@ REFUSALS = [
         r"even=.*sizes=",
         lambda s: s.units and not s.sized and s.even is not None,
     ),
+    # docs/files.md: over compressed files "`even=` and `shuffle=True` are refused"
+    Refusal(
+        "even over compressed files",
+        frozenset({"construct"}),
+        ValueError,
+        r"needs random access.*compressed",
+        lambda s: s.whole_files and s.even is not None,
+    ),
+    # docs/contract.md: elastic resume of whole compressed files
+    Refusal(
+        "elastic resume over compressed files",
+        frozenset({"merge", "load-merged", "iterate-merged"}),
+        ValueError,
+        r"compressed files",
+        lambda s: s.whole_files,
+    ),
     # "every slot's state can be merged ... except unit mode without sizes"
     Refusal(
         "elastic resume in unit mode without sizes",
@@ -532,7 +548,7 @@ def run_history(
     log: list[str] = []
     states: list | None = None  # every unit's state at the last checkpoint
     previous: tuple | None = None  # (kind, world, workers, even) of the last run
-    evens: list[str | None] = [None] if spec.units and not spec.sized else [None, "drop", "pad"]
+    evens: list[str | None] = [None] if (spec.units and not spec.sized) or spec.whole_files else [None, "drop", "pad"]
     carry = spec.even == "carry"
     if carry:
         evens = ["carry"]  # carry and the other modes refuse each other's states (test_carry.py)

@@ -45,7 +45,7 @@ from .plan import (
     slot_positions,
     slot_runs,
 )
-from .readers import RandomAccessReader, Reader, StreamReader, WholeUnitsReader
+from .readers import RandomAccessReader, Reader, StreamReader, WholeFilesReader, WholeUnitsReader
 from .state import FRESH_CARRY, check_slot, fresh_state
 
 __all__ = ["SlotRun", "carry_run_base", "layout_of", "salt_of", "shuffle_order", "remaining_share"]
@@ -200,6 +200,11 @@ class SlotRun:
         ctx, reader = self.ctx, self.reader
         if isinstance(reader, WholeUnitsReader):
             if not self.remaining.is_full:
+                if isinstance(reader, WholeFilesReader):
+                    raise ValueError(
+                        "a merged state cannot be resumed over compressed files (each streamed whole): "
+                        "resume with the same ranks and workers, or decompress the files"
+                    )
                 raise ValueError("a merged state cannot be resumed in unit mode without sizes=")
             return reader.select(ctx.slot, ctx.num_slots, self.taken)
         if isinstance(reader, RandomAccessReader):

@@ -395,6 +395,11 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         merged.update(remaining=[], total=0, finished=True)
         return merged
     if layout == "units":
+        if str(common.get("source") or "").startswith("files:"):  # compressed files, each streamed whole
+            raise ValueError(
+                "elastic resume over compressed files cannot be done: a slot's samples are known only by "
+                "decompressing its files; resume with the same ranks and workers, or decompress the files"
+            )
         raise ValueError(
             "elastic resume in unit mode needs sizes= (without them nobody knows where a "
             "slot's elements sit); resume with the same ranks and workers, or pass sizes="
