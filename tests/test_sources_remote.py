@@ -340,3 +340,28 @@ def test_a_mix_of_remote_sources_reads_each_through_its_read_ahead(tmp_path, ser
     # per sample it was one GET each (plus retries); read ahead: a few ranges per file and slot
     assert gets <= 2 * 2 * (len(web_urls) + len(paths)), (gets, samples)
     assert server.faulted and sum(server.faulted.values()) < gets
+
+
+def test_threads_that_index_at_once_share_one_filesystem():
+    """Indexing threads ask a fresh client for its filesystem at once: they must get
+    one (with two, an S3 request asked the second, whose session did not exist)."""
+    import threading
+
+    from distshard.sources.remote import Client
+
+    made = []
+
+    class SlowFileSystem:
+        def __init__(self, **options) -> None:
+            time.sleep(0.05)  # a wide window for a second thread
+            made.append(self)
+
+    client = Client("http://127.0.0.1/x", "http", {})
+    client._cls = SlowFileSystem
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(client.fs)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and len({id(fs) for fs in seen}) == 1
