@@ -407,7 +407,7 @@ def summarize(variant: Variant, runs: list[dict[str, Any]], manifest: dict[str, 
         return {"key": variant.key, "skipped": runs[0]["skipped"]}
     good = [r for r in runs if r.get("complete") and not r.get("errors")]
     row: dict[str, Any] = {"key": variant.key, "label": variant.label, "lines": variant.lines, "runs": runs,
-                           "errors": [e for r in runs for e in r.get("errors", [])]}
+                           "errors": [e for r in runs for e in r.get("errors", [])], "left_out": harness.left_out(runs, good)}
     if not good:
         return row
     if variant.epochs > 1:
@@ -527,6 +527,7 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
                   f"its own format{own}. distshard builds its index cold in the measured job. Targets for "
                   "distshard: read ≤ 1.10×, CPU ≤ webdataset's, shuffle=True CPU ≤ 1.2× the unshuffled run, "
                   "equal per-slot counts, one user line.")
+        harness.print_left_out(rows, lambda row: BY_KEY[row["key"]].label)
         session.dump(args.json, samples=n, bytes=total, mds_bytes=mds_bytes, decode_s=cost, rows=rows)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

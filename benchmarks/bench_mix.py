@@ -536,7 +536,7 @@ def summarize(variant: Variant, runs: list[dict[str, Any]]) -> dict[str, Any]:
     if runs and "skipped" in runs[0]:
         return {"key": variant.key, "skipped": runs[0]["skipped"]}
     good = [r for r in runs if r.get("complete")]
-    summary: dict[str, Any] = {"key": variant.key, "rounds": runs}
+    summary: dict[str, Any] = {"key": variant.key, "rounds": runs, "left_out": harness.left_out(runs, good)}
     if not good:
         summary["errors"] = [e for r in runs for e in r.get("errors", [])] or ["no complete round"]
         return summary
@@ -699,6 +699,7 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
     if bounded:
         print(bounds_table(bounded))
         print()
+    harness.print_left_out(rows, lambda row: BY_KEY[row["key"]].label)
     elapsed = session.elapsed
     print(f"reads / delivered: decode calls in all processes / elements the 4 ranks received. Deviation: "
           f"per source, max over the {steps} global batches of |count − 256 × weight| (targets "

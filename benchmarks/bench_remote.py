@@ -163,7 +163,8 @@ def summarize(key: str, runs: list[dict[str, Any]], manifest: dict[str, Any], sl
     if runs and "skipped" in runs[0]:
         return {"key": key, "skipped": runs[0]["skipped"]}
     good = [r for r in runs if not r.get("errors")]
-    row: dict[str, Any] = {"key": key, "errors": [e for r in runs for e in r.get("errors", [])]}
+    row: dict[str, Any] = {"key": key, "errors": [e for r in runs for e in r.get("errors", [])],
+                           "left_out": harness.left_out(runs, good)}
     if not good:
         return row
     expected = Counter(manifest["keys"])
@@ -290,6 +291,7 @@ def orchestrate(args: argparse.Namespace, chosen: list[str]) -> int:
             f"{args.world_size} ranks x {NUM_WORKERS} workers; {args.rounds} round(s), medians"))
         print()
         print(table(rows, manifest, args.shards))
+        harness.print_left_out(rows, lambda row: row["key"])
         print(f"\nbytes: body bytes the server sent, over the {total / MiB:.1f} MiB of tar files; requests: every "
               "request it answered (the cold rows include the index build). The read-ahead's peak is the most "
               "bytes a worker held in fetched or in-flight ranges (ReadOptions.budget).")

@@ -469,6 +469,25 @@ def error_line(text: str) -> str:
     return lines[-1] if lines else text
 
 
+def left_out(runs: Sequence[dict[str, Any]], good: Sequence[dict[str, Any]]) -> str | None:
+    """What a row's medians leave out: ``"1 of 3 rounds failed: TimeoutError: ..."``
+    when some rounds of a row failed and others did not (a row whose rounds all
+    failed says so in its table cell), else ``None``. Print it under the table: a
+    failed round is never hidden."""
+    failed = [r for r in runs if r not in good]
+    if not failed or not good:
+        return None
+    first = (failed[0].get("errors") or ["no complete run"])[0]
+    return f"{len(failed)} of {len(runs)} rounds failed and are left out of its medians: {error_line(first)[:200]}"
+
+
+def print_left_out(rows: Iterable[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> None:
+    """One line per row whose medians left failed rounds out (see :func:`left_out`)."""
+    for row in rows:
+        if row.get("left_out"):
+            print(f"\n{label(row)}: {row['left_out']}")
+
+
 # -- the calibrated decode ----------------------------------------------------------------------
 def burn(iters: int, seed: int | bytes) -> bytes:
     """Deterministic CPU work: ``iters`` chained BLAKE2b digests."""

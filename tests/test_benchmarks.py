@@ -133,3 +133,11 @@ def test_every_script_imports_and_shows_its_options(script):
         cwd=ROOT,
     )
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_failed_round_is_said_not_hidden():
+    good, bad = {"complete": True}, {"complete": False, "errors": ["Traceback...\nTimeoutError: timed out after 320s"]}
+    assert harness.left_out([good, good], [good, good]) is None
+    assert harness.left_out([bad, bad], []) is None  # the row's own cell says it failed
+    line = harness.left_out([bad, good, good], [good, good])
+    assert line is not None and line.startswith("1 of 3 rounds failed") and "TimeoutError: timed out" in line
