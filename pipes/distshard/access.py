@@ -38,6 +38,7 @@ from .readers import (
     unit_sizes,
 )
 from .readers.sequence import DEEPCOPY_WARNING
+from .state import WHOLE_FILES_SOURCE
 
 __all__ = [
     "Access",
@@ -149,7 +150,7 @@ def reader_of(
         return WholeFilesReader(
             lambda: whole.files,
             whole.expand,
-            f"files:{stable_digest(whole.files)}:{access.identity}",
+            f"{WHOLE_FILES_SOURCE}{stable_digest(whole.files)}:{access.identity}",
             whole.description,
         )
     if expand is not None:

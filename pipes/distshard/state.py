@@ -41,6 +41,9 @@ from .plan import (
 
 VERSION = 3  # 3: carry_from (even="carry")
 KEY = "distshard"  # the marker (and version) key of a slot or merged state
+# how the source identity of whole files (compressed, each streamed to one slot) begins:
+# their states cannot be merged for another layout
+WHOLE_FILES_SOURCE = "files:"
 MODES = ("element", "units", "sized_units")  # what the positions are
 LAYOUTS = ("stride", "blocks", "units", "chunks")  # how a run laid its positions out over slots
 
@@ -395,7 +398,7 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
         merged.update(remaining=[], total=0, finished=True)
         return merged
     if layout == "units":
-        if str(common.get("source") or "").startswith("files:"):  # compressed files, each streamed whole
+        if str(common.get("source") or "").startswith(WHOLE_FILES_SOURCE):
             raise ValueError(
                 "elastic resume over compressed files cannot be done: a slot's samples are known only by "
                 "decompressing its files; resume with the same ranks and workers, or decompress the files"
