@@ -633,6 +633,7 @@ class MixSequence:
                     close()
 
     def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
+        # _position and _finish inlined: this loop is the mixing CPU (bench_mix), a call an element counts
         length, source_at, mix = self.length, self.schedule.source_at, self.mix
         counts, sequences, copiers, maps, random = self.counts, self.sequences, self.copiers, self.maps, self.random
         for position in positions:
