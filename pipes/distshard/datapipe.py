@@ -486,24 +486,13 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._started_in = os.getpid()
         ctx = self.context()
         resume = self._pending()
-        seed = resume["seed"] if resume is not None and resume["seed"] is not None else self.base_seed(ctx)
+        seed = self._run_seed(ctx, resume)
         self._seed_upstream(seed)
         reader = self.reader()
         if resume is not None:
             self._check_against(resume, reader)
         # raises before anything is consumed if the state is for another slot
-        run = SlotRun(
-            reader,
-            ctx=ctx,
-            even=self.even,
-            shuffle=self.global_shuffle,
-            epoch=self._epoch,
-            seed=seed,
-            resume=resume,
-            multiple=self.multiple_of,
-            carry=self._carry,
-            epoch_reader=self._epoch_readers(seed) if self.even == CARRY else None,
-        )
+        run = self._slot_run(reader, ctx, seed, resume, self._epoch_readers(seed) if self.even == CARRY else None)
         self._progress = run
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
@@ -515,6 +504,32 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return
         yield cast(T, first)
         yield from elements
+
+    def _run_seed(self, ctx: _context.ShardContext, resume: dict[str, Any] | None) -> int:
+        """The seed of a run: the resumed state's, else this epoch's for ``ctx``."""
+        return resume["seed"] if resume is not None and resume["seed"] is not None else self.base_seed(ctx)
+
+    def _slot_run(
+        self,
+        reader: Reader,
+        ctx: _context.ShardContext,
+        seed: int,
+        resume: dict[str, Any] | None,
+        epoch_reader: Callable[[int], RandomAccessReader] | None = None,
+    ) -> SlotRun:
+        """This pipe's run of ``reader`` for the slot ``ctx`` in its current epoch."""
+        return SlotRun(
+            reader,
+            ctx=ctx,
+            even=self.even,
+            shuffle=self.global_shuffle,
+            epoch=self._epoch,
+            seed=seed,
+            resume=resume,
+            multiple=self.multiple_of,
+            carry=self._carry,
+            epoch_reader=epoch_reader,
+        )
 
     # -- state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -532,18 +547,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             # under carry a state says where its run's epoch ends (that depends on the slot count), so
             # one taken before the first element is that of the run this copy would start here
             ctx = self.context()
-            seed = pending["seed"] if pending is not None and pending["seed"] is not None else self.base_seed(ctx)
-            return SlotRun(
-                self.reader(),
-                ctx=ctx,
-                even=self.even,
-                shuffle=self.global_shuffle,
-                epoch=self._epoch,
-                seed=seed,
-                resume=pending,
-                multiple=self.multiple_of,
-                carry=self._carry,
-            ).state()
+            return self._slot_run(self.reader(), ctx, self._run_seed(ctx, pending), pending).state()
         if pending is not None:
             return dict(pending)
         return fresh_state(self._epoch, self.mode, self.even, self._carry)
