@@ -26,7 +26,10 @@ import distshard
 # draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
 # that fails every 7th request: "remote"; a mix of that remote file and a list (the
 # file read through its read-ahead from inside the mix): "mix-files"; the same elements
-# in three gzip-compressed JSON-lines files, which go whole to slots: "gz"
+# in three gzip-compressed JSON-lines files, which go whole to slots: "gz"; a JSON-lines
+# file over HTTP from a server that sends weak ETags without If-Match support and
+# rewrites the file at the same size in the middle of the history: "remote-weak"
+# (reading must refuse, never yield the new version's elements)
 SOURCES = (
     "list",
     "list+map",
@@ -41,6 +44,7 @@ SOURCES = (
     "remote",
     "mix-files",
     "gz",
+    "remote-weak",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -69,7 +73,9 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", *MIXES) or (self.units and self.sized)
+        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", "remote-weak", *MIXES) or (
+            self.units and self.sized
+        )
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -247,6 +253,72 @@ def remote_jsonl(n: int):
     return distshard.jsonl(_SERVER[1].url(path), read_options=options)
 
 
+_WEAK: Any = None  # (pid, RangeServer, Rewriter) of this process
+
+
+class Rewriter:
+    """The file of ``"e0" .. "e{n-1}"`` (version 1) and its rewrite at the same size,
+    ``"x0" .. "x{n-1}"`` (version 2, another mtime): the server switches to version 2
+    after a few GETs (``before_get``); building a pipe puts version 1 back."""
+
+    V1, V2 = 1_700_000_000 * 10**9, 1_700_000_100 * 10**9  # fixed mtimes: fixed weak ETags
+
+    def __init__(self, root: Path) -> None:
+        import threading
+
+        self.root, self.lock, self.gets, self.after = root, threading.Lock(), 0, 0
+
+    def path(self, n: int) -> Path:
+        return self.root / f"e{n}.jsonl"
+
+    def write(self, path: Path, letter: str) -> None:
+        import json
+        import os
+
+        n = int(path.stem[1:])
+        tmp = path.with_name(f".{path.name}.{letter}")
+        tmp.write_text("".join(json.dumps(f"{letter}{i}") + "\n" for i in range(n)))
+        mtime = self.V1 if letter == "e" else self.V2
+        os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, path)
+
+    def reset(self, n: int) -> Path:
+        """Version 1, and a rewrite after ``3 + n % 9`` GETs from now."""
+        path = self.path(n)
+        with self.lock:
+            if not path.exists() or path.stat().st_mtime_ns != self.V1:
+                self.write(path, "e")
+            self.gets, self.after = 0, 3 + n % 9
+        return path
+
+    def __call__(self, path: Path) -> None:
+        with self.lock:
+            self.gets += 1
+            if self.gets == self.after and path.exists() and path.stat().st_mtime_ns == self.V1:
+                self.write(path, "x")
+
+
+def remote_weak_jsonl(n: int):
+    """``distshard.jsonl`` over HTTP from a loopback server with weak ETags that
+    rewrites the file mid-history (:class:`Rewriter`)."""
+    import os
+    import tempfile
+
+    from distshard.sources import ReadOptions
+    from tests.range_server import RangeServer
+
+    global _WEAK
+    jsonl_file(0)  # the cache directory
+    if _WEAK is None or _WEAK[0] != os.getpid():
+        root = Path(tempfile.gettempdir()) / "distshard-model" / f"weak-{os.getpid()}"
+        root.mkdir(parents=True, exist_ok=True)
+        rewriter = Rewriter(root)
+        _WEAK = (os.getpid(), RangeServer(root, weak=True, before_get=rewriter).start(), rewriter)
+    path = _WEAK[2].reset(n)
+    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    return distshard.jsonl(_WEAK[1].url(path), read_options=options)
+
+
 def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The ``dist_shard`` pipe of ``spec``; rank and world_size explicit unless None."""
     options = _options(spec, rank, world_size)
@@ -272,6 +344,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = Tagged(spec.n)
     elif spec.source == "remote":
         source = remote_jsonl(spec.n)
+    elif spec.source == "remote-weak":
+        source = remote_weak_jsonl(spec.n)
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     else:
@@ -305,6 +379,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(Tagged(spec.n), **options)
     if spec.source == "remote":
         return DistShardNode(remote_jsonl(spec.n), **options)
+    if spec.source == "remote-weak":
+        return DistShardNode(remote_weak_jsonl(spec.n), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here

@@ -160,6 +160,43 @@ def test_a_file_rewritten_during_the_epoch_raises_instead_of_mixing_versions(tmp
             pass
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "webdataset"])
+def test_a_file_rewritten_behind_weak_etags_raises(tmp_path, kind):
+    """Issue 21: a server that sends weak ETags (``W/"..."``) and no If-Match
+    support; the file is rewritten at the same size mid-epoch. The weak validator
+    (and the Last-Modified) is compared on every response."""
+    small = ReadOptions(budget=1024, max_range=512, max_gap=0, window=1024, timeout=20)
+    with serve(tmp_path, weak=True) as server:
+        if kind == "jsonl":
+            paths, expected = write_jsonl(tmp_path / "j", files=1, lines=60)
+            source = jsonl([server.url(p) for p in paths], read_options=small)
+        else:
+            paths, _ = write_shards(tmp_path / "t", shards=1, per_shard=40)
+            source = webdataset([server.url(p) for p in paths], read_options=small)
+        it = iter(source.dist_shard())
+        got = [next(it) for _ in range(3)]
+        _rewrite_same_size(Path(paths[0]))
+        with pytest.raises(ValueError, match="changed after it was indexed.*ETag W/"):
+            got.extend(it)
+        if kind == "jsonl":
+            assert got == expected[: len(got)]  # read ahead before the rewrite: the old version only
+
+
+def test_weak_etags_and_last_modified_are_compared():
+    from distshard.sources.remote import _http_stamp, http_change
+
+    lm1, lm2 = "Tue, 01 Dec 2026 10:00:00 GMT", "Tue, 01 Dec 2026 10:00:01 GMT"
+    weak = _http_stamp({"ETag": 'W/"v1"', "Last-Modified": lm1})
+    assert http_change(weak, {"ETag": 'W/"v1"', "Last-Modified": lm1}) is None
+    assert http_change(weak, {"ETag": '"v1"', "Last-Modified": lm1}) is None  # weak comparison
+    assert "ETag" in http_change(weak, {"ETag": 'W/"v2"', "Last-Modified": lm2})
+    assert "Last-Modified" in http_change(weak, {"ETag": 'W/"v1"', "Last-Modified": lm2})
+    assert "Last-Modified" in http_change(weak, {"Last-Modified": lm2})
+    strong = _http_stamp({"ETag": '"v1"', "Last-Modified": lm1})
+    assert strong == '"v1"' and http_change(strong, {"ETag": 'W/"v1"'}) is not None
+    assert http_change(_http_stamp({"Last-Modified": lm1}), {"Last-Modified": lm2}) is not None
+
+
 def test_storage_options_reach_fsspec(tmp_path):
     paths, expected = write_jsonl(tmp_path / "j", files=2, lines=10)
     with serve(tmp_path, require={"Authorization": "Bearer sesame"}) as server:

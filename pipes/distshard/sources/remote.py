@@ -11,9 +11,11 @@ What this module adds to fsspec:
   version (ETag, generation, modification time) are asked once per job, when
   the source is indexed, and travel with the pipe into the DataLoader workers.
   Every range response is then checked against them for free: HTTP and S3 send
-  ``If-Match: <ETag>`` (the store answers 412 if the object changed) and the
-  response's ``Content-Range`` total and ``ETag`` must match; a changed file
-  raises ``ValueError`` instead of mixing two versions. Other stores are checked
+  ``If-Match: <ETag>`` when the ETag is strong (the store answers 412 if the
+  object changed) and the response's ``Content-Range`` total and ``ETag`` must
+  match; a weak ETag (``W/"..."``, which ``If-Match`` cannot check) is compared
+  on every response (weak comparison), and so is the Last-Modified recorded with
+  it or alone; a changed file raises ``ValueError`` instead of mixing two versions. Other stores are checked
   once per process and file (a metadata request).
 * **Retries.** Transient failures (5xx, 429, a reset connection, a short body,
   a timeout) are retried with exponential backoff, bounded in count and time
@@ -186,8 +188,42 @@ _S3_RETRY_CODES = {
 
 
 def _http_stamp(headers: Mapping[str, str]) -> str:
-    """The version an HTTP answer names: its ETag, else ``lm:`` and its Last-Modified."""
-    return headers.get("ETag") or (f"lm:{headers['Last-Modified']}" if headers.get("Last-Modified") else "")
+    """The version an HTTP answer names: a strong ETag alone; a weak one
+    (``W/"..."``, which ``If-Match`` cannot check) with `` lm:`` and the
+    Last-Modified; else ``lm:`` and the Last-Modified."""
+    etag, modified = headers.get("ETag") or "", headers.get("Last-Modified") or ""
+    if etag and _strong_etag(etag) is None and modified:
+        return f"{etag} lm:{modified}"
+    return etag or (f"lm:{modified}" if modified else "")
+
+
+def _stamp_parts(stamp: str) -> tuple[str, str]:
+    """``(ETag, Last-Modified)`` of a stamp made by :func:`_http_stamp` (``""`` for none)."""
+    if stamp.startswith("lm:"):
+        return "", stamp[3:]
+    etag, _, modified = stamp.partition(" lm:")
+    return etag, modified
+
+
+def _opaque(etag: str) -> str:
+    """An ETag without its weakness marker: weak comparison (RFC 9110 8.8.3.2)."""
+    return etag[2:] if etag.startswith("W/") else etag
+
+
+def http_change(stamp: str | None, headers: Mapping[str, str]) -> str | None:
+    """What tells that an HTTP answer is of another version than ``stamp`` (the
+    indexed one), or ``None``: a strong ETag compared exactly, a weak one by weak
+    comparison, the Last-Modified recorded with a weak ETag or alone compared."""
+    if not stamp:
+        return None
+    etag, modified = _stamp_parts(stamp)
+    seen = headers.get("ETag")
+    if etag and seen and (seen != etag if _strong_etag(etag) else _opaque(seen) != _opaque(etag)):
+        return f"ETag {etag} -> {seen}"
+    seen_modified = headers.get("Last-Modified")
+    if modified and seen_modified and seen_modified != modified:
+        return f"Last-Modified {modified} -> {seen_modified}"
+    return None
 
 
 def _strong_etag(stamp: str | None) -> str | None:
@@ -369,12 +405,9 @@ class Client:
             if r.status == 412:
                 raise _Changed(f"the server's version no longer matches ETag {stamp}")
             _check_status(url, r.status, what)
-            seen = r.headers.get("ETag")
-            if stamp and seen and stamp.startswith('"') and seen != stamp:
-                raise _Changed(f"ETag {stamp} -> {seen}")
-            modified = r.headers.get("Last-Modified")
-            if stamp and stamp.startswith("lm:") and modified and f"lm:{modified}" != stamp:
-                raise _Changed(f"Last-Modified {stamp[3:]} -> {modified}")
+            change = http_change(stamp, r.headers)
+            if change is not None:
+                raise _Changed(change)
             if r.status == 206:
                 _check_content_range(url, r.headers.get("Content-Range"), start, stop, size)
             elif not (r.status == 200 and start == 0 and size is not None and stop == size):
