@@ -388,6 +388,8 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
             f"{S} read{'s' if S > 1 else ''} per element of it (no random access)"
         )
         out.reads_per_element = float(S)
+    if read_plan.sequence is not None and hasattr(read_plan.base, "stored_hint"):  # a file source
+        reads.append(f"files: {read_plan.base.describe()}")
     mixture = getattr(type(read_plan.base), "describe", None)
     if mixture is not None and hasattr(type(read_plan.base), "distshard_identity"):  # a mix, a weighted_sample
         reads.append(f"mixture: {mixture(read_plan.base)}")
