@@ -29,7 +29,9 @@ import distshard
 # in three gzip-compressed JSON-lines files, which go whole to slots: "gz"; a JSON-lines
 # file over HTTP from a server that sends weak ETags without If-Match support and
 # rewrites the file at the same size in the middle of the history: "remote-weak"
-# (reading must refuse, never yield the new version's elements)
+# (reading must refuse, never yield the new version's elements); the "remote" file with
+# its index stored beside it by `python -m distshard index` (no HEAD; entries fetched
+# by the slots that read it, through the same faults): "remote-stored"
 SOURCES = (
     "list",
     "list+map",
@@ -45,6 +47,7 @@ SOURCES = (
     "mix-files",
     "gz",
     "remote-weak",
+    "remote-stored",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -73,9 +76,16 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", "remote-weak", *MIXES) or (
-            self.units and self.sized
-        )
+        return self.source in (
+            "list",
+            "list+map",
+            "jsonl",
+            "tagged",
+            "remote",
+            "remote-weak",
+            "remote-stored",
+            *MIXES,
+        ) or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -312,11 +322,50 @@ def remote_weak_jsonl(n: int):
     if _WEAK is None or _WEAK[0] != os.getpid():
         root = Path(tempfile.gettempdir()) / "distshard-model" / f"weak-{os.getpid()}"
         root.mkdir(parents=True, exist_ok=True)
+        _cleanup(root)
         rewriter = Rewriter(root)
         _WEAK = (os.getpid(), RangeServer(root, weak=True, before_get=rewriter).start(), rewriter)
     path = _WEAK[2].reset(n)
     options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
     return distshard.jsonl(_WEAK[1].url(path), read_options=options)
+
+
+def remote_stored_jsonl(n: int):
+    """:func:`remote_jsonl`'s file in a folder of this process's own, indexed once
+    with the command into ``.distshard/`` beside it (served by the same faulty server):
+    the source finds the stored index by itself."""
+    import os
+    import shutil
+
+    from distshard.__main__ import main
+
+    source = remote_jsonl(n)  # starts this process's server
+    root = Path(jsonl_file(n)).parent / f"stored-{os.getpid()}"
+    path = root / f"e{n}.jsonl"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(jsonl_file(n), path)
+        _cleanup(root)
+    url = _SERVER[1].url(path)
+    if not (root / ".distshard" / f"done-{n}").exists():
+        assert main(["index", url, "--out", str(root / ".distshard")]) == 0
+        (root / ".distshard" / f"done-{n}").touch()
+    return distshard.jsonl(url, read_options=source.access.options)
+
+
+def _cleanup(root: Path) -> None:
+    """Remove a folder of this process's own at its exit."""
+    import atexit
+    import os
+    import shutil
+
+    pid = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == pid:  # not in a forked child that exits
+            shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(remove)
 
 
 def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
@@ -346,6 +395,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_jsonl(spec.n)
     elif spec.source == "remote-weak":
         source = remote_weak_jsonl(spec.n)
+    elif spec.source == "remote-stored":
+        source = remote_stored_jsonl(spec.n)
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     else:
@@ -381,6 +432,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(remote_jsonl(spec.n), **options)
     if spec.source == "remote-weak":
         return DistShardNode(remote_weak_jsonl(spec.n), **options)
+    if spec.source == "remote-stored":
+        return DistShardNode(remote_stored_jsonl(spec.n), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here

@@ -683,6 +683,14 @@ def test_every_history_of_a_file_rewritten_behind_weak_etags_is_exact_or_refused
     check_model(spec, data, ["plain", "plain", "sdl0"])
 
 
+@settings(MODEL_SETTINGS, max_examples=30)
+@given(spec=specs(), data=st.data())
+def test_every_history_over_a_stored_index_is_exact_or_refused(spec, data):
+    """The remote file with its index stored beside it (issue 22): no HEAD, the
+    entries fetched by the slots that read, faults retried, exactly once."""
+    check_model(replace(spec, source="remote-stored", n=max(spec.n, 1)), data, ["plain", "sdl0"])
+
+
 @st.composite
 def shuffled_units(draw) -> Spec:
     """The rarest corner of specs(), drawn on purpose: units with sizes read in a

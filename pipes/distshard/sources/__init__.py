@@ -22,10 +22,13 @@ from collections.abc import Mapping
 from typing import Any, Optional, Sequence, Union
 from urllib.parse import urljoin
 
-from . import manifest
 from .base import FileSourceIterDataPipe, SourceSequence
 from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
+from .manifest import FOLDER, FORMAT, MANIFEST, location_of
+from .manifest import load as load_manifest
+from .manifest import parse as parse_manifest
+from .manifest import read as read_small
 from .options import ReadOptions
 from .parquet import ParquetFormat
 from .remote import RemoteReadError
@@ -70,7 +73,7 @@ def _stored_location(index: ShardIndex) -> str | None:
     if not isinstance(index, (str, os.PathLike)):
         return None
     text = os.fspath(index)
-    if text.endswith("/") or text.rstrip("/").rsplit("/", 1)[-1] == manifest.FOLDER:
+    if text.endswith("/") or text.rstrip("/").rsplit("/", 1)[-1] == FOLDER:
         return text.rstrip("/")
     if not is_remote(text) and os.path.isdir(os.path.expanduser(text)):
         return text
@@ -91,7 +94,7 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
     elif isinstance(index, (str, os.PathLike)):
         base = os.fspath(index)
         try:
-            text = manifest.read(base, FileAccess(storage_options=storage_options)).decode("utf-8")
+            text = read_small(base, FileAccess(storage_options=storage_options)).decode("utf-8")
             data = json.loads(text)
         except FileNotFoundError:
             raise FileNotFoundError(f"shard index {base}: no such file") from None
@@ -100,8 +103,8 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
     else:
         raise TypeError(f"index must be a path, a URL or a dict, got {type(index).__name__}")
     where = f"shard index {base}" if base else "shard index"
-    if isinstance(data, Mapping) and data.get("format") == manifest.FORMAT and base is not None:
-        stored = manifest.parse(manifest.location_of(base), json.dumps(data).encode("utf-8"))
+    if isinstance(data, Mapping) and data.get("format") == FORMAT and base is not None:
+        stored = parse_manifest(location_of(base), json.dumps(data).encode("utf-8"))
         return [f.url for f in stored.files.values()], {f.url: f.count for f in stored.files.values()}
     shards = data.get("shardlist") if isinstance(data, Mapping) else None
     if not isinstance(shards, list):
@@ -132,14 +135,14 @@ def _files(
             raise TypeError("urls is required (a list of files, a glob or a brace pattern)")
         return expand_urls(urls, storage_options), {}, None
     location = _stored_location(index)
-    if location is None and isinstance(index, (str, os.PathLike)) and os.fspath(index).endswith(manifest.MANIFEST):
-        location = manifest.location_of(os.fspath(index))
+    if location is None and isinstance(index, (str, os.PathLike)) and os.fspath(index).endswith(MANIFEST):
+        location = location_of(os.fspath(index))
     if location is not None:  # counts and identities come from the stored index when the source is prepared
         if urls is not None:
             return expand_urls(urls, storage_options), {}, location
-        stored = manifest.load(location, FileAccess(storage_options=storage_options))
+        stored = load_manifest(location, FileAccess(storage_options=storage_options))
         if stored is None:
-            raise FileNotFoundError(f"no stored index at {location} (no {manifest.MANIFEST} there)")
+            raise FileNotFoundError(f"no stored index at {location} (no {MANIFEST} there)")
         return [f.url for f in stored.files.values()], {}, location
     listed, declared = read_shard_index(index, storage_options)
     if urls is None:

@@ -19,8 +19,11 @@ from typing import Any, Callable, Mapping
 
 from . import manifest
 from .files import FileAccess, FileRef, file_identity
-from .index import dumps, loads, obtain
+from .index import dumps, load_cached, loads
+from .jsonl import JsonlFormat
 from .manifest import StoredFile
+from .parquet import ParquetFormat, require_pyarrow
+from .tar import TarFormat
 from .urls import expand_urls, is_remote
 
 __all__ = ["Built", "build_stored_index", "format_named", "format_of"]
@@ -44,16 +47,10 @@ Progress = Callable[[int, int, int, float], None]
 def format_named(name: str) -> Any:
     """The format object of ``name`` (``webdataset``, ``jsonl``, ``parquet``)."""
     if name == "webdataset":
-        from .tar import TarFormat
-
         return TarFormat()
     if name == "jsonl":
-        from .jsonl import JsonlFormat
-
         return JsonlFormat()
     if name == "parquet":
-        from .parquet import ParquetFormat, require_pyarrow
-
         require_pyarrow()
         return ParquetFormat(None)
     raise ValueError(f"unknown format {name!r}: one of {', '.join(FORMATS)}")
@@ -96,10 +93,9 @@ def _index_one(url: str, fmt_name: str, location: str, storage_options: Mapping[
     except (FileNotFoundError, NotADirectoryError):
         index = None
     built = index is None
-    if index is None:
-        index, data = obtain(fmt_name, ref, lambda r: fmt.build_index(r, access))
-        assert index is not None
-        manifest.write(entry, data if data is not None else dumps(index), access)
+    if index is None:  # this machine's cache may have it (a job ran here); built otherwise, not cached here
+        index = load_cached(fmt_name, ref) or fmt.build_index(ref, access)
+        manifest.write(entry, dumps(index), access)
     assert ref.size is not None and ref.stamp is not None
     return StoredFile(url, fmt_name, index.count, ref.size, ref.stamp, entry), built
 
