@@ -212,3 +212,17 @@ def test_retries_and_a_slow_first_request_are_logged(tmp_path, caplog, monkeypat
     assert any("bytes [" in m for m in retry)
     assert any("first request to http://" in m for m in messages)
     assert any(m.startswith("indexed 1 jsonl files in") for m in messages)
+
+
+def test_parquet_finds_its_stored_index(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from distshard.sources import parquet
+
+    for f in range(2):
+        pq.write_table(pa.table({"i": list(range(f * 40, f * 40 + 40))}), tmp_path / f"t{f}.parquet", row_group_size=9)
+    assert main(["index", str(tmp_path / "t*.parquet"), "--workers", "2"]) == 0  # processes for local files
+    fresh_machine(monkeypatch, tmp_path, "node")
+    source = parquet(str(tmp_path / "t*.parquet"), columns=["i"])
+    assert sorted(row["i"] for row in source.dist_shard(shuffle=True)) == list(range(80))
+    assert source._stored is not None and source._indexed_here == 0

@@ -210,14 +210,17 @@ def load(location: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | No
 def find(urls: list[str], access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | None:
     """The stored index beside the first of ``urls`` (one request), or ``None``.
     A store that refuses the request (no permission) counts as none."""
-    if not urls:
+    if not urls or "?" in urls[0]:  # (a signed URL: nothing is beside it)
         return None
     location = default_location(urls)
     try:
-        return load(location, access)
-    except PermissionError:
-        log.info("no stored index readable at %s", location)
+        data = read(join(location, MANIFEST), access)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except (OSError, ValueError) as exc:  # denied, or a store that answers oddly: as before, without it
+        log.info("no stored index readable at %s (%s: %s)", location, type(exc).__name__, exc)
+        return None
+    return parse(location, data)
 
 
 def known_files(
