@@ -144,9 +144,7 @@ def test_a_carry_state_of_another_seed_is_refused_naming_the_seed_to_pass():
     with pytest.raises(ValueError, match=r"seed=12345.*seed=None means 0.*pass seed=12345"):
         distshard.StatefulPipeline(shuffled(rank=0, world_size=3)).load_state_dict(state)
     distshard.StatefulPipeline(shuffled(rank=0, world_size=3, seed=12345)).load_state_dict(state)
-    node = distshard.DistShardNode(
-        [f"e{i}" for i in range(N)], even="carry", shuffle=True, rank=0, world_size=3
-    )
+    node = distshard.DistShardNode([f"e{i}" for i in range(N)], even="carry", shuffle=True, rank=0, world_size=3)
     with pytest.raises(ValueError, match=r"pass seed=12345"):
         node.load_state_dict(state)
 
