@@ -55,7 +55,7 @@ class Spec:
     shuffle: bool = False
     multiple: int = 1  # multiple_of, used when even == "drop"
     even: str | None = None
-    seed: int = 0
+    seed: int | None = 0  # None: dist_shard's default (a DataLoader may hand over its seed)
 
     @property
     def units(self) -> bool:
