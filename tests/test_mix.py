@@ -381,6 +381,32 @@ def test_cost_weights_are_shares_of_cost_in_every_prefix():
     assert len(set(mixed)) == len(mixed)
 
 
+def test_huge_finite_costs_keep_the_cost_bound_through_mix_and_dist_shard():
+    """Issue 21: costs about 1e306 (weights 0.1234567 / 0.5) overflowed the schedule's
+    float arithmetic and a source strayed about 40x the largest cost from its share."""
+    from fractions import Fraction
+
+    costs = {"a": [1e306 * (1 + i / 7) for i in range(70)], "b": [1e306 * (1 + i / 5) for i in range(50)]}
+    weights = {"a": 0.1234567, "b": 0.5}
+
+    def build():
+        sources = {name: IterableWrapper([(name, i) for i in range(len(c))]) for name, c in costs.items()}
+        return distshard.mix(sources, weights, cost=costs, stop="first_exhausted")
+
+    mixed = list(build())
+    largest = Fraction(max(max(c) for c in costs.values()))
+    total = Fraction(weights["a"]) + Fraction(weights["b"])
+    cost, own = Fraction(0), dict.fromkeys(costs, Fraction(0))
+    for name, i in mixed:
+        c = Fraction(costs[name][i])
+        cost, own[name] = cost + c, own[name] + c
+        for n, w in weights.items():
+            assert abs(own[n] - Fraction(w) / total * cost) <= largest, (len(mixed), own)
+    assert len(mixed) > 60 and len(set(mixed)) == len(mixed)
+    shards = [list(build().dist_shard(rank=r, world_size=3)) for r in range(3)]  # the same stream, sharded
+    assert sorted(e for shard in shards for e in shard) == sorted(mixed)
+
+
 @pytest.mark.parametrize("world, workers", [(2, 0), (2, 2), (3, 1)])
 def test_a_cost_mix_is_the_same_stream_at_any_world_size_and_reads_once(world, workers):
     expected = list(_costed())
