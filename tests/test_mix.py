@@ -771,3 +771,26 @@ def test_explain_shows_the_mixture_with_its_phases_and_costs():
     text = str(_phased().dist_shard(rank=0, world_size=2).explain())
     assert "mixture: mix of 3 sources in phases: from 0: web 70%, code 20%, math 10%; from 60: web 10%" in text
     assert "weights as shares of the given costs" in str(_costed().dist_shard(rank=0, world_size=2).explain())
+
+
+def test_a_state_of_fractional_costs_scheduled_in_floats_is_refused_not_resumed():
+    """Fractional float costs are scheduled in exact arithmetic now; a state saved when
+    they were scheduled in floats (a near-tie may break the other way) names another
+    identity, so it is refused instead of resuming onto another schedule."""
+    import json
+
+    def build(costs):
+        return distshard.mix(
+            {"a": IterableWrapper([f"a{i}" for i in range(6)]), "b": IterableWrapper([f"b{i}" for i in range(6)])},
+            {"a": 1, "b": 1},
+            cost={"a": costs, "b": [2] * 6},
+        ).dist_shard(rank=0, world_size=1)
+
+    assert "/exact:" in build([1.5] * 6).chain_identity()
+    assert "/exact" not in build([1] * 6).chain_identity()  # integer costs schedule as before
+    pipe = distshard.StatefulPipeline(build([1.5] * 6))
+    next(iter(pipe))
+    state = json.loads(json.dumps(pipe.state_dict()))
+    state["shard"]["source"] = state["shard"]["source"].replace("/exact:", ":")  # as saved before
+    with pytest.raises(ValueError, match="source"):
+        distshard.StatefulPipeline(build([1.5] * 6)).load_state_dict(state)

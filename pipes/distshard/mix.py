@@ -184,6 +184,15 @@ def _wrong_weights(keys: list, weights: object) -> TypeError | None:
     return TypeError(f"weights={_SHORT.repr(weights)} {what}, {_TAKES}{meant}")
 
 
+def _arithmetic(costs: list[list]) -> str:
+    """How the schedule computes with these costs, for the identity: fractional float
+    costs are scheduled in exact arithmetic since state format 3's schedules computed
+    them in floats (a near-tie may break the other way), so a state saved then is
+    refused, not resumed onto another schedule; integer costs schedule as they did."""
+    fractional = any(isinstance(x, float) and not x.is_integer() for c in costs for x in c)
+    return "/exact" if fractional else ""
+
+
 def _check_phases(keys: list, weights: object) -> list[tuple[int, list[float]]]:
     """``weights`` (a mapping, or phases ``[(start, mapping), ...]``) as phases of
     weights in source order."""
@@ -350,7 +359,7 @@ class MixIterDataPipe(IterDataPipe):
         """What a checkpoint records of this mix (see ``readers.base``): names, seed,
         stop, samples, every phase's start and exact weights, every cost."""
         weights = [(start, integer_weights(w)) for start, w in self.phases]
-        costs = "none" if self.costs is None else f"{self.cost_kind}:{digest(self.costs)}"
+        costs = "none" if self.costs is None else f"{self.cost_kind}{_arithmetic(self.costs)}:{digest(self.costs)}"
         return (
             f"mix names={','.join(self.names)} seed={self.seed or 0} stop={self.stop} samples={self.samples} "
             f"phases={len(self.phases)}:{digest([start for start, _ in self.phases])} "
