@@ -702,7 +702,7 @@ def shuffled_specs(draw) -> Spec:
     """Pipelines whose order changes with the epoch, so that an epoch that does not
     reach the workers shows: shuffle=True, or an upstream .shuffle()."""
     upstream = draw(st.booleans())
-    source = "shuffled" if upstream else draw(st.sampled_from(["list", "list+map", "jsonl"]))
+    source = "shuffled" if upstream else draw(st.sampled_from(["list", "list+map", "jsonl", "tokens"]))
     return Spec(
         source,
         n=draw(st.integers(1, 40)),
