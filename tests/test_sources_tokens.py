@@ -25,7 +25,8 @@ from tests.token_files import DTYPES, as_tuple, sequences_for, write_indexed
 def corpus(folder: Path, pairs: int = 3, count: int = 40, dtype: str = "uint16") -> tuple[list[str], list[tuple]]:
     """``pairs`` datasets ``folder/part-N`` (``count + 7 N`` sequences each); the
     prefixes and every sequence in order, as tuples."""
-    prefixes, expected = [], []
+    prefixes: list[str] = []
+    expected: list[tuple] = []
     for p in range(pairs):
         sequences = sequences_for(count + 7 * p, dtype, seed=p)
         prefix = str(folder / f"part-{p}")

@@ -1,4 +1,4 @@
-"""File sources: WebDataset tar shards, JSON lines and Parquet as ``IterDataPipe``\\ s.
+"""File sources: WebDataset tar shards, JSON lines, Parquet and Megatron token files as ``IterDataPipe``\\ s.
 
 Iterated alone, a source yields every sample of every file in order;
 ``.dist_shard()`` reads it at random by position (see :mod:`.base` for the
@@ -25,11 +25,11 @@ from urllib.parse import urljoin
 from .base import FileSourceIterDataPipe, SourceSequence
 from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
+from .megatron import TokensFormat, pair_prefixes, require_numpy
 from .options import ReadOptions
 from .parquet import ParquetFormat
 from .remote import RemoteReadError
 from .tar import TarFormat
-from .tokens import TokensFormat, pair_prefixes, require_numpy
 from .urls import UrlsArg, braceexpand, expand_urls, is_remote
 
 __all__ = [

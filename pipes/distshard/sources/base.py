@@ -14,9 +14,11 @@ For ``dist_shard`` it speaks a small protocol:
   one file's samples: compressed files go whole to slots, each decompressed once;
 - ``describe()``: one line for ``explain()``.
 
-Formats (``tar.py``, ``jsonl.py``, ``parquet.py``) never read: they name the
-byte spans of a sample (``spans``) and parse the bytes they are handed
-(``parse``).
+Formats (``tar.py``, ``jsonl.py``, ``parquet.py``, ``megatron.py``) never read:
+they name the byte spans of a sample (``spans``) and parse the bytes they are
+handed (``parse``). A format whose unit is several files (``megatron.py``: a
+``.bin`` and its ``.idx``, named by their prefix) also gives the unit's
+identity (``identity``) and opens the file its spans are in (``open_random``).
 """
 
 from __future__ import annotations
