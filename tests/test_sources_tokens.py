@@ -429,3 +429,15 @@ def test_on_s3_through_fork_workers_is_exact(tmp_path):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.mark.parametrize("window", [1, 8, 40, 1 << 10, 1 << 20])
+def test_shuffle_windows_follow_the_byte_window_rule(tmp_path, window):
+    from distshard.sources.index import byte_windows
+
+    write_indexed(tmp_path / "c", sequences_for(300, "int32", seed=window), "int32")
+    sequence = distshard.tokens(str(tmp_path / "c")).__distshard_sequence__()
+    _, index = sequence.file_index(0)
+    pointers, lengths = index.arrays["pointers"], index.arrays["lengths"]
+    rule = byte_windows(300, lambda i: (pointers[i], pointers[i] + 4 * lengths[i]), window)
+    assert list(sequence.fmt.windows(index, window)) == list(rule)

@@ -273,14 +273,27 @@ class TokensFormat:
         return np.frombuffer(views[0], stored).astype(native)
 
     def windows(self, index: FileIndex, window: int) -> Sequence[int]:
-        """Shuffle windows: runs of consecutive sequences spanning about ``window`` bytes."""
-        pointers, lengths, itemsize = index.arrays["pointers"], index.arrays["lengths"], self._itemsize(index)
-        return byte_windows(index.count, lambda i: (pointers[i], pointers[i] + lengths[i] * itemsize), window)
+        """Shuffle windows: runs of consecutive sequences spanning about ``window``
+        bytes (:func:`.index.byte_windows`'s rule; one ``searchsorted`` a window
+        when the sequences lie in order in the ``.bin``, as Megatron writes them)."""
+        np = require_numpy()
+        pointers = np.frombuffer(index.arrays["pointers"], np.int64)
+        ends = pointers + self.token_counts(index) * self._itemsize(index)
+        n = index.count
+        if n > 1 and not bool((pointers[1:] >= ends[:-1]).all() and (ends[1:] >= ends[:-1]).all()):
+            return byte_windows(n, lambda i: (int(pointers[i]), int(ends[i])), window)
+        bounds = array("q", [0])
+        i = 0
+        while n:
+            i = max(i + 1, int(np.searchsorted(ends, pointers[i] + window, side="right")))
+            bounds.append(min(i, n))
+            if i >= n:
+                break
+        return bounds
 
     def sample_sizes(self, index: FileIndex) -> list[int]:
         """Stored bytes per sequence (its tokens times the dtype's size)."""
-        itemsize = self._itemsize(index)
-        return [length * itemsize for length in index.arrays["lengths"]]
+        return (self.token_counts(index) * self._itemsize(index)).tolist()
 
     def sample_bytes(self, index: FileIndex) -> list[int]:
         """What ``mix(..., cost="bytes")`` weighs a sequence by: its stored bytes."""
