@@ -67,15 +67,20 @@ _SUFFIXES = (".bin", ".idx")
 _WRITE_BOTH = "write both files again in one run (Megatron-LM's tools/preprocess_data.py writes the pair)"
 
 
+_NUMPY: list[Any] = []  # numpy once imported (asked for every sequence read)
+
+
 def require_numpy() -> Any:
     """``numpy``, or an ``ImportError`` that says how to install it."""
-    try:
-        import numpy
-    except ImportError:
-        raise ImportError(
-            "distshard.tokens() yields numpy arrays: `pip install distshard[tokens]` (or `pip install numpy`)"
-        ) from None
-    return numpy
+    if not _NUMPY:
+        try:
+            import numpy
+        except ImportError:
+            raise ImportError(
+                "distshard.tokens() yields numpy arrays: `pip install distshard[tokens]` (or `pip install numpy`)"
+            ) from None
+        _NUMPY.append(numpy)
+    return _NUMPY[0]
 
 
 def pair_prefixes(names: Iterable[str]) -> list[str]:
@@ -240,7 +245,7 @@ class TokensFormat:
         index, _ = obtain(self.name, ref, lambda r: self.build_index(r, access))
         assert index is not None
         np = require_numpy()
-        stored, native = self._dtypes(index)
+        stored, native, _ = self._dtypes(index)
         lengths, pointers = index.arrays["lengths"], index.arrays["pointers"]
         bin_ref = pair_refs(ref)[0]
         if is_remote(url):
@@ -263,14 +268,13 @@ class TokensFormat:
     def spans(self, index: FileIndex, i: int) -> list[tuple[int, int]]:
         """Sequence ``i``: exactly its bytes of the ``.bin``."""
         start = index.arrays["pointers"][i]
-        return [(start, start + index.arrays["lengths"][i] * self._itemsize(index))]
+        return [(start, start + index.arrays["lengths"][i] * self._dtypes(index)[2])]
 
     def parse(self, handle: Any, index: FileIndex, i: int, ref: FileRef, views: list[memoryview]) -> Any:
         """Sequence ``i`` as a 1-D numpy array of the dataset's dtype (its own
         memory, writable: it keeps no fetched range alive)."""
-        np = require_numpy()
-        stored, native = self._dtypes(index)
-        return np.frombuffer(views[0], stored).astype(native)
+        stored, native, _ = self._dtypes(index)
+        return _NUMPY[0].frombuffer(views[0], stored).astype(native)
 
     def windows(self, index: FileIndex, window: int) -> Sequence[int]:
         """Shuffle windows: runs of consecutive sequences spanning about ``window``
@@ -306,13 +310,12 @@ class TokensFormat:
 
     # -- helpers ------------------------------------------------------------------------------
     def _itemsize(self, index: FileIndex) -> int:
-        return require_numpy().dtype(DTYPES[index.meta["dtype"]]).itemsize
+        return int(self._dtypes(index)[2])
 
-    def _dtypes(self, index: FileIndex) -> tuple[Any, Any]:
-        """The dtype as stored (little endian) and as yielded (native)."""
+    def _dtypes(self, index: FileIndex) -> tuple[Any, Any, int]:
+        """The dtype as stored (little endian), as yielded (native), and its size."""
         found = index.derived.get("dtypes")
         if found is None:
-            np = require_numpy()
-            native = np.dtype(DTYPES[index.meta["dtype"]])
-            found = index.derived["dtypes"] = (native.newbyteorder("<"), native)
+            native = require_numpy().dtype(DTYPES[index.meta["dtype"]])
+            found = index.derived["dtypes"] = (native.newbyteorder("<"), native, native.itemsize)
         return found
