@@ -175,12 +175,17 @@ def token_pair(n: int) -> str:
     dtype = TOKEN_DTYPES[n % len(TOKEN_DTYPES)]
     prefix = os.path.join(os.path.dirname(jsonl_file(0)), f"t{n}-{dtype}")
     if not os.path.exists(prefix + ".idx"):
+        import fcntl
+
         import numpy as np
 
-        tmp = f"{prefix}.{os.getpid()}"
-        write_indexed(tmp, [np.array(token_sequence(i), dtype) for i in range(n)], dtype)
-        os.replace(tmp + ".bin", prefix + ".bin")
-        os.replace(tmp + ".idx", prefix + ".idx")  # last: its presence says the pair is whole
+        with open(prefix + ".lock", "w") as lock:  # gloo ranks start at once: one writes, once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(prefix + ".idx"):
+                tmp = f"{prefix}.{os.getpid()}"
+                write_indexed(tmp, [np.array(token_sequence(i), dtype) for i in range(n)], dtype)
+                os.replace(tmp + ".bin", prefix + ".bin")
+                os.replace(tmp + ".idx", prefix + ".idx")  # last: its presence says the pair is whole
     return prefix
 
 
