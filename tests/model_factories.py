@@ -26,7 +26,9 @@ import distshard
 # draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
 # that fails every 7th request: "remote"; a mix of that remote file and a list (the
 # file read through its read-ahead from inside the mix): "mix-files"; the same elements
-# in three gzip-compressed JSON-lines files, which go whole to slots: "gz"
+# in three gzip-compressed JSON-lines files, which go whole to slots: "gz"; a Megatron
+# .bin/.idx pair read by distshard.tokens (its dtype varies with n), each sequence named
+# after a 1:1 map that checks its tokens: "tokens"
 SOURCES = (
     "list",
     "list+map",
@@ -41,6 +43,7 @@ SOURCES = (
     "remote",
     "mix-files",
     "gz",
+    "tokens",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -69,7 +72,9 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", *MIXES) or (self.units and self.sized)
+        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", "tokens", *MIXES) or (
+            self.units and self.sized
+        )
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -143,6 +148,45 @@ def gz_files(n: int) -> list[str]:
             os.replace(tmp, path)
         paths.append(path)
     return paths
+
+
+TOKEN_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16")
+
+
+def token_sequence(i: int) -> list[int]:
+    """The tokens of sequence ``i`` of :func:`token_pair` (1 to 4 of them, the first ``i``)."""
+    return [i, *((i * 7 + k) % 11 for k in range(i % 4))]
+
+
+def token_name(sequence: Any) -> str:
+    """``"e{i}"`` for sequence ``i`` of :func:`token_pair` when its tokens are exactly
+    those written, else a name that no epoch holds."""
+    values = sequence.tolist()
+    return f"e{int(values[0])}" if values and values == token_sequence(int(values[0])) else f"bad{values}"
+
+
+def token_pair(n: int) -> str:
+    """The prefix of a Megatron .bin/.idx pair of ``n`` sequences (:func:`token_sequence`),
+    of dtype ``TOKEN_DTYPES[n % 8]``, written once per machine (tests/token_files.py)."""
+    import os
+
+    from tests.token_files import write_indexed
+
+    dtype = TOKEN_DTYPES[n % len(TOKEN_DTYPES)]
+    prefix = os.path.join(os.path.dirname(jsonl_file(0)), f"t{n}-{dtype}")
+    if not os.path.exists(prefix + ".idx"):
+        import fcntl
+
+        import numpy as np
+
+        with open(prefix + ".lock", "w") as lock:  # gloo ranks start at once: one writes, once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(prefix + ".idx"):
+                tmp = f"{prefix}.{os.getpid()}"
+                write_indexed(tmp, [np.array(token_sequence(i), dtype) for i in range(n)], dtype)
+                os.replace(tmp + ".bin", prefix + ".bin")
+                os.replace(tmp + ".idx", prefix + ".idx")  # last: its presence says the pair is whole
+    return prefix
 
 
 def mixed(n: int, kind: str = "mix"):
@@ -274,6 +318,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_jsonl(spec.n)
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
+    elif spec.source == "tokens":
+        source = distshard.tokens(token_pair(spec.n)).map(token_name)
     else:
         raise ValueError(f"unknown source {spec.source!r}")
     return source.dist_shard(**options)
@@ -307,6 +353,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(remote_jsonl(spec.n), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
+    if spec.source == "tokens":
+        return Mapper(DistShardNode(distshard.tokens(token_pair(spec.n)), **options), token_name)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 

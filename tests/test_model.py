@@ -707,7 +707,7 @@ def shuffled_specs(draw) -> Spec:
     """Pipelines whose order changes with the epoch, so that an epoch that does not
     reach the workers shows: shuffle=True, or an upstream .shuffle()."""
     upstream = draw(st.booleans())
-    source = "shuffled" if upstream else draw(st.sampled_from(["list", "list+map", "jsonl"]))
+    source = "shuffled" if upstream else draw(st.sampled_from(["list", "list+map", "jsonl", "tokens"]))
     return Spec(
         source,
         n=draw(st.integers(1, 40)),
@@ -878,13 +878,15 @@ GLOO_CASES = [
     (Spec("units", unit_sizes=(5, 0, 7, 3, 9, 4), sized=True, shuffle=True, even="pad", seed=1), (2, 2, 6), (1, 2)),
     # the merged state keeps the carried tail: 3 ranks in whole batches of 2 take what fits of it
     (Spec("tagged", n=41, shuffle=True, even="carry", multiple=2, seed=5), (2, 2, 7), (3, 1)),
+    # a Megatron token pair, indexed collectively when each group builds it
+    (Spec("tokens", n=43, shuffle=True, even="drop", seed=3), (2, 2, 5), (3, 1)),
 ]
 
 
 @pytest.mark.parametrize(
     "spec, first, second",
     GLOO_CASES,
-    ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2", "tagged-carry-2x2-3x1"],
+    ids=["shuffled-drop-2x2-3x1", "units-shuffle-pad-2x2-1x2", "tagged-carry-2x2-3x1", "tokens-shuffle-drop-2x2-3x1"],
 )
 def test_elastic_resume_on_real_groups_is_exact(spec, first, second):
     world, workers, take = first

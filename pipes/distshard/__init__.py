@@ -17,7 +17,7 @@ from .graph import positional
 from .guard import stop_together
 from .mix import mix
 from .sample import weighted_sample
-from .sources import ReadOptions, RemoteReadError, jsonl, parquet, webdataset
+from .sources import ReadOptions, RemoteReadError, jsonl, parquet, tokens, webdataset
 from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
 from .verify import VerifyReport, verify
@@ -36,6 +36,7 @@ __all__ = [
     "explain",
     "jsonl",
     "parquet",
+    "tokens",
     "webdataset",
     "gather_states",
     "merge_states",
