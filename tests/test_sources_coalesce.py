@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distshard.sources.coalesce import Range, coalesce
+from distshard.sources.coalesce import Coverage, Range, coalesce
 from distshard.sources.fetch import ReadAhead, Request
 from distshard.sources.index import byte_windows
 from distshard.sources.options import ReadOptions
@@ -75,6 +75,36 @@ def test_contiguous_spans_make_about_total_over_max_range_requests(sizes, max_ra
     assert len(ranges) <= 2 * at // max_range + 1
 
 
+@FAST
+@given(layout=layouts(), data=st.data(), max_range=st.integers(1, 2000), max_gap=st.integers(0, 500))
+def test_coverage_bounds_the_bytes_coalescing_fetches_and_undoes_exactly(layout, data, max_range, max_gap):
+    wanted = data.draw(st.lists(st.sampled_from(layout), max_size=40)) if layout else []
+    live_spans = [s for s in layout if s not in wanted and data.draw(st.booleans())]
+    live: dict[int, list[Range]] = {}
+    for rng in coalesce(live_spans, max_range, max_gap):
+        live.setdefault(rng.file, []).append(rng)
+    coverage = Coverage()
+    totals = []
+    for count, (file, start, stop) in enumerate(wanted, 1):
+        mark = coverage.mark()
+        before = coverage.total
+        growth = coverage.add(file, start, stop, max_gap)
+        assert growth >= 0 and coverage.total == before + growth
+        fetched = sum(r.size for r in coalesce(wanted[:count], max_range, max_gap, live))
+        assert fetched <= coverage.total  # what the read-ahead counts is never below what it holds
+        if data.draw(st.booleans()):  # tried and withdrawn, as a request that does not fit
+            extra = data.draw(st.sampled_from(layout))
+            inner = coverage.mark()
+            coverage.add(*extra, max_gap)
+            coverage.undo(inner)
+            assert coverage.total == before + growth
+        totals.append((mark, before))
+    for mark, before in reversed(totals):
+        coverage.undo(mark)
+        assert coverage.total == before
+    assert coverage.total == 0
+
+
 def test_coalesce_refuses_nonsense():
     with pytest.raises(ValueError, match="max_range"):
         coalesce([], 0, 0)
@@ -123,7 +153,7 @@ def test_read_ahead_delivers_every_request_in_order_within_its_budget(layout, da
     for (_, views), (_, a, b) in zip(got, order, strict=True):
         assert bytes(views[0]) == bytes(i % 251 for i in range(a, b))
     largest = max((b - a for _, a, b in order), default=0)
-    assert fetch.STATS.peak_held <= max(budget, 0) + largest + max_range  # the budget, plus one oversize batch
+    assert fetch.STATS.peak_held <= max(budget, largest)  # gaps included; one larger request alone
     assert fetch.STATS.held == 0  # everything released at the end
     assert len(log) <= len(order)
 
@@ -139,7 +169,7 @@ def test_read_ahead_stays_within_its_budget_on_a_long_run():
         ahead = ReadAhead(options, lambda f: FakeFile(pool, log))
         for _, views in ahead.run(Request(k, 0, [span]) for k, span in enumerate(spans)):
             assert len(views[0]) == 1000
-    assert 0 < fetch.STATS.peak_held <= options.budget + options.max_range
+    assert 0 < fetch.STATS.peak_held <= options.budget
     assert sum(b - a for a, b in log) == 2000 * 1000  # each byte once
     assert len(log) <= 2 * 2000 * 1000 // options.max_range + 1
 

@@ -11,9 +11,12 @@ local file among remote ones: a ``pread`` when first needed) and hands each
 request its bytes, in order, as soon as they are there. Sources of local files
 only do not use it (``SourceSequence.distshard_read`` reads them exactly).
 
-Memory: the bytes of submitted ranges not yet released stay within
-``ReadOptions.budget`` (a range is released once every request it serves was
-delivered); one request larger than the budget is still read whole. The peak is
+Memory: the bytes of submitted ranges not yet released (a range is released
+once every request it serves was delivered), the gaps they read through
+included, stay within ``ReadOptions.budget``: a request is admitted only when a
+bound of the ranges it adds (:class:`.coalesce.Coverage`) fits. The one
+exception is a request whose own bytes exceed the budget: it is read whole,
+alone (its spans exactly), once nothing else is held. The peak is
 recorded per process in :data:`STATS` (what ``benchmarks/bench_remote.py``
 reports).
 """
@@ -27,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-from .coalesce import Range, coalesce
+from .coalesce import Coverage, Range, coalesce
 from .options import ReadOptions
 
 __all__ = ["Opened", "ReadAhead", "Request", "STATS", "reset_stats"]
@@ -140,8 +143,11 @@ class ReadAhead:
         live: dict[int, list[_Held]] = {}
         starts: dict[int, list[int]] = {}
         held = 0
+        waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
         exhausted = False
         options = self.options
+        gaps = self.gaps
+        want = max(1, min(self.batch, options.budget // 2))  # the least room worth a plan while requests are pending
 
         def release(item: _Held) -> None:
             nonlocal held
@@ -154,31 +160,50 @@ class ReadAhead:
                 with STATS.lock:
                     STATS.held -= rng.size
 
-        def plan() -> None:
-            """Pull the next batch of requests and submit the ranges they need."""
-            nonlocal held, exhausted
+        def pull() -> Request | None:
+            nonlocal exhausted
+            if waiting:
+                return waiting.pop()
+            if exhausted:
+                return None
+            try:
+                return next(source)
+            except StopIteration:
+                exhausted = True
+                return None
+
+        def plan(room: int) -> None:
+            """Admit the next requests while the ranges they need (the gaps read
+            through included, bounded by :class:`.coalesce.Coverage`) fit in
+            ``room`` bytes, and submit those ranges. With nothing held the next
+            request is admitted whatever its size: alone, its spans exactly."""
             batch: list[Request] = []
-            new = 0
-            while (
-                not exhausted
-                and (not batch or (new < self.batch and held + new < options.budget))
-                and len(pending) + len(batch) < self.MAX_PENDING
-            ):
-                try:
-                    request = next(source)
-                except StopIteration:
-                    exhausted = True
+            coverage = Coverage()
+            alone = False
+            while len(pending) + len(batch) < self.MAX_PENDING:
+                request = pull()
+                if request is None:
                     break
-                batch.append(request)
+                mark = coverage.mark()
+                gap = options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
-                    if stop > start and not self._live(live, starts, request.file, start, stop):
-                        new += stop - start
+                    if stop > start and self._live(live, starts, request.file, start, stop) is None:
+                        coverage.add(request.file, start, stop, gap)
+                if coverage.total <= room:
+                    batch.append(request)
+                    continue
+                coverage.undo(mark)
+                if not batch and held == 0:
+                    batch.append(request)
+                    alone = True
+                else:
+                    waiting.append(request)
+                break
             if not batch:
                 return
             by_gap: dict[int, list[tuple[int, int, int]]] = {}
-            gaps = self.gaps
             for request in batch:
-                gap = options.max_gap if gaps is None else gaps[request.file]
+                gap = 0 if alone else options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
                     if stop > start:
                         by_gap.setdefault(gap, []).append((request.file, start, stop))
@@ -192,6 +217,10 @@ class ReadAhead:
                         {f: [h.range for h in live[f]] for f in {s[0] for s in spans} if f in live},
                     )
                 )
+            submit(ranges, batch)
+
+        def submit(ranges: list[Range], batch: list[Request]) -> None:
+            nonlocal held
             for rng in sorted(ranges, key=_first_use(batch)):
                 item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop))
                 at = bisect.bisect_left(starts.setdefault(rng.file, []), rng.start)
@@ -215,12 +244,25 @@ class ReadAhead:
                     uses.append((found, start - found.range.start, stop - found.range.start))
                 pending.append((request, uses))
 
+        def fill() -> None:
+            """Plan ahead while the budget has room (``want`` bytes of it, unless
+            fewer than two requests are left to deliver)."""
+            if not pending:
+                plan(min(self.batch, options.budget))  # nothing is held
+            while (waiting or not exhausted) and len(pending) < self.MAX_PENDING:
+                room = options.budget - held
+                if room <= 0 or (room < want and len(pending) >= 2):
+                    break
+                before = len(pending)
+                plan(min(room, self.batch))
+                if len(pending) == before:
+                    break
+
         try:
             while True:
+                fill()
                 if not pending:
-                    plan()
-                    if not pending:
-                        return
+                    return
                 request, uses = pending.popleft()
                 views: list[memoryview] = []
                 try:
@@ -230,16 +272,6 @@ class ReadAhead:
                     for item, _, _ in uses:
                         if item is not None:
                             release(item)
-                while (
-                    not exhausted
-                    and held < options.budget
-                    and len(pending) < self.MAX_PENDING
-                    and (len(pending) < 2 or held + self.batch <= options.budget)
-                ):
-                    before = len(pending)
-                    plan()
-                    if len(pending) == before:
-                        break
                 yield request.payload, views
         finally:
             for items in live.values():

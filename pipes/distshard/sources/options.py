@@ -21,8 +21,11 @@ class ReadOptions:
 
     Args:
         budget: bytes a reading slot (one per DataLoader worker) may hold in
-            fetched or in-flight ranges ahead of use. Memory stays within it,
-            except that one sample larger than the budget is still read whole.
+            fetched or in-flight ranges ahead of use, the gaps those ranges
+            read through (tar headers, padding, unwanted bytes up to
+            ``max_gap``) included. Memory stays within it, except that one
+            sample larger than the budget is still read whole (alone, once
+            nothing else is held).
         max_range: the largest range request coalescing makes (a sample larger
             than this is still one request).
         max_gap: two spans of one file share a request when at most this many
