@@ -11,6 +11,15 @@ local file among remote ones: a ``pread`` when first needed) and hands each
 request its bytes, in order, as soon as they are there. Sources of local files
 only do not use it (``SourceSequence.distshard_read`` reads them exactly).
 
+Ramp: a run starts small, as TCP's slow start does. Its first plan admits
+``ReadOptions.first_range`` bytes (the first request's bytes asked first, so
+the first sample comes after one small request, not behind a slot's whole share
+of a shared link); each later plan admits twice as much, up to ``max_range``
+(more when ``4 * window`` is larger); and the bytes held, in flight or not, stay
+within a window of ``2 * first_range`` widened by every byte delivered (so it
+about doubles per round trip while the link is the bottleneck), up to the
+budget. Ranges are submitted in the order of the first request that needs them.
+
 Memory: the bytes of submitted ranges not yet released (a range is released
 once every request it serves was delivered), the gaps they read through
 included, stay within ``ReadOptions.budget``: a request is admitted only when a
@@ -130,11 +139,17 @@ class ReadAhead:
     #: the most requests pulled ahead of delivery (each costs a small tuple)
     MAX_PENDING = 1 << 16
 
-    def __init__(self, options: ReadOptions, open: Callable[[int], Opened], gaps: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        options: ReadOptions,
+        open: Callable[[int], Opened],
+        gaps: Sequence[int] | None = None,
+    ) -> None:
         self.options = options
         self.open = open
         self.gaps = gaps
         self.batch = min(options.budget, max(options.max_range, 4 * options.window))
+        self.first = max(1, min(options.first_range, self.batch))
 
     def run(self, requests: Iterable[Request]) -> Iterator[tuple[Any, list[memoryview]]]:
         """``(payload, [bytes of each span])`` for every request, in order."""
@@ -143,20 +158,32 @@ class ReadAhead:
         live: dict[int, list[_Held]] = {}
         starts: dict[int, list[int]] = {}
         held = 0
+        released = 0  # bytes of ranges delivered and let go: the window grows by them
+        plans = 0  # plans that submitted something: the batch doubles with each
         waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
         exhausted = False
         options = self.options
         gaps = self.gaps
-        want = max(1, min(self.batch, options.budget // 2))  # the least room worth a plan while requests are pending
+        first = self.first
+
+        def limit() -> int:
+            """The bytes that may be held now: the window, widened by what was
+            delivered (slow start), within the budget."""
+            return min(options.budget, 2 * first + released)
+
+        def cap() -> int:
+            """The most bytes the next plan admits: ``first``, doubling per plan."""
+            return min(self.batch, first << min(plans, 62))
 
         def release(item: _Held) -> None:
-            nonlocal held
+            nonlocal held, released
             item.users -= 1
             if item.users == 0:
                 rng = item.range
                 index = bisect.bisect_left(starts[rng.file], rng.start)
                 del live[rng.file][index], starts[rng.file][index]
                 held -= rng.size
+                released += rng.size
                 with STATS.lock:
                     STATS.held -= rng.size
 
@@ -220,7 +247,8 @@ class ReadAhead:
             submit(ranges, batch)
 
         def submit(ranges: list[Range], batch: list[Request]) -> None:
-            nonlocal held
+            nonlocal held, plans
+            plans += 1
             for rng in sorted(ranges, key=_first_use(batch)):
                 item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop))
                 at = bisect.bisect_left(starts.setdefault(rng.file, []), rng.start)
@@ -245,16 +273,16 @@ class ReadAhead:
                 pending.append((request, uses))
 
         def fill() -> None:
-            """Plan ahead while the budget has room (``want`` bytes of it, unless
-            fewer than two requests are left to deliver)."""
+            """Plan ahead while the window has room (enough for half a plan,
+            unless fewer than two requests are left to deliver)."""
             if not pending:
-                plan(min(self.batch, options.budget))  # nothing is held
+                plan(min(cap(), limit()))  # nothing is held
             while (waiting or not exhausted) and len(pending) < self.MAX_PENDING:
-                room = options.budget - held
-                if room <= 0 or (room < want and len(pending) >= 2):
+                room = limit() - held
+                if room <= 0 or (room < max(1, min(cap(), limit()) // 2) and len(pending) >= 2):
                     break
                 before = len(pending)
-                plan(min(room, self.batch))
+                plan(min(room, cap()))
                 if len(pending) == before:
                     break
 
@@ -267,7 +295,10 @@ class ReadAhead:
                 views: list[memoryview] = []
                 try:
                     for item, lo, hi in uses:
-                        views.append(memoryview(item.future.result())[lo:hi] if item is not None else memoryview(b""))
+                        if item is None:
+                            views.append(memoryview(b""))
+                            continue
+                        views.append(memoryview(item.future.result())[lo:hi])
                 finally:
                     for item, _, _ in uses:
                         if item is not None:

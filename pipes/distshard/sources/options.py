@@ -42,6 +42,11 @@ class ReadOptions:
             reset connection, a short body, a timeout).
         retry_seconds: the most time spent retrying one request.
         timeout: seconds one request may take before it counts as failed.
+        first_range: the bytes a slot's first plan of reads asks for: the read-ahead
+            starts with ranges this small and doubles them per plan up to
+            ``max_range``, its window of bytes held widening by every byte
+            delivered up to ``budget`` (a slow start: the first samples come
+            after one small request, not behind the slot's whole share).
     """
 
     budget: int = 64 * MiB
@@ -52,6 +57,7 @@ class ReadOptions:
     retries: int = 6
     retry_seconds: float = 60.0
     timeout: float = 60.0
+    first_range: int = 256 << 10
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -77,4 +83,4 @@ class ReadOptions:
         return f"w{self.window}"
 
 
-_BYTES = ("budget", "max_range", "max_gap", "window")
+_BYTES = ("budget", "max_range", "first_range", "max_gap", "window")
