@@ -37,10 +37,13 @@ import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from .coalesce import Coverage, Range, coalesce
 from .options import ReadOptions
+
+if TYPE_CHECKING:
+    from .cache import FileCache
 
 __all__ = ["Opened", "ReadAhead", "Request", "STATS", "reset_stats"]
 
@@ -63,10 +66,12 @@ class Request:
 
 
 class _Held:
-    __slots__ = ("range", "future", "users")
+    __slots__ = ("range", "future", "users", "cache", "live")
 
-    def __init__(self, rng: Range, future: Any) -> None:
+    def __init__(self, rng: Range, future: Any, cache: FileCache | None = None, live: bool = True) -> None:
         self.range, self.future, self.users = rng, future, 0
+        self.cache = cache  # where its bytes are stored once they are there
+        self.live = live  # False: a span read from the local cache (not held, not coalesced)
 
 
 @dataclass
@@ -144,10 +149,12 @@ class ReadAhead:
         options: ReadOptions,
         open: Callable[[int], Opened],
         gaps: Sequence[int] | None = None,
+        caches: Callable[[int], FileCache | None] | None = None,
     ) -> None:
         self.options = options
         self.open = open
         self.gaps = gaps
+        self.caches = caches
         self.batch = min(options.budget, max(options.max_range, 4 * options.window))
         self.first = max(1, min(options.first_range, self.batch))
 
@@ -161,10 +168,34 @@ class ReadAhead:
         released = 0  # bytes of ranges delivered and let go: the window grows by them
         plans = 0  # plans that submitted something: the batch doubles with each
         waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
+        local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
         exhausted = False
         options = self.options
         gaps = self.gaps
         first = self.first
+        caches: dict[int, FileCache | None] = {}
+
+        def cache_of(file: int) -> FileCache | None:
+            if self.caches is None:
+                return None
+            if file not in caches:
+                caches[file] = self.caches(file)
+            return caches[file]
+
+        def stored(file: int, start: int, stop: int) -> _Held | None:
+            """A span read from the local cache instead of the store, if it is there."""
+            cache = cache_of(file)
+            found = cache.find(start, stop) if cache is not None else None
+            if cache is None or found is None:
+                return None
+
+            def read() -> bytes:
+                try:
+                    return cache.read(found, start, stop)
+                except OSError:  # evicted since: from the store after all
+                    return bytes(self.open(file).submit(start, stop).result())
+
+            return _Held(Range(file, start, stop), _Deferred(read), live=False)
 
         def limit() -> int:
             """The bytes that may be held now: the window, widened by what was
@@ -214,7 +245,14 @@ class ReadAhead:
                 mark = coverage.mark()
                 gap = options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
-                    if stop > start and self._live(live, starts, request.file, start, stop) is None:
+                    if (
+                        stop > start
+                        and self._live(live, starts, request.file, start, stop) is None
+                        and (self.caches is None or (request.file, start, stop) not in local)
+                    ):
+                        if self.caches is not None and (hit := stored(request.file, start, stop)) is not None:
+                            local[(request.file, start, stop)] = hit
+                            continue
                         coverage.add(request.file, start, stop, gap)
                 if coverage.total <= room:
                     batch.append(request)
@@ -232,7 +270,7 @@ class ReadAhead:
             for request in batch:
                 gap = 0 if alone else options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
-                    if stop > start:
+                    if stop > start and (request.file, start, stop) not in local:
                         by_gap.setdefault(gap, []).append((request.file, start, stop))
             ranges: list[Range] = []
             for gap, spans in by_gap.items():
@@ -250,7 +288,7 @@ class ReadAhead:
             nonlocal held, plans
             plans += 1
             for rng in sorted(ranges, key=_first_use(batch)):
-                item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop))
+                item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop), cache_of(rng.file))
                 at = bisect.bisect_left(starts.setdefault(rng.file, []), rng.start)
                 starts[rng.file].insert(at, rng.start)
                 live.setdefault(rng.file, []).insert(at, item)
@@ -266,11 +304,17 @@ class ReadAhead:
                     if stop <= start:
                         uses.append((None, 0, 0))
                         continue
+                    hit = local.get((request.file, start, stop)) if local else None
+                    if hit is not None:
+                        hit.users += 1
+                        uses.append((hit, 0, stop - start))
+                        continue
                     found = self._live(live, starts, request.file, start, stop)
                     assert found is not None, (request.file, start, stop)
                     found.users += 1
                     uses.append((found, start - found.range.start, stop - found.range.start))
                 pending.append((request, uses))
+            local.clear()  # (a request left waiting looks its spans up again)
 
         def fill() -> None:
             """Plan ahead while the window has room (enough for half a plan,
@@ -298,10 +342,14 @@ class ReadAhead:
                         if item is None:
                             views.append(memoryview(b""))
                             continue
-                        views.append(memoryview(item.future.result())[lo:hi])
+                        data = item.future.result()
+                        if item.cache is not None:  # fetched: kept on local disk for later epochs
+                            cache, item.cache = item.cache, None
+                            cache.store(item.range.start, item.range.stop, data)
+                        views.append(memoryview(data)[lo:hi])
                 finally:
                     for item, _, _ in uses:
-                        if item is not None:
+                        if item is not None and item.live:
                             release(item)
                 yield request.payload, views
         finally:
