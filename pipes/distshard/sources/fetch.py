@@ -20,6 +20,12 @@ within a window of ``2 * first_range`` widened by every byte delivered (so it
 about doubles per round trip while the link is the bottleneck), up to the
 budget. Ranges are submitted in the order of the first request that needs them.
 
+Local cache: with ``ReadOptions.cache_dir`` every span of a remote file is
+first looked up in :mod:`.cache`; one inside a stored range is read from local
+disk when its request is delivered (it is neither coalesced nor counted against
+the budget), and every range fetched from the store is stored once its bytes
+are there.
+
 Memory: the bytes of submitted ranges not yet released (a range is released
 once every request it serves was delivered), the gaps they read through
 included, stay within ``ReadOptions.budget``: a request is admitted only when a
@@ -80,12 +86,13 @@ class Stats:
 
     ranges: int = 0
     bytes: int = 0
+    cached: int = 0  # bytes of spans found in the local cache (not fetched)
     peak_held: int = 0
     held: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def as_dict(self) -> dict[str, int]:
-        return {"ranges": self.ranges, "bytes": self.bytes, "peak_held": self.peak_held}
+        return {"ranges": self.ranges, "bytes": self.bytes, "cached": self.cached, "peak_held": self.peak_held}
 
 
 STATS = Stats()
@@ -188,6 +195,8 @@ class ReadAhead:
             found = cache.find(start, stop) if cache is not None else None
             if cache is None or found is None:
                 return None
+            with STATS.lock:
+                STATS.cached += stop - start
 
             def read() -> bytes:
                 try:
