@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 import distshard
-from distshard.sources import ReadOptions, jsonl, webdataset
+from distshard.sources import ReadOptions, fetch, jsonl, webdataset
 from distshard.sources.cache import RangeCache
 from tests.range_server import RangeServer, serve
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
@@ -132,3 +132,24 @@ def test_the_cache_serves_only_its_own_version_and_checks_its_options(tmp_path):
     with pytest.raises(ValueError, match="cache_bytes"):
         ReadOptions(cache_bytes=0)
     assert ReadOptions(cache_dir=tmp_path).cache_dir == str(tmp_path)
+
+
+def test_parquet_rows_come_from_the_cache_in_later_epochs(tmp_path, server):
+    pytest.importorskip("pyarrow")
+    from distshard.sources import parquet
+    from tests.test_sources_parquet import write_tables
+
+    paths, expected = write_tables(tmp_path / "data")
+    urls = [server.url(p) for p in paths]
+    source = parquet(urls, read_options=options(tmp_path / "ranges"))
+    source.counts()
+    pipe = source.dist_shard(shuffle=True)
+    for epoch in range(2):
+        server.settle().reset_counters()
+        fetch.reset_stats()
+        pipe.set_epoch(epoch)
+        assert sorted(map(repr, pipe)) == sorted(map(repr, expected))
+        # the read-ahead's ranges only: pyarrow's reads across adjacent column chunks are served
+        # from them (they were one more request per row group), then from the cache
+        assert server.settle().requests["GET"] == (fetch.STATS.ranges if epoch == 0 else 0)
+    assert fetch.STATS.cached > 0

@@ -148,3 +148,19 @@ def test_bytes_held_per_dataloader_worker_stay_within_the_budget(tmp_path, serve
     assert Counter(k for k, _ in got) == Counter(expected)
     peaks = [p for _, p in got]
     assert 0 < max(peaks) <= read.budget, (max(peaks), read.budget)
+
+
+def test_remote_parquet_rows_take_only_the_read_aheads_requests(tmp_path, server):
+    """pyarrow reads a row group's adjacent column chunks at once: served from the
+    fetched chunks, not one more request per row group."""
+    pytest.importorskip("pyarrow")
+    from distshard.sources import parquet
+    from tests.test_sources_parquet import write_tables
+
+    paths, expected = write_tables(tmp_path / "data")
+    source = parquet([server.url(p) for p in paths], read_options=ReadOptions(window=16 << 10, max_gap=4 << 10))
+    source.counts()
+    server.settle().reset_counters()
+    fetch.reset_stats()
+    assert sorted(map(repr, source.dist_shard(shuffle=True))) == sorted(map(repr, expected))
+    assert server.settle().requests["GET"] == fetch.STATS.ranges
