@@ -153,3 +153,32 @@ def test_parquet_rows_come_from_the_cache_in_later_epochs(tmp_path, server):
         # from them (they were one more request per row group), then from the cache
         assert server.settle().requests["GET"] == (fetch.STATS.ranges if epoch == 0 else 0)
     assert fetch.STATS.cached > 0
+
+
+def test_spans_from_the_cache_count_against_the_window_so_a_cached_epoch_does_not_run_far_ahead(tmp_path):
+    from distshard.sources.fetch import ReadAhead, Request
+
+    cache = RangeCache(str(tmp_path / "c"), 1 << 30)
+    stored = cache.file("https://h/a.bin", 1 << 20, '"v1"')
+    assert stored is not None
+    stored.store(0, 1 << 20, bytes(i % 251 for i in range(1 << 20)))
+
+    class Unreachable:
+        def submit(self, start, stop):
+            raise AssertionError(f"asked the store for [{start}, {stop})")
+
+    pulled = []
+
+    def requests():
+        for k in range(1024):
+            pulled.append(k)
+            yield Request(k, 0, [(k * 1024, (k + 1) * 1024)])
+
+    read = ReadOptions(budget=64 << 10, first_range=8 << 10, max_range=16 << 10, max_gap=0, window=16 << 10)
+    run = ReadAhead(read, lambda f: Unreachable(), caches=lambda f: stored).run(requests())
+    k, views = next(run)
+    assert k == 0 and bytes(views[0]) == bytes(i % 251 for i in range(1024))
+    assert len(pulled) <= 2 * (8 << 10) // 1024 + 1  # the first window's worth, not the whole epoch
+    rest = list(run)
+    assert [k for k, _ in rest] == list(range(1, 1024))
+    assert bytes(rest[-1][1][0]) == bytes(i % 251 for i in range(1023 * 1024, 1 << 20))

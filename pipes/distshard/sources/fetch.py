@@ -22,9 +22,10 @@ budget. Ranges are submitted in the order of the first request that needs them.
 
 Local cache: with ``ReadOptions.cache_dir`` every span of a remote file is
 first looked up in :mod:`.cache`; one inside a stored range is read from local
-disk when its request is delivered (it is neither coalesced nor counted against
-the budget), and every range fetched from the store is stored once its bytes
-are there.
+disk when its request is delivered (it is not coalesced; until then its bytes
+count against the window as held ones do, so an epoch served from the cache
+does not pull the slot's whole share of requests ahead), and every range
+fetched from the store is stored once its bytes are there.
 
 Memory: the bytes of submitted ranges not yet released (a range is released
 once every request it serves was delivered), the gaps they read through
@@ -173,6 +174,7 @@ class ReadAhead:
         starts: dict[int, list[int]] = {}
         held = 0
         released = 0  # bytes of ranges delivered and let go: the window grows by them
+        cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
         plans = 0  # plans that submitted something: the batch doubles with each
         waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
         local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
@@ -247,11 +249,13 @@ class ReadAhead:
             batch: list[Request] = []
             coverage = Coverage()
             alone = False
+            hits = 0  # bytes of the batch's spans found in the local cache
             while len(pending) + len(batch) < self.MAX_PENDING:
                 request = pull()
                 if request is None:
                     break
                 mark = coverage.mark()
+                before = hits
                 gap = options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
                     if (
@@ -261,12 +265,16 @@ class ReadAhead:
                     ):
                         if self.caches is not None and (hit := stored(request.file, start, stop)) is not None:
                             local[(request.file, start, stop)] = hit
+                            hits += stop - start
                             continue
                         coverage.add(request.file, start, stop, gap)
-                if coverage.total <= room:
+                    elif stop > start and self.caches is not None and (request.file, start, stop) in local:
+                        hits += stop - start
+                if coverage.total + hits <= room:
                     batch.append(request)
                     continue
                 coverage.undo(mark)
+                hits = before
                 if not batch and held == 0:
                     batch.append(request)
                     alone = True
@@ -294,7 +302,7 @@ class ReadAhead:
             submit(ranges, batch)
 
         def submit(ranges: list[Range], batch: list[Request]) -> None:
-            nonlocal held, plans
+            nonlocal held, plans, cached
             plans += 1
             for rng in sorted(ranges, key=_first_use(batch)):
                 item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop), cache_of(rng.file))
@@ -316,6 +324,7 @@ class ReadAhead:
                     hit = local.get((request.file, start, stop)) if local else None
                     if hit is not None:
                         hit.users += 1
+                        cached += stop - start
                         uses.append((hit, 0, stop - start))
                         continue
                     found = self._live(live, starts, request.file, start, stop)
@@ -331,7 +340,7 @@ class ReadAhead:
             if not pending:
                 plan(min(cap(), limit()))  # nothing is held
             while (waiting or not exhausted) and len(pending) < self.MAX_PENDING:
-                room = limit() - held
+                room = limit() - held - cached
                 if room <= 0 or (room < max(1, min(cap(), limit()) // 2) and len(pending) >= 2):
                     break
                 before = len(pending)
@@ -358,8 +367,13 @@ class ReadAhead:
                         views.append(memoryview(data)[lo:hi])
                 finally:
                     for item, _, _ in uses:
-                        if item is not None and item.live:
+                        if item is None:
+                            continue
+                        if item.live:
                             release(item)
+                        else:
+                            cached -= item.range.size
+                            released += item.range.size
                 yield request.payload, views
         finally:
             for items in live.values():
