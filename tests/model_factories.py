@@ -8,6 +8,7 @@ or repeated: ``"e17"`` (element mode), ``"E17"`` (after the 1:1 ``upper`` map),
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ import distshard
 # weight phases: "mix-phases", and weighted by per-element costs: "mix-cost"; a
 # random-access source whose elements change with the epoch (as weighted_sample's
 # draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
-# that fails every 7th request: "remote"; a mix of that remote file and a list (the
+# that fails every 7th request: "remote", and the same read through a local range
+# cache small enough to evict during a history: "remote-cached"; a mix of that remote file and a list (the
 # file read through its read-ahead from inside the mix): "mix-files"; the same elements
 # in three gzip-compressed JSON-lines files, which go whole to slots: "gz"; a Megatron
 # .bin/.idx pair read by distshard.tokens (its dtype varies with n), each sequence named
@@ -41,6 +43,7 @@ SOURCES = (
     "mix-cost",
     "tagged",
     "remote",
+    "remote-cached",
     "mix-files",
     "gz",
     "tokens",
@@ -72,7 +75,7 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", "tokens", *MIXES) or (
+        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", "remote-cached", "tokens", *MIXES) or (
             self.units and self.sized
         )
 
@@ -273,10 +276,12 @@ def _options(spec: Spec, rank: int | None, world_size: int | None) -> dict[str, 
 _SERVER: Any = None  # (pid, RangeServer) of this process
 
 
-def remote_jsonl(n: int):
+def remote_jsonl(n: int, cached: bool = False):
     """``distshard.jsonl`` of :func:`jsonl_file` over HTTP from a loopback range
     server (started once per process, in a thread) that answers every 7th GET
-    with a 500, a 503, a reset connection or a short body: retried, exactly."""
+    with a 500, a 503, a reset connection or a short body: retried, exactly.
+    ``cached``: through a local range cache (``ReadOptions.cache_dir``) shared by
+    the processes of a test and smaller than the file, so it evicts as it goes."""
     import os
 
     from distshard.sources import ReadOptions
@@ -288,6 +293,8 @@ def remote_jsonl(n: int):
         _SERVER = (os.getpid(), RangeServer(Path(path).parent, fault_every=7).start())
     # small ranges: a slot makes several requests, so faults land inside epochs
     options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    if cached:
+        options = dataclasses.replace(options, cache_dir=str(Path(path).parent / "ranges"), cache_bytes=300)
     return distshard.jsonl(_SERVER[1].url(path), read_options=options)
 
 
@@ -314,8 +321,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = mixed(spec.n, spec.source)
     elif spec.source == "tagged":
         source = Tagged(spec.n)
-    elif spec.source == "remote":
-        source = remote_jsonl(spec.n)
+    elif spec.source in ("remote", "remote-cached"):
+        source = remote_jsonl(spec.n, cached=spec.source == "remote-cached")
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     elif spec.source == "tokens":
@@ -349,8 +356,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(mixed(spec.n, spec.source), **options)
     if spec.source == "tagged":  # the node seeds nothing: the same elements every epoch
         return DistShardNode(Tagged(spec.n), **options)
-    if spec.source == "remote":
-        return DistShardNode(remote_jsonl(spec.n), **options)
+    if spec.source in ("remote", "remote-cached"):
+        return DistShardNode(remote_jsonl(spec.n, cached=spec.source == "remote-cached"), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ._lru import LRU
+from .cache import FileCache, range_cache
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, file_identity, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
@@ -195,7 +196,9 @@ class SourceSequence(Sequence):
             yield from self._read_each(positions)
             return
         options = self.access.options
-        fetch = ReadAhead(options, self._handle, [options.max_gap if remote else 0 for remote in self._remote])
+        fetch = ReadAhead(
+            options, self._handle, [options.max_gap if remote else 0 for remote in self._remote], self._range_cache()
+        )
 
         def requests() -> Iterator[Request]:
             for position in positions:
@@ -205,6 +208,23 @@ class SourceSequence(Sequence):
 
         for (f, j, ref, index), views in fetch.run(requests()):
             yield self.fmt.parse(self._handle(f), index, j, ref, views)
+
+    def _range_cache(self) -> Callable[[int], FileCache | None] | None:
+        """Where remote file ``f``'s fetched ranges are kept on local disk
+        (``ReadOptions.cache_dir``; keyed by URL and the identity it was indexed
+        with), or ``None`` without a cache."""
+        options = self.access.options
+        cache = range_cache(options.cache_dir, options.cache_bytes)
+        if cache is None:
+            return None
+
+        def of(f: int) -> FileCache | None:
+            if not self._remote[f]:
+                return None
+            ref = self.file_index(f)[0]
+            return cache.file(ref.url, ref.size, ref.stamp)
+
+        return of
 
     def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
         last: tuple[int, list[tuple[int, int]], list[memoryview]] | None = None
