@@ -16,6 +16,7 @@ from .explaining import Explanation, explain
 from .graph import positional
 from .guard import stop_together
 from .mix import mix
+from .pack import pack
 from .sample import weighted_sample
 from .sources import ReadOptions, RemoteReadError, jsonl, parquet, webdataset
 from .state import merge_states
@@ -40,6 +41,7 @@ __all__ = [
     "gather_states",
     "merge_states",
     "mix",
+    "pack",
     "positional",
     "set_epoch",
     "stop_together",
