@@ -1,4 +1,4 @@
-"""The pure arithmetic of packing documents into blocks of ``seq_len`` tokens (no torch).
+r"""The pure arithmetic of packing documents into blocks of ``seq_len`` tokens (no torch).
 
 Documents ``0 .. n-1`` hold ``c_k`` tokens each (their eos included). In packing
 order their tokens are concatenated; block ``b`` is tokens ``[b*L, (b+1)*L)`` of the
@@ -10,8 +10,8 @@ With ``shuffle_documents`` the packing order is a seeded permutation of the docu
 (:class:`distshard.plan.Permutation`, O(1) memory, computed per index) and the prefix
 sums are those of the permuted counts: 8 bytes per document for the prefix sums of
 the file order, 8 more for those of the permuted order; the permutation itself is
-not stored. numpy, when installed, computes the arrays (fast, the same values);
-without it they are computed element by element.
+not stored. numpy, when installed, computes the arrays (int64 numpy arrays, fast);
+without it they are ``array("q")``\ s computed element by element (the same values).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from .plan import Permutation
 
 __all__ = ["Packing", "permuted", "prefix_sums", "shuffled_prefix"]
 
-_CHUNK = 1 << 20  # indices per vectorized step (bounded temporary memory)
+_CHUNK = 1 << 16  # indices per vectorized step (bounded temporary memory, in cache)
+_PERMUTED_CHUNK = 1 << 20
 
 
 def _numpy() -> Any:
@@ -36,28 +37,36 @@ def _numpy() -> Any:
 
 
 def _zeros(n: int) -> array:
-    return array("q", [0]) * n
+    return array("q", bytes(8 * n))
 
 
-def prefix_sums(counts: Sequence[int], extra: int = 0) -> array:
+def prefix_sums(counts: Sequence[int], extra: int = 0) -> Any:
     """``P`` with ``P[0] = 0`` and ``P[k+1] = P[k] + counts[k] + extra`` (8 bytes a
-    document; ``extra`` is 1 when every document is followed by an eos token)."""
+    document; ``extra`` is 1 when every document is followed by an eos token): a
+    numpy int64 array, or an ``array("q")`` without numpy."""
     n = len(counts)
-    out = _zeros(n + 1)
     np = _numpy()
-    if np is not None and n:
-        view = np.frombuffer(out, dtype=np.int64)
-        np.cumsum(np.asarray(counts), dtype=np.int64, out=view[1:])
-        if extra:
-            for lo in range(0, n, _CHUNK):
-                hi = min(n, lo + _CHUNK)
-                view[lo + 1 : hi + 1] += np.arange(lo + 1, hi + 1, dtype=np.int64) * extra
+    if np is not None:
+        out = np.empty(n + 1, dtype=np.int64)
+        out[0] = 0
+        source = np.asarray(counts)
+        carry = 0
+        for lo in range(0, n, _CHUNK):  # in chunks: no temporary of the whole length
+            hi = min(n, lo + _CHUNK)
+            part = out[lo + 1 : hi + 1]
+            part[:] = source[lo:hi]
+            if extra:
+                part += extra
+            np.cumsum(part, out=part)
+            part += carry
+            carry = int(part[-1])
         return out
+    out_ = _zeros(n + 1)
     total = 0
     for k in range(n):
         total += int(counts[k]) + extra
-        out[k + 1] = total
-    return out
+        out_[k + 1] = total
+    return out_
 
 
 def permuted(permutation: Permutation, indices: Any) -> Any:
@@ -88,30 +97,32 @@ def permuted(permutation: Permutation, indices: Any) -> Any:
     return value.astype(np.int64)
 
 
-def shuffled_prefix(prefix: Sequence[int], permutation: Permutation) -> array:
+def shuffled_prefix(prefix: Sequence[int], permutation: Permutation) -> Any:
     """The prefix sums of the documents taken in the order ``permutation`` gives:
     the ``k``-th document of the packing is ``permutation(k)``."""
     n = len(prefix) - 1
-    out = _zeros(n + 1)
     np = _numpy()
-    if np is not None and n:
-        source = np.frombuffer(prefix, dtype=np.int64) if isinstance(prefix, array) else np.asarray(prefix)
-        view = np.frombuffer(out, dtype=np.int64)
+    if np is not None:
+        source = np.asarray(prefix)
+        out = np.empty(n + 1, dtype=np.int64)
+        out[0] = 0
         total = 0
-        for lo in range(0, n, _CHUNK):
-            hi = min(n, lo + _CHUNK)
+        for lo in range(0, n, _PERMUTED_CHUNK):
+            hi = min(n, lo + _PERMUTED_CHUNK)
             docs = permuted(permutation, np.arange(lo, hi, dtype=np.uint64))
-            counts = source[docs + 1] - source[docs]
-            np.cumsum(counts, out=view[lo + 1 : hi + 1])
-            view[lo + 1 : hi + 1] += total
-            total = int(view[hi])
+            part = out[lo + 1 : hi + 1]
+            np.subtract(source[docs + 1], source[docs], out=part)
+            np.cumsum(part, out=part)
+            part += total
+            total = int(part[-1])
         return out
+    out_ = _zeros(n + 1)
     total = 0
     for k in range(n):
         doc = permutation(k)
         total += prefix[doc + 1] - prefix[doc]
-        out[k + 1] = total
-    return out
+        out_[k + 1] = total
+    return out_
 
 
 class Packing:
@@ -144,10 +155,11 @@ class Packing:
         prefix = self.prefix
         start = block * self.seq_len
         stop = min(start + self.seq_len, self.total)
-        k = bisect.bisect_right(prefix, start) - 1  # prefix[k] <= start < prefix[k + 1]
-        out = []
+        find = getattr(prefix, "searchsorted", None)  # numpy's bisection, else the sequence's
+        k = (int(find(start, "right")) if find is not None else bisect.bisect_right(prefix, start)) - 1
+        out = []  # prefix[k] <= start < prefix[k + 1]
         while start < stop:
-            begin, end = prefix[k], prefix[k + 1]
+            begin, end = int(prefix[k]), int(prefix[k + 1])
             if end > start:
                 hi = min(end, stop)
                 out.append((k, start - begin, hi - begin))
