@@ -305,8 +305,8 @@ def plan_scale(docs: int, shuffle: bool = False) -> dict[str, Any]:
 
     import distshard
 
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the interpreter, torch, numpy, distshard
     counts = np.random.default_rng(1).integers(20, 8001, docs, dtype=np.int32)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     class Counted(IterDataPipe):
         def distshard_token_counts(self) -> Any:
@@ -315,15 +315,16 @@ def plan_scale(docs: int, shuffle: bool = False) -> dict[str, Any]:
         def __iter__(self) -> Iterator[Any]:
             return iter(())
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     packed = distshard.pack(Counted(), 2048, shuffle_documents=shuffle)
     plan = packed.packing()
     first = plan.segments(plan.blocks // 2)
-    seconds = time.perf_counter() - start
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     plan_bytes = packed._counts.prefix.nbytes + (plan.prefix.nbytes if shuffle else 0)
-    return {"docs": docs, "blocks": plan.blocks, "seconds": seconds, "plan_bytes_per_doc": plan_bytes / docs,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_before_mib": rss0 / 1024, "counts_mib": counts.nbytes / 2**20, "first": len(first),
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"docs": docs, "blocks": plan.blocks, "seconds": seconds, "cpu_s": cpu_s,
+            "plan_bytes_per_doc": plan_bytes / docs, "plan_mib": plan_bytes / 2**20, "peak_rss_mib": peak / 1024,
+            "base_rss_mib": base_rss / 1024, "counts_mib": counts.nbytes / 2**20, "first": len(first),
             "shuffle": shuffle, "loadavg": harness.loadavg()}
 
 
@@ -412,10 +413,12 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"planning: failed: {plan}")
             continue
         print(f"planning {plan['docs']:,} documents{' (shuffle_documents=True)' if plan['shuffle'] else ''}: "
-              f"{plan['seconds']:.2f} s to the first block's documents ({plan['blocks']:,} blocks of 2048), plan "
-              f"{plan['plan_bytes_per_doc']:.1f} bytes per document, peak RSS {plan['peak_rss_mib']:,.0f} MiB "
-              f"(of which the simulated counts {plan['counts_mib']:,.0f} MiB, a memory map of the .idx in real "
-              f"use); 1-min load average {plan['loadavg']}")
+              f"{plan['seconds']:.2f} s wall ({plan['cpu_s']:.2f} s CPU) to the first block's documents "
+              f"({plan['blocks']:,} blocks of 2048); the plan {plan['plan_mib']:,.0f} MiB "
+              f"({plan['plan_bytes_per_doc']:.1f} bytes per document); peak RSS {plan['peak_rss_mib']:,.0f} MiB = "
+              f"interpreter with torch {plan['base_rss_mib']:,.0f} MiB + the simulated counts "
+              f"{plan['counts_mib']:,.0f} MiB (a memory map of the .idx in real use) + the plan and what building it "
+              f"held; 1-min load average {plan['loadavg']:.1f}")
     session.dump(args.json, corpus=corpus, rows=results, plans=plans)
     return 0
 
