@@ -55,9 +55,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+
 import harness
 from harness import Col
-from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 WORLD_SIZE, NUM_WORKERS = 4, 2
 SEQ_LEN = 1024
@@ -257,8 +258,9 @@ def _litdata_doc(spec: tuple[str, int, int]) -> Iterator[Any]:
 # -- resume on another world size ------------------------------------------------------------------------
 def _resume_rank(rank: int, world_size: int, root: str, even: str | None, take: int | None,
                  state: dict | None) -> tuple[str, int, dict]:
-    import distshard
     from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import distshard
 
     pipeline = distshard.StatefulPipeline(build("distshard-drop" if even == "drop" else "distshard", root, rank,
                                                 world_size))

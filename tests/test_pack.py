@@ -527,3 +527,24 @@ def test_explain_says_tokens_blocks_padding_and_what_a_block_reads():
     first = -(-plan.blocks // 2)
     d0, d1 = plan.documents_of(first)
     assert f"block {first} reads documents {d0}..{d1}" in text
+
+
+def test_shuffle_documents_in_real_dataloader_workers():
+    """Forked workers seed the document order alike (dist_shard seeds it, whatever
+    torch's DataLoader handed them): every token once, the same blocks as in-process."""
+    docs = corpus(33, seed=18)
+    got, alone = [], []
+    for rank in range(2):
+        pipe = distshard.pack(IterableWrapper(docs), 8, eos=-1, shuffle_documents=True, seed=5).dist_shard(
+            rank=rank, world_size=2
+        )
+        pipe.set_epoch(1)
+        loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
+        got += [key(b) for b in loader]
+    single = distshard.pack(IterableWrapper(docs), 8, eos=-1, shuffle_documents=True, seed=5).dist_shard(
+        rank=0, world_size=1
+    )
+    single.set_epoch(1)
+    alone = [key(b) for b in single]
+    assert Counter(got) == Counter(alone)
+    assert tokens_of(got) == Counter(t for d in docs for t in d) + Counter({-1: len(docs)})
