@@ -30,7 +30,10 @@ import distshard
 # file read through its read-ahead from inside the mix): "mix-files"; the same elements
 # in three gzip-compressed JSON-lines files, which go whole to slots: "gz"; a Megatron
 # .bin/.idx pair read by distshard.tokens (its dtype varies with n), each sequence named
-# after a 1:1 map that checks its tokens: "tokens"
+# after a 1:1 map that checks its tokens: "tokens"; documents of
+# distinct token ids packed into blocks of seq_len tokens (distshard.pack), each block
+# made a string (hashable, and as the DataLoader's default_convert leaves it) by a 1:1
+# map, pushed down: "pack"
 SOURCES = (
     "list",
     "list+map",
@@ -47,6 +50,7 @@ SOURCES = (
     "mix-files",
     "gz",
     "tokens",
+    "pack",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -62,6 +66,8 @@ class Spec:
     multiple: int = 1  # multiple_of, used when even == "drop"
     even: str | None = None
     seed: int | None = 0  # None: dist_shard's default (a DataLoader may hand over its seed)
+    seq_len: int = 3  # "pack": tokens per block
+    eos: bool = False  # "pack": an eos token (-1) after every document
 
     @property
     def units(self) -> bool:
@@ -75,9 +81,17 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", "remote-cached", "tokens", *MIXES) or (
-            self.units and self.sized
-        )
+        return self.source in (
+            "list",
+            "list+map",
+            "jsonl",
+            "tagged",
+            "remote",
+            "remote-cached",
+            "tokens",
+            "pack",
+            *MIXES,
+        ) or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -85,6 +99,8 @@ class Spec:
             return [f"u{u}e{i}" for u, size in enumerate(self.unit_sizes) for i in range(size)]
         if self.source in MIXES:
             return list(mixed(self.n, self.source))
+        if self.source == "pack":
+            return packed_blocks(self.n, self.seq_len, self.eos)
         return [upper(f"e{i}") if self.source == "list+map" else f"e{i}" for i in range(self.n)]
 
 
@@ -111,6 +127,41 @@ class Expand:
 
 def upper(x: str) -> str:
     return x.upper()
+
+
+def documents(n: int) -> list[list[int]]:
+    """``n`` documents of 1 to 5 distinct token ids: document ``i`` holds ``100 i + j``."""
+    return [[100 * i + j for j in range(1 + (7 * i) % 5)] for i in range(n)]
+
+
+def packed_blocks(n: int, seq_len: int, eos: bool) -> list[str]:
+    """The oracle of "pack": the blocks by definition (the concatenation of the documents,
+    each followed by the eos -1 if any, cut into ``seq_len``, the last padded with 0), as
+    strings of the tuples (ids, positions, mask). Distinct: every block holds a token of its own (with an
+    eos, ``seq_len`` is at least 2 and documents are not empty)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    for doc in documents(n):
+        tail = [-1] if eos else []
+        ids += doc + tail
+        pos += list(range(len(doc) + len(tail)))
+    out = []
+    for start in range(0, len(ids), seq_len):
+        chunk, where = ids[start : start + seq_len], pos[start : start + seq_len]
+        short = seq_len - len(chunk)
+        out.append(
+            repr((tuple(chunk + [0] * short), tuple(where + [0] * short), tuple([1] * len(chunk) + [0] * short)))
+        )
+    return out
+
+
+def block_key(block: dict) -> str:
+    """A block as a string: the repr of the tuple (input_ids, position_ids, loss_mask)."""
+    return repr(tuple(tuple(block[k].tolist()) for k in ("input_ids", "position_ids", "loss_mask")))
+
+
+def packed(spec: "Spec") -> Any:
+    return distshard.pack(IterableWrapper(documents(spec.n)), spec.seq_len, eos=-1 if spec.eos else None)
 
 
 def jsonl_file(n: int) -> str:
@@ -327,6 +378,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = distshard.jsonl(gz_files(spec.n))
     elif spec.source == "tokens":
         source = distshard.tokens(token_pair(spec.n)).map(token_name)
+    elif spec.source == "pack":
+        source = packed(spec).map(block_key)
     else:
         raise ValueError(f"unknown source {spec.source!r}")
     return source.dist_shard(**options)
@@ -362,6 +415,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":
         return Mapper(DistShardNode(distshard.tokens(token_pair(spec.n)), **options), token_name)
+    if spec.source == "pack":
+        return Mapper(DistShardNode(packed(spec), **options), block_key)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 

@@ -505,6 +505,9 @@ def specs(draw) -> Spec:
         multiple=draw(st.sampled_from([1, 1, 2, 3])),
         even=draw(st.sampled_from([None, "drop", "pad"])),
     )
+    if source == "pack":
+        seq_len = draw(st.integers(1, 6))
+        return Spec(n=draw(st.integers(0, 40)), seq_len=seq_len, eos=seq_len > 1 and draw(st.booleans()), **common)
     if source != "units":
         return Spec(n=draw(st.integers(0, 60)), **common)
     return Spec(

@@ -16,6 +16,7 @@ from .explaining import Explanation, explain
 from .graph import positional
 from .guard import stop_together
 from .mix import mix
+from .pack import pack
 from .sample import weighted_sample
 from .sources import ReadOptions, RemoteReadError, jsonl, parquet, tokens, webdataset
 from .state import merge_states
@@ -41,6 +42,7 @@ __all__ = [
     "gather_states",
     "merge_states",
     "mix",
+    "pack",
     "positional",
     "set_epoch",
     "stop_together",
