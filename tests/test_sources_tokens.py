@@ -6,6 +6,7 @@ from the .idx alone, and every malformed pair refused naming the file."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import struct
@@ -187,16 +188,22 @@ def test_a_sequence_read_at_random_reads_exactly_its_bytes(tmp_path, monkeypatch
 
 def test_token_counts_come_from_the_idx_without_reading_a_bin(tmp_path, monkeypatch):
     prefixes, expected = corpus(tmp_path, pairs=2)
-    for prefix in prefixes:
-        os.chmod(prefix + ".bin", 0)  # would raise if opened
-    try:
-        source = distshard.tokens(prefixes)
-        assert list(source.lengths()) == [len(t) - 1 for t in expected]
-        assert list(source.distshard_token_counts()) == list(source.lengths())
-        assert source.__distshard_sequence__().sample_bytes() == [2 * (len(t) - 1) for t in expected]
-    finally:
-        for prefix in prefixes:
-            os.chmod(prefix + ".bin", 0o644)
+    real_open, real_os_open = builtins.open, os.open
+
+    def refuse_bin(opener):
+        def spy(path, *args, **kwargs):
+            if str(path).endswith(".bin"):  # (a chmod would not stop root)
+                raise AssertionError(f"{path} opened")
+            return opener(path, *args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(builtins, "open", refuse_bin(real_open))
+    monkeypatch.setattr(os, "open", refuse_bin(real_os_open))
+    source = distshard.tokens(prefixes)
+    assert list(source.lengths()) == [len(t) - 1 for t in expected]
+    assert list(source.distshard_token_counts()) == list(source.lengths())
+    assert source.__distshard_sequence__().sample_bytes() == [2 * (len(t) - 1) for t in expected]
 
 
 # -- through dist_shard --------------------------------------------------------------------------
