@@ -33,7 +33,12 @@ import distshard
 # after a 1:1 map that checks its tokens: "tokens"; documents of
 # distinct token ids packed into blocks of seq_len tokens (distshard.pack), each block
 # made a string (hashable, and as the DataLoader's default_convert leaves it) by a 1:1
-# map, pushed down: "pack"
+# map, pushed down: "pack"; a JSON-lines
+# file over HTTP from a server that sends weak ETags without If-Match support and
+# rewrites the file at the same size in the middle of the history: "remote-weak"
+# (reading must refuse, never yield the new version's elements); the "remote" file with
+# its index stored beside it by `python -m distshard index` (no HEAD; entries fetched
+# by the slots that read it, through the same faults): "remote-stored"
 SOURCES = (
     "list",
     "list+map",
@@ -51,6 +56,8 @@ SOURCES = (
     "gz",
     "tokens",
     "pack",
+    "remote-weak",
+    "remote-stored",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -90,6 +97,8 @@ class Spec:
             "remote-cached",
             "tokens",
             "pack",
+            "remote-weak",
+            "remote-stored",
             *MIXES,
         ) or (self.units and self.sized)
 
@@ -349,6 +358,111 @@ def remote_jsonl(n: int, cached: bool = False):
     return distshard.jsonl(_SERVER[1].url(path), read_options=options)
 
 
+_WEAK: Any = None  # (pid, RangeServer, Rewriter) of this process
+
+
+class Rewriter:
+    """The file of ``"e0" .. "e{n-1}"`` (version 1) and its rewrite at the same size,
+    ``"x0" .. "x{n-1}"`` (version 2, another mtime): the server switches to version 2
+    after a few GETs (``before_get``); building a pipe puts version 1 back."""
+
+    V1, V2 = 1_700_000_000 * 10**9, 1_700_000_100 * 10**9  # fixed mtimes: fixed weak ETags
+
+    def __init__(self, root: Path) -> None:
+        import threading
+
+        self.root, self.lock, self.gets, self.after = root, threading.Lock(), 0, 0
+
+    def path(self, n: int) -> Path:
+        return self.root / f"e{n}.jsonl"
+
+    def write(self, path: Path, letter: str) -> None:
+        import json
+        import os
+
+        n = int(path.stem[1:])
+        tmp = path.with_name(f".{path.name}.{letter}")
+        tmp.write_text("".join(json.dumps(f"{letter}{i}") + "\n" for i in range(n)))
+        mtime = self.V1 if letter == "e" else self.V2
+        os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, path)
+
+    def reset(self, n: int) -> Path:
+        """Version 1, and a rewrite after ``3 + n % 9`` GETs from now."""
+        path = self.path(n)
+        with self.lock:
+            if not path.exists() or path.stat().st_mtime_ns != self.V1:
+                self.write(path, "e")
+            self.gets, self.after = 0, 3 + n % 9
+        return path
+
+    def __call__(self, path: Path) -> None:
+        with self.lock:
+            self.gets += 1
+            if self.gets == self.after and path.exists() and path.stat().st_mtime_ns == self.V1:
+                self.write(path, "x")
+
+
+def remote_weak_jsonl(n: int):
+    """``distshard.jsonl`` over HTTP from a loopback server with weak ETags that
+    rewrites the file mid-history (:class:`Rewriter`)."""
+    import os
+    import tempfile
+
+    from distshard.sources import ReadOptions
+    from tests.range_server import RangeServer
+
+    global _WEAK
+    jsonl_file(0)  # the cache directory
+    if _WEAK is None or _WEAK[0] != os.getpid():
+        root = Path(tempfile.gettempdir()) / "distshard-model" / f"weak-{os.getpid()}"
+        root.mkdir(parents=True, exist_ok=True)
+        _cleanup(root)
+        rewriter = Rewriter(root)
+        _WEAK = (os.getpid(), RangeServer(root, weak=True, before_get=rewriter).start(), rewriter)
+    path = _WEAK[2].reset(n)
+    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    return distshard.jsonl(_WEAK[1].url(path), read_options=options)
+
+
+def remote_stored_jsonl(n: int):
+    """:func:`remote_jsonl`'s file in a folder of this process's own, indexed once
+    with the command into ``.distshard/`` beside it (served by the same faulty server):
+    the source finds the stored index by itself."""
+    import os
+    import shutil
+
+    from distshard.__main__ import main
+
+    source = remote_jsonl(n)  # starts this process's server
+    root = Path(jsonl_file(n)).parent / f"stored-{os.getpid()}"
+    path = root / f"e{n}.jsonl"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(jsonl_file(n), path)
+        _cleanup(root)
+    url = _SERVER[1].url(path)
+    if not (root / ".distshard" / f"done-{n}").exists():
+        assert main(["index", url, "--out", str(root / ".distshard")]) == 0
+        (root / ".distshard" / f"done-{n}").touch()
+    return distshard.jsonl(url, read_options=source.access.options)
+
+
+def _cleanup(root: Path) -> None:
+    """Remove a folder of this process's own at its exit."""
+    import atexit
+    import os
+    import shutil
+
+    pid = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == pid:  # not in a forked child that exits
+            shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(remove)
+
+
 def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The ``dist_shard`` pipe of ``spec``; rank and world_size explicit unless None."""
     options = _options(spec, rank, world_size)
@@ -374,6 +488,10 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = Tagged(spec.n)
     elif spec.source in ("remote", "remote-cached"):
         source = remote_jsonl(spec.n, cached=spec.source == "remote-cached")
+    elif spec.source == "remote-weak":
+        source = remote_weak_jsonl(spec.n)
+    elif spec.source == "remote-stored":
+        source = remote_stored_jsonl(spec.n)
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     elif spec.source == "tokens":
@@ -411,6 +529,10 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(Tagged(spec.n), **options)
     if spec.source in ("remote", "remote-cached"):
         return DistShardNode(remote_jsonl(spec.n, cached=spec.source == "remote-cached"), **options)
+    if spec.source == "remote-weak":
+        return DistShardNode(remote_weak_jsonl(spec.n), **options)
+    if spec.source == "remote-stored":
+        return DistShardNode(remote_stored_jsonl(spec.n), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":

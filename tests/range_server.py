@@ -1,6 +1,7 @@
 """A loopback object-store stand-in: an HTTP/1.1 server on 127.0.0.1 that serves
 the files under a root directory with ``Range`` requests, strong ``ETag``\\ s,
-``If-Match`` (412 on a changed file), ``HEAD``; that can wait before every
+``If-Match`` (412 on a changed file), ``HEAD`` (or, with ``weak=True``, weak
+``ETag``\\ s and no ``If-Match`` support, as some proxies and CDNs answer); that can wait before every
 response (an object store's first-byte latency), cap its bandwidth, inject
 faults (a 500 / 503, a connection reset in the middle of a body, a short body)
 and counts what it serves. Used by the remote tests, the model-based history
@@ -31,7 +32,9 @@ class RangeServer(http.server.ThreadingHTTPServer):
     """See the module docstring. ``latency`` seconds before each response;
     ``bandwidth`` bytes per second per response (``None``: no cap);
     ``fault_every`` makes every n-th GET fail (cycling through ``faults``);
-    ``require`` names headers every request must carry (else 403)."""
+    ``require`` names headers every request must carry (else 403); ``weak``
+    sends weak ETags (``W/"..."``) and ignores ``If-Match``; ``before_get(path)``
+    runs before every GET is answered (a test that rewrites a file mid-epoch)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -49,6 +52,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
         keyfile: str | None = None,
         require: dict[str, str] | None = None,
         head: bool = True,
+        weak: bool = False,
+        before_get: Any = None,
     ) -> None:
         super().__init__(("127.0.0.1", 0), RangeHandler)
         self.root = Path(root)
@@ -59,6 +64,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.scheme = scheme
         self.require = dict(require or {})  # headers a request must carry (else 403)
         self.head = head  # False: HEAD answers 405, as some signed URLs do
+        self.weak = weak
+        self.before_get = before_get
         if scheme == "https":
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(certfile, keyfile)  # type: ignore[arg-type]
@@ -184,6 +191,8 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
             self._empty(int(fault))
             return
         path = server.root / unquote(self.path.split("?", 1)[0].lstrip("/"))
+        if body and server.before_get is not None:
+            server.before_get(path)
         try:
             st = path.stat()
             if not path.is_file():
@@ -192,7 +201,9 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
             self._empty(404)
             return
         etag = f'"{st.st_size}-{st.st_mtime_ns}"'
-        wanted = self.headers.get("If-Match")
+        if server.weak:
+            etag = f"W/{etag}"
+        wanted = None if server.weak else self.headers.get("If-Match")
         if wanted and wanted.strip() not in ("*", etag):
             self._empty(412, {"ETag": etag})
             return

@@ -143,6 +143,14 @@ REFUSALS = [
         r"merge_states",
         lambda s: s.even == "carry",
     ),
+    # docs/contract.md: "a file that changes during a job raises" (weak ETags compared, issue 21)
+    Refusal(
+        "a remote file rewritten during the job",
+        frozenset({"iterate", "iterate-own", "iterate-merged", "late"}),
+        ValueError,
+        r"changed after it was indexed",
+        lambda s: s.source == "remote-weak",
+    ),
 ]
 CONSTRUCT = [r for r in REFUSALS if "construct" in r.stages]
 
@@ -666,6 +674,29 @@ MODEL_SETTINGS = settings(max_examples=500, deadline=None, derandomize=False, su
 def test_every_history_is_exact_or_refused(spec, data):
     """Slots in-process (as_worker) and StatefulDataLoader without workers."""
     check_model(spec, data, ["plain", "plain", "sdl0"])
+
+
+@st.composite
+def weak_etag_specs(draw) -> Spec:
+    """specs() of the remote source whose server sends weak ETags and rewrites the
+    file at the same size mid-history (issue 21): drawn on purpose, it is one kind in many."""
+    return replace(draw(specs()), source="remote-weak", n=draw(st.integers(1, 60)))
+
+
+@settings(MODEL_SETTINGS, max_examples=40)
+@given(spec=weak_etag_specs(), data=st.data())
+def test_every_history_of_a_file_rewritten_behind_weak_etags_is_exact_or_refused(spec, data):
+    """A rewrite the server's weak ETags tell only by comparison: the run raises
+    (a documented refusal) and never yields the new version's elements ("x3")."""
+    check_model(spec, data, ["plain", "plain", "sdl0"])
+
+
+@settings(MODEL_SETTINGS, max_examples=30)
+@given(spec=specs(), data=st.data())
+def test_every_history_over_a_stored_index_is_exact_or_refused(spec, data):
+    """The remote file with its index stored beside it (issue 22): no HEAD, the
+    entries fetched by the slots that read, faults retried, exactly once."""
+    check_model(replace(spec, source="remote-stored", n=max(spec.n, 1)), data, ["plain", "sdl0"])
 
 
 @st.composite

@@ -53,7 +53,8 @@ def test_remote_iteration_equals_local(tmp_path, server):
 def test_cold_index_and_reads_take_few_large_requests(tmp_path, server):
     urls, expected, total = remote_shards(tmp_path, server)
     sequence = webdataset(urls).__distshard_sequence__()  # cold: one pass over each tar in large ranges
-    assert dict(server.settle().requests) == {"HEAD": len(urls), "GET": len(urls)}  # never one per header
+    # never one per header; one GET looked for a stored index beside the shards (404)
+    assert dict(server.settle().requests) == {"HEAD": len(urls), "GET": len(urls) + 1}
     assert server.served == total
     server.reset_counters()
     assert list(sequence.distshard_read(range(len(sequence)))) == expected
@@ -96,7 +97,8 @@ def test_two_ranks_two_workers_exactly_once_with_the_identity_asked_once(tmp_pat
     assert len(heads) == len(urls) and sum(heads.values()) <= len(urls) + 1, heads
     epoch = server.served - total  # the cold index read each shard once
     assert epoch <= (1.0 if not shuffle else 1.0 + 3 * 16 / (total / 1024)) * total, (epoch, total)
-    assert server.requests["GET"] <= len(urls) + (4 if not shuffle else 4 * 12) + len(urls)
+    # (+ 2: each rank looks for a stored index beside the shards once)
+    assert server.requests["GET"] <= len(urls) + (4 if not shuffle else 4 * 12) + len(urls) + 2
 
 
 def test_transient_faults_are_retried_and_the_epoch_stays_exact(tmp_path):
@@ -160,6 +162,43 @@ def test_a_file_rewritten_during_the_epoch_raises_instead_of_mixing_versions(tmp
     with pytest.raises(ValueError, match="changed after it was indexed"):
         for _ in it:
             pass
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "webdataset"])
+def test_a_file_rewritten_behind_weak_etags_raises(tmp_path, kind):
+    """Issue 21: a server that sends weak ETags (``W/"..."``) and no If-Match
+    support; the file is rewritten at the same size mid-epoch. The weak validator
+    (and the Last-Modified) is compared on every response."""
+    small = ReadOptions(budget=1024, max_range=512, max_gap=0, window=1024, timeout=20)
+    with serve(tmp_path, weak=True) as server:
+        if kind == "jsonl":
+            paths, expected = write_jsonl(tmp_path / "j", files=1, lines=60)
+            source = jsonl([server.url(p) for p in paths], read_options=small)
+        else:
+            paths, _ = write_shards(tmp_path / "t", shards=1, per_shard=40)
+            source = webdataset([server.url(p) for p in paths], read_options=small)
+        it = iter(source.dist_shard())
+        got = [next(it) for _ in range(3)]
+        _rewrite_same_size(Path(paths[0]))
+        with pytest.raises(ValueError, match="changed after it was indexed.*ETag W/"):
+            got.extend(it)
+        if kind == "jsonl":
+            assert got == expected[: len(got)]  # read ahead before the rewrite: the old version only
+
+
+def test_weak_etags_and_last_modified_are_compared():
+    from distshard.sources.remote import _http_stamp, http_change
+
+    lm1, lm2 = "Tue, 01 Dec 2026 10:00:00 GMT", "Tue, 01 Dec 2026 10:00:01 GMT"
+    weak = _http_stamp({"ETag": 'W/"v1"', "Last-Modified": lm1})
+    assert http_change(weak, {"ETag": 'W/"v1"', "Last-Modified": lm1}) is None
+    assert http_change(weak, {"ETag": '"v1"', "Last-Modified": lm1}) is None  # weak comparison
+    assert "ETag" in http_change(weak, {"ETag": 'W/"v2"', "Last-Modified": lm2})
+    assert "Last-Modified" in http_change(weak, {"ETag": 'W/"v1"', "Last-Modified": lm2})
+    assert "Last-Modified" in http_change(weak, {"Last-Modified": lm2})
+    strong = _http_stamp({"ETag": '"v1"', "Last-Modified": lm1})
+    assert strong == '"v1"' and http_change(strong, {"ETag": 'W/"v1"'}) is not None
+    assert http_change(_http_stamp({"Last-Modified": lm1}), {"Last-Modified": lm2}) is not None
 
 
 def test_storage_options_reach_fsspec(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 from collections import Counter
 from pathlib import Path
@@ -142,3 +143,66 @@ def test_an_object_rewritten_during_the_epoch_raises(tmp_path, bucket, endpoint)
 def test_a_missing_object_is_named(bucket, endpoint):
     with pytest.raises(FileNotFoundError, match="nothing.tar"):
         distshard.webdataset(f"s3://{BUCKET}/nothing.tar", storage_options={"endpoint_url": endpoint}).counts()
+
+
+class _Requests(logging.Handler):
+    """moto's server logs every request through werkzeug: ``"GET /bucket/key HTTP/1.1" 206``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def kinds(self) -> Counter:
+        out: Counter = Counter()
+        for line in self.lines:
+            found = re.search(r'"(GET|HEAD|PUT|POST|DELETE) (\S+)', re.sub(r"\x1b\[[0-9;]*m", "", line))
+            if found is None:
+                continue
+            method, path = found.groups()
+            kind = "manifest" if path.endswith("manifest.json") else "entry" if path.endswith(".idx") else "data"
+            out[method if method != "GET" else kind] += 1
+        return out
+
+
+def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp_path, bucket, endpoint, monkeypatch):
+    """Issue 22: 64 shards indexed once with the command (the index stored in the
+    bucket beside them); a job on a fresh machine asks no HEAD, at most 4 requests
+    before its first sample, and fetches the entries of the files it reads only."""
+    from distshard.__main__ import main
+    from distshard.sources._lru import clear_all
+
+    paths, expected = write_shards(tmp_path, shards=64, per_shard=2)
+    upload(bucket, paths, "many")
+    options = {"endpoint_url": endpoint}
+    pattern = f"s3://{BUCKET}/many/shard-{{000000..000063}}.tar"
+    assert main(["index", pattern, "--storage-options", json.dumps(options)]) == 0
+    assert "many/.distshard/manifest.json" in {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "fresh"))
+    clear_all()
+    counted = _Requests()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(counted)
+    werkzeug.setLevel(logging.INFO)
+    small = ReadOptions(budget=2 << 10, max_range=2 << 10, max_gap=512, window=1 << 10)
+    try:
+        it = iter(
+            distshard.webdataset(pattern, storage_options=options, read_options=small).dist_shard(rank=0, world_size=2)
+        )
+        got = [next(it)]
+        before_first = counted.kinds()
+        got.extend(it)
+        rank0 = counted.kinds()
+    finally:
+        werkzeug.removeHandler(counted)
+        werkzeug.setLevel(logging.ERROR)
+    assert before_first["HEAD"] == 0 and before_first["manifest"] == 1 and sum(before_first.values()) <= 4, before_first
+    files = {s["__url__"] for s in got}
+    assert before_first["data"] >= 1 and rank0["data"] >= len(files)
+    assert rank0["HEAD"] == 0 and rank0["manifest"] == 1 and rank0["entry"] == len(files) < 64, rank0
+    rest = list(distshard.webdataset(pattern, storage_options=options).dist_shard(rank=1, world_size=2))
+    assert Counter(f"{s['__url__'].rsplit('/', 1)[-1]}#{s['__key__']}" for s in got + rest) == Counter(
+        f"{Path(s['__url__']).name}#{s['__key__']}" for s in expected
+    )

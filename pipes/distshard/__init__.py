@@ -8,6 +8,7 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
     dp = IterableWrapper(records).shuffle().dist_shard(even="drop").map(decode).batch(32)
 """
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .context import ShardContext, UnknownRankError, current_context
@@ -51,6 +52,9 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# retries, index builds, slow first requests: silent unless the application configures logging
+logging.getLogger("distshard").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:  # type checkers see the class; at run time it is imported on first use
     from .nodes import DistShardNode

@@ -434,6 +434,8 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
             f"{S} read{'s' if S > 1 else ''} per element of it (no random access)"
         )
         out.reads_per_element = float(S)
+    if read_plan.sequence is not None and hasattr(read_plan.base, "stored_hint"):  # a file source
+        reads.append(f"files: {read_plan.base.describe()}")
     mixture = getattr(type(read_plan.base), "describe", None)
     if isinstance(read_plan.base, PackIterDataPipe):
         out.sections.append(("packing", _packing_lines(read_plan.base, out, ctx)))

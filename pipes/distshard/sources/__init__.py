@@ -25,6 +25,10 @@ from urllib.parse import urljoin
 from .base import FileSourceIterDataPipe, SourceSequence
 from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
+from .manifest import FOLDER, FORMAT, MANIFEST, location_of
+from .manifest import load as load_manifest
+from .manifest import parse as parse_manifest
+from .manifest import read as read_small
 from .megatron import TokensFormat, pair_prefixes, require_numpy
 from .options import ReadOptions
 from .parquet import ParquetFormat
@@ -66,6 +70,19 @@ class ParquetIterDataPipe(FileSourceIterDataPipe):
     """Parquet files; see :func:`distshard.parquet`."""
 
 
+def _stored_location(index: ShardIndex) -> str | None:
+    """The folder of a stored index (``python -m distshard index``) that ``index``
+    names by its form: a folder (local, or a URL ending in ``/``), ``.distshard``."""
+    if not isinstance(index, (str, os.PathLike)):
+        return None
+    text = os.fspath(index)
+    if text.endswith("/") or text.rstrip("/").rsplit("/", 1)[-1] == FOLDER:
+        return text.rstrip("/")
+    if not is_remote(text) and os.path.isdir(os.path.expanduser(text)):
+        return text
+    return None
+
+
 class TokensIterDataPipe(FileSourceIterDataPipe):
     """Megatron-LM indexed datasets (``.bin`` + ``.idx`` pairs); see :func:`distshard.tokens`."""
 
@@ -91,7 +108,8 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
     (``{"shardlist": [{"url": ..., "nsamples": ...}, ...]}``): ``(urls, {url: count})``.
 
     ``index`` is the JSON's path or URL (relative shard URLs are resolved against
-    it, as wids does) or the already loaded dict.
+    it, as wids does) or the already loaded dict. A stored index's
+    ``manifest.json`` (``python -m distshard index``) is read too: its files and counts.
     """
     base: str | None = None
     if isinstance(index, Mapping):
@@ -99,11 +117,7 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
     elif isinstance(index, (str, os.PathLike)):
         base = os.fspath(index)
         try:
-            if is_remote(base):
-                text = FileAccess(storage_options=storage_options).client(base).cat(base).decode("utf-8")
-            else:
-                with open(os.path.expanduser(base), encoding="utf-8") as f:
-                    text = f.read()
+            text = read_small(base, FileAccess(storage_options=storage_options)).decode("utf-8")
             data = json.loads(text)
         except FileNotFoundError:
             raise FileNotFoundError(f"shard index {base}: no such file") from None
@@ -112,6 +126,9 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
     else:
         raise TypeError(f"index must be a path, a URL or a dict, got {type(index).__name__}")
     where = f"shard index {base}" if base else "shard index"
+    if isinstance(data, Mapping) and data.get("format") == FORMAT and base is not None:
+        stored = parse_manifest(location_of(base), json.dumps(data).encode("utf-8"))
+        return [f.url for f in stored.files.values()], {f.url: f.count for f in stored.files.values()}
     shards = data.get("shardlist") if isinstance(data, Mapping) else None
     if not isinstance(shards, list):
         raise ValueError(f'{where}: expected {{"shardlist": [{{"url": ..., "nsamples": ...}}, ...]}}')
@@ -134,14 +151,25 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
 
 def _files(
     urls: UrlsArg | None, index: ShardIndex | None, storage_options: StorageOptions
-) -> tuple[list[str], dict[str, int]]:
+) -> tuple[list[str], dict[str, int], str | None]:
+    """``(files, counts from a wids-style index, the folder of a stored index)``."""
     if index is None:
         if urls is None:
             raise TypeError("urls is required (a list of files, a glob or a brace pattern)")
-        return expand_urls(urls, storage_options), {}
+        return expand_urls(urls, storage_options), {}, None
+    location = _stored_location(index)
+    if location is None and isinstance(index, (str, os.PathLike)) and os.fspath(index).endswith(MANIFEST):
+        location = location_of(os.fspath(index))
+    if location is not None:  # counts and identities come from the stored index when the source is prepared
+        if urls is not None:
+            return expand_urls(urls, storage_options), {}, location
+        stored = load_manifest(location, FileAccess(storage_options=storage_options))
+        if stored is None:
+            raise FileNotFoundError(f"no stored index at {location} (no {MANIFEST} there)")
+        return [f.url for f in stored.files.values()], {}, location
     listed, declared = read_shard_index(index, storage_options)
     if urls is None:
-        return listed, declared
+        return listed, declared, None
     files = expand_urls(urls, storage_options)
     by_key = {key_of(url): n for url, n in declared.items()}
     by_name = {posixpath.basename(url): n for url, n in declared.items()}
@@ -152,7 +180,7 @@ def _files(
             n = by_name.get(posixpath.basename(url))
         if n is not None:
             counts[url] = n
-    return files, counts
+    return files, counts, None
 
 
 def webdataset(
@@ -179,7 +207,9 @@ def webdataset(
         index: a wids-style shard index (``{"shardlist": [{"url", "nsamples"}]}``,
             its path or the dict): counts come from it without opening the shards;
             a count that does not match its shard raises ``ValueError`` before
-            any of that shard's samples is yielded.
+            any of that shard's samples is yielded. Or a stored index written by
+            ``python -m distshard index`` (its folder or its ``manifest.json``);
+            by default one in ``.distshard/`` beside the first shard is found.
         storage_options: for remote URLs, handed to fsspec (``{"endpoint_url": ...,
             "key": ..., "secret": ...}`` for S3, ``{"headers": ...}`` for HTTP, ...);
             the environment keeps working as it does for fsspec.
@@ -190,12 +220,16 @@ def webdataset(
         >>> dp = distshard.webdataset("data/shard-{000000..000063}.tar").dist_shard(even="drop")
         >>> dp = dp.map(lambda s: (decode_jpeg(s["jpg"]), int(s["cls"])))
     """
-    files, counts = _files(urls, index, storage_options)
-    return WebDatasetIterDataPipe(TarFormat(), files, counts, storage_options, read_options)
+    files, counts, stored = _files(urls, index, storage_options)
+    return WebDatasetIterDataPipe(TarFormat(), files, counts, storage_options, read_options, stored)
 
 
 def jsonl(
-    urls: UrlsArg, *, storage_options: StorageOptions = None, read_options: ReadOptions | None = None
+    urls: UrlsArg | None,
+    *,
+    index: ShardIndex | None = None,
+    storage_options: StorageOptions = None,
+    read_options: ReadOptions | None = None,
 ) -> JsonLinesIterDataPipe:
     """JSON-lines files as an ``IterDataPipe``: one parsed JSON value per non-blank line.
 
@@ -203,12 +237,13 @@ def jsonl(
     naming the file, the line number and the byte offset. ``.dist_shard()`` reads
     each line at random from an index of line offsets (one scan per file, cached);
     compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) go whole to slots.
-    ``storage_options`` and ``read_options`` as for :func:`webdataset`.
+    ``index``, ``storage_options`` and ``read_options`` as for :func:`webdataset`.
 
     Example:
         >>> dp = distshard.jsonl("corpus/part-*.jsonl").dist_shard(even="drop").map(tokenize)
     """
-    return JsonLinesIterDataPipe(JsonlFormat(), expand_urls(urls, storage_options), None, storage_options, read_options)
+    files, counts, stored = _files(urls, index, storage_options)
+    return JsonLinesIterDataPipe(JsonlFormat(), files, counts, storage_options, read_options, stored)
 
 
 def tokens(
@@ -241,9 +276,10 @@ def tokens(
 
 
 def parquet(
-    urls: UrlsArg,
+    urls: UrlsArg | None,
     columns: Sequence[str] | None = None,
     *,
+    index: ShardIndex | None = None,
     storage_options: StorageOptions = None,
     read_options: ReadOptions | None = None,
 ) -> ParquetIterDataPipe:
@@ -253,8 +289,8 @@ def parquet(
     the columns. ``.dist_shard()`` reads rows at random: the index is the files'
     footers (rows and column chunk ranges per row group); a slot fetches a row
     group's selected column chunks and decodes it once while its rows are read
-    (``shuffle=True`` keeps a row group's rows together). ``storage_options`` and
-    ``read_options`` as for :func:`webdataset`.
+    (``shuffle=True`` keeps a row group's rows together). ``index``,
+    ``storage_options`` and ``read_options`` as for :func:`webdataset`.
 
     Example:
         >>> dp = distshard.parquet("table/*.parquet", columns=["text", "label"]).dist_shard(even="drop")
@@ -262,6 +298,5 @@ def parquet(
     from .parquet import require_pyarrow
 
     require_pyarrow()
-    return ParquetIterDataPipe(
-        ParquetFormat(columns), expand_urls(urls, storage_options), None, storage_options, read_options
-    )
+    files, counts, stored = _files(urls, index, storage_options)
+    return ParquetIterDataPipe(ParquetFormat(columns), files, counts, storage_options, read_options, stored)

@@ -24,8 +24,10 @@ identity (``identity``) and opens the file its spans are in (``open_random``).
 from __future__ import annotations
 
 import bisect
+import logging
 import operator
 import os
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
@@ -37,11 +39,14 @@ from .cache import FileCache, range_cache
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, file_identity, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
+from .manifest import Stored
 from .options import ReadOptions
 from .order import FileOrder
 from .urls import is_remote
 
 __all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "StreamFile"]
+
+log = logging.getLogger("distshard")
 
 
 class Format(Protocol):
@@ -90,6 +95,14 @@ class StreamFile:
 
 
 def _build(fmt: Format, access: FileAccess, ref: FileRef) -> FileIndex:
+    """``ref``'s index: its stored entry if the identity came from a stored index
+    (one request), else (or if the entry is not there) built from the file."""
+    if ref.stored is not None:
+        from .manifest import fetch_entry
+
+        index = fetch_entry(fmt.name, ref, access)
+        if index is not None:
+            return index
     return fmt.build_index(ref, access)
 
 
@@ -320,7 +333,7 @@ class SourceSequence(Sequence):
         ref = self._resolved.get(f) or self.refs[f]
         if ref.size is None:
             ref = self.file_index(f)[0]
-        key = (key_of(ref.url), ref.size, ref.stamp, _access_key(self.access))
+        key = (key_of(ref.url), ref.size, ref.stamp, ref.stored, _access_key(self.access))
         handle = _HANDLES.get(key)
         if handle is None:
             opener = getattr(self.fmt, "open_random", None) or open_random  # a format of paired files opens its data
@@ -363,6 +376,8 @@ class FileSourceIterDataPipe(IterDataPipe):
         storage_options: handed to fsspec for remote URLs (endpoint, credentials, ...).
         read_options: read-ahead, coalescing, shuffle window and retries
             (:class:`distshard.sources.ReadOptions`).
+        stored: the folder of a stored index (``python -m distshard index``);
+            ``None`` looks for ``.distshard/`` beside the first file.
     """
 
     def __init__(
@@ -372,6 +387,7 @@ class FileSourceIterDataPipe(IterDataPipe):
         counts: dict[str, int] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         read_options: ReadOptions | None = None,
+        stored: str | None = None,
     ) -> None:
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}")
@@ -383,6 +399,9 @@ class FileSourceIterDataPipe(IterDataPipe):
         self.access = FileAccess(read_options or ReadOptions(), dict(storage_options) if storage_options else None)
         self._summary: list[tuple[FileRef, int]] | None = None
         self._sequence: SourceSequence | None = None
+        self.stored_location = stored
+        self._stored: Stored | None = None  # the stored index found (after prepare)
+        self._indexed_here = 0  # files prepare indexed itself (no stored index had them)
         if _collective() is not None:
             # Built on every rank (as the whole pipeline is): the one place where the
             # index build is split across ranks. Later, lazy calls (len, explain,
@@ -412,9 +431,18 @@ class FileSourceIterDataPipe(IterDataPipe):
         the DataLoader workers, which check every response against it.
         """
         if self._summary is None:
+            from .manifest import known_files
+
             declared = {key_of(url): n for url, n in self.declared.items()}
-            todo = [url for url in self.urls if key_of(url) not in declared]
-            found = dict(
+            self._stored, found = known_files(
+                self.fmt.name,
+                [url for url in self.urls if key_of(url) not in declared],
+                self.stored_location,
+                self.access,
+            )
+            todo = [url for url in self.urls if key_of(url) not in declared and url not in found]
+            started = time.monotonic()
+            found.update(
                 zip(
                     todo,
                     summarize_files(
@@ -427,11 +455,35 @@ class FileSourceIterDataPipe(IterDataPipe):
                     strict=True,
                 )
             )
+            self._indexed_here = len(todo)
+            if todo:
+                log.info(
+                    "indexed %d %s files in %.1f s (%s)",
+                    len(todo),
+                    self.fmt.name,
+                    time.monotonic() - started,
+                    self.stored_hint() or f"{len(found) - len(todo)} from the stored index",
+                )
             self._summary = [
                 found.get(url) or (self._declared_ref(url, declared[key_of(url)]), declared[key_of(url)])
                 for url in self.urls
             ]
         return self._summary
+
+    def stored_hint(self) -> str | None:
+        """What would make the next start fast, when files were indexed here
+        without a stored index (``None`` otherwise)."""
+        if not self._indexed_here or not any(is_remote(url) for url in self.urls):
+            return None  # (local files: the per-machine cache is enough)
+        if self._stored is not None:
+            return (
+                f"the stored index at {self._stored.location} lacks {self._indexed_here} of these files: "
+                f"`python -m distshard index URLS --out {self._stored.location}` would add them"
+            )
+        from .manifest import default_location
+
+        where = self.stored_location or default_location(self.urls)
+        return f"no stored index at {where}: `python -m distshard index URLS` would make the next start fast"
 
     def _declared_ref(self, url: str, count: int) -> FileRef:
         """A file counted by a shard index. Local files are looked at (a ``stat``,
@@ -486,7 +538,11 @@ class FileSourceIterDataPipe(IterDataPipe):
         if self._summary is not None:
             text += f", {sum(c for _, c in self._summary):,} samples"
         if self.random_access:
-            return f"{text}, {self.fmt.access}, read ahead in ranges of up to {self.access.options.max_range >> 20} MiB"
+            text = f"{text}, {self.fmt.access}, read ahead in ranges of up to {self.access.options.max_range >> 20} MiB"
+            hint = self.stored_hint()
+            if self._stored is not None:
+                text += f"; index stored at {self._stored.location}"
+            return text if hint is None else f"{text}; {hint}"
         compressed = sum(1 for url in self.urls if self.fmt.compression(url))
         which = "" if compressed == n else f" ({compressed} of {n} files compressed)"
         return (

@@ -73,6 +73,7 @@ class FileRef:
     url: str
     size: int | None = None
     stamp: str | None = None
+    stored: str | None = None  # the stored index the identity came from (``python -m distshard index``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,6 +139,10 @@ def file_identity(url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> tuple[i
 def check_identity(ref: FileRef, size: int, stamp: str, when: str = "read") -> None:
     """Raise ``ValueError`` if the file is no longer the one that was indexed."""
     if ref.size is not None and (ref.size != size or ref.stamp != stamp):
+        if ref.stored is not None:
+            from .remote import changed_error
+
+            raise changed_error(ref.url, f"size {ref.size} -> {size}, stamp {ref.stamp} -> {stamp}", ref.stored)
         raise ValueError(
             f"{ref.url} changed after it was indexed (size {ref.size} -> {size}, "
             f"stamp {ref.stamp} -> {stamp}); refusing to {when} it with a stale index: "
@@ -213,7 +218,8 @@ class RemoteRandomFile:
 
     def submit(self, start: int, stop: int) -> Any:
         """A future-like object (``result()``, ``cancel()``) of the bytes."""
-        return self.client.submit_range(self.ref.url, start, stop, self.ref.size, self.ref.stamp, self.access.options)
+        ref = self.ref
+        return self.client.submit_range(ref.url, start, stop, ref.size, ref.stamp, self.access.options, ref.stored)
 
     def close(self) -> None:
         pass

@@ -11,9 +11,11 @@ What this module adds to fsspec:
   version (ETag, generation, modification time) are asked once per job, when
   the source is indexed, and travel with the pipe into the DataLoader workers.
   Every range response is then checked against them for free: HTTP and S3 send
-  ``If-Match: <ETag>`` (the store answers 412 if the object changed) and the
-  response's ``Content-Range`` total and ``ETag`` must match; a changed file
-  raises ``ValueError`` instead of mixing two versions. Other stores are checked
+  ``If-Match: <ETag>`` when the ETag is strong (the store answers 412 if the
+  object changed) and the response's ``Content-Range`` total and ``ETag`` must
+  match; a weak ETag (``W/"..."``, which ``If-Match`` cannot check) is compared
+  on every response (weak comparison), and so is the Last-Modified recorded with
+  it or alone; a changed file raises ``ValueError`` instead of mixing two versions. Other stores are checked
   once per process and file (a metadata request).
 * **Retries.** Transient failures (5xx, 429, a reset connection, a short body,
   a timeout) are retried with exponential backoff, bounded in count and time
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import random
 import re
@@ -41,6 +44,11 @@ import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from .options import ReadOptions
+
+log = logging.getLogger("distshard")
+
+#: seconds after which this process's first answer from a store is logged as slow
+SLOW_FIRST_REQUEST = 2.0
 
 __all__ = ["Client", "RemoteReadError", "client_for", "forget_clients", "glob_remote", "remote_identity"]
 
@@ -65,7 +73,15 @@ def _missing(url: str) -> FileNotFoundError:
     return FileNotFoundError(f"{url}: no such file (named by the source's urls)")
 
 
-def changed_error(url: str, what: str) -> ValueError:
+def changed_error(url: str, what: str, stored: str | None = None) -> ValueError:
+    """A file that is no longer the indexed version; ``stored``: the stored index
+    (``python -m distshard index``) its identity came from, whose refresh is named."""
+    if stored is not None:  # the entry's URL: the index is its folder
+        location = stored.rsplit("/", 1)[0]
+        return ValueError(
+            f"{url} changed after the stored index at {location} was written ({what}); refusing to read it "
+            f"with a stale index: refresh it with `python -m distshard index {location}`"
+        )
     return ValueError(
         f"{url} changed after it was indexed ({what}); refusing to read it with a stale index: "
         "build the source again (the index is rebuilt for the new file)"
@@ -186,8 +202,42 @@ _S3_RETRY_CODES = {
 
 
 def _http_stamp(headers: Mapping[str, str]) -> str:
-    """The version an HTTP answer names: its ETag, else ``lm:`` and its Last-Modified."""
-    return headers.get("ETag") or (f"lm:{headers['Last-Modified']}" if headers.get("Last-Modified") else "")
+    """The version an HTTP answer names: a strong ETag alone; a weak one
+    (``W/"..."``, which ``If-Match`` cannot check) with `` lm:`` and the
+    Last-Modified; else ``lm:`` and the Last-Modified."""
+    etag, modified = headers.get("ETag") or "", headers.get("Last-Modified") or ""
+    if etag and _strong_etag(etag) is None and modified:
+        return f"{etag} lm:{modified}"
+    return etag or (f"lm:{modified}" if modified else "")
+
+
+def _stamp_parts(stamp: str) -> tuple[str, str]:
+    """``(ETag, Last-Modified)`` of a stamp made by :func:`_http_stamp` (``""`` for none)."""
+    if stamp.startswith("lm:"):
+        return "", stamp[3:]
+    etag, _, modified = stamp.partition(" lm:")
+    return etag, modified
+
+
+def _opaque(etag: str) -> str:
+    """An ETag without its weakness marker: weak comparison (RFC 9110 8.8.3.2)."""
+    return etag[2:] if etag.startswith("W/") else etag
+
+
+def http_change(stamp: str | None, headers: Mapping[str, str]) -> str | None:
+    """What tells that an HTTP answer is of another version than ``stamp`` (the
+    indexed one), or ``None``: a strong ETag compared exactly, a weak one by weak
+    comparison, the Last-Modified recorded with a weak ETag or alone compared."""
+    if not stamp:
+        return None
+    etag, modified = _stamp_parts(stamp)
+    seen = headers.get("ETag")
+    if etag and seen and (seen != etag if _strong_etag(etag) else _opaque(seen) != _opaque(etag)):
+        return f"ETag {etag} -> {seen}"
+    seen_modified = headers.get("Last-Modified")
+    if modified and seen_modified and seen_modified != modified:
+        return f"Last-Modified {modified} -> {seen_modified}"
+    return None
 
 
 def _strong_etag(stamp: str | None) -> str | None:
@@ -230,6 +280,7 @@ class Client:
         self._fs_lock = threading.Lock()  # threads that index files at once make one filesystem
         self._checked: dict[str, tuple[int, str]] = {}  # generic stores: identity checked per process
         self._semaphores: dict[int, asyncio.Semaphore] = {}
+        self._answered = False  # the first answer is timed (a slow one is logged)
 
     @property
     def fs(self) -> Any:
@@ -315,10 +366,18 @@ class Client:
 
     # -- range reads ----------------------------------------------------------------------------
     def submit_range(
-        self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions = _DEFAULT
+        self,
+        url: str,
+        start: int,
+        stop: int,
+        size: int | None,
+        stamp: str | None,
+        options: ReadOptions = _DEFAULT,
+        stored: str | None = None,
     ) -> "_Pending":
         """Bytes ``[start, stop)`` of ``url``, checked against ``(size, stamp)``
-        (the indexed identity; ``None`` skips the check), retried; a future-like
+        (the indexed identity; ``None`` skips the check; ``stored``: the stored
+        index it came from, named when it is stale), retried; a future-like
         object (``result()``, ``cancel()``)."""
         what = f"bytes [{start}, {stop})"
 
@@ -328,7 +387,7 @@ class Client:
             try:
                 async with self._semaphore(options.concurrency):
                     return True, await self._retrying(
-                        url, what, lambda: self._get(url, start, stop, size, stamp), options
+                        url, what, lambda: self._get(url, start, stop, size, stamp), options, stored
                     )
             except Exception as exc:  # noqa: BLE001 - raised by _Pending.result
                 return False, exc
@@ -369,12 +428,9 @@ class Client:
             if r.status == 412:
                 raise _Changed(f"the server's version no longer matches ETag {stamp}")
             _check_status(url, r.status, what)
-            seen = r.headers.get("ETag")
-            if stamp and seen and stamp.startswith('"') and seen != stamp:
-                raise _Changed(f"ETag {stamp} -> {seen}")
-            modified = r.headers.get("Last-Modified")
-            if stamp and stamp.startswith("lm:") and modified and f"lm:{modified}" != stamp:
-                raise _Changed(f"Last-Modified {stamp[3:]} -> {modified}")
+            change = http_change(stamp, r.headers)
+            if change is not None:
+                raise _Changed(change)
             if r.status == 206:
                 _check_content_range(url, r.headers.get("Content-Range"), start, stop, size)
             elif not (r.status == 200 and start == 0 and size is not None and stop == size):
@@ -439,20 +495,93 @@ class Client:
         size, stamp = self.identity(url, options)
         return self.read_range(url, 0, size, size, stamp, options) if size else b""
 
+    def fetch(self, url: str, options: ReadOptions = _DEFAULT) -> bytes:
+        """The whole object in one request (no metadata request first), retried;
+        ``FileNotFoundError`` if there is none. For small files named by
+        convention (a stored index's manifest and entries)."""
+        return self.run(self._retrying(url, "the whole file", lambda: self._fetch(url), options))
+
+    async def _fetch(self, url: str) -> bytes:
+        if self.kind == "http":
+            session = await self.fs.set_session()
+            kw = dict(self.fs.kwargs)
+            headers = dict(kw.pop("headers", None) or {})
+            headers["Accept-Encoding"] = "identity"
+            async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
+                _check_status(url, r.status, "the whole file")
+                try:
+                    return bytes(await r.read())
+                except Exception as exc:  # noqa: BLE001 - retried
+                    raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+        if self.kind == "s3":
+            bucket, key, version = self.fs.split_path(self.path_of(url))
+            s3 = await self._s3(bucket)
+            kw = self.fs._get_s3_method_kwargs(
+                s3.get_object, Bucket=bucket, Key=key, **({"VersionId": version} if version else {})
+            )
+            response = await _s3_call(url, "the whole file", s3.get_object(**kw))
+            body = response["Body"]
+            try:
+                return bytes(await body.read())
+            except Exception as exc:  # noqa: BLE001
+                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+            finally:
+                body.close()
+        fs = self.fs
+        try:
+            if getattr(fs, "async_impl", False):
+                return bytes(await fs._cat_file(self.path_of(url)))
+            return bytes(await asyncio.get_running_loop().run_in_executor(None, fs.cat_file, self.path_of(url)))
+        except FileNotFoundError:
+            raise _missing(url) from None
+
+    def put(self, url: str, data: bytes) -> None:
+        """Write a whole object (a stored index's entry or manifest)."""
+        if self.kind == "http":
+            raise ValueError(
+                f"cannot write {url}: http(s) URLs are read-only; give --out a local folder or an "
+                "object store location (s3://, gs://) and serve it beside the files"
+            )
+        self.fs.pipe_file(self.path_of(url), data)
+
+    def _first_answer(self, url: str, what: str, started: float) -> None:
+        """Log this process's first answer of this client if it was slow."""
+        if self._answered:
+            return
+        self._answered = True
+        seconds = time.monotonic() - started
+        if seconds >= SLOW_FIRST_REQUEST:
+            log.warning(
+                "the first request to %s:// in this process took %.1f s (%s %s; client set-up included)",
+                self.protocol,
+                seconds,
+                url,
+                what,
+            )
+
     def glob(self, pattern: str) -> list[str]:
         fs = self.fs
         return sorted(fs.unstrip_protocol(p) if self.kind != "http" else p for p in fs.glob(self.path_of(pattern)))
 
     # -- retries ------------------------------------------------------------------------------------
-    async def _retrying(self, url: str, what: str, attempt: Callable[[], Awaitable[T]], options: ReadOptions) -> T:
+    async def _retrying(
+        self,
+        url: str,
+        what: str,
+        attempt: Callable[[], Awaitable[T]],
+        options: ReadOptions,
+        stored: str | None = None,
+    ) -> T:
         started = time.monotonic()
         delay = 0.05
         failures: list[str] = []
         for number in range(options.retries + 1):
             try:
-                return await asyncio.wait_for(attempt(), options.timeout)
+                value = await asyncio.wait_for(attempt(), options.timeout)
+                self._first_answer(url, what, started)
+                return value
             except _Changed as exc:
-                raise changed_error(url, str(exc)) from None
+                raise changed_error(url, str(exc), stored) from None
             except _Transient as exc:
                 failures.append(str(exc))
             except asyncio.TimeoutError:
@@ -466,6 +595,7 @@ class Client:
             elapsed = time.monotonic() - started
             if number == options.retries or elapsed + delay > options.retry_seconds:
                 break
+            log.warning("retrying %s %s (attempt %d failed: %s)", url, what, number + 1, failures[-1])
             await asyncio.sleep(delay * (0.5 + random.random() / 2))
             delay = min(delay * 2, 5.0)
         raise RemoteReadError(

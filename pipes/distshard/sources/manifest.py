@@ -1,0 +1,260 @@
+"""The stored index: per-file entries and a manifest, written once beside the data.
+
+``python -m distshard index URLS`` (see :mod:`.indexing`) writes, by default into
+a ``.distshard/`` folder beside the first file (or where ``--out`` says: a local
+folder or any fsspec URL):
+
+- one entry per file, ``<name>.<format>.<digest>.idx``: the same bytes as an
+  entry of the per-machine cache (:mod:`.index`: identity, count, arrays,
+  checksums), so an entry is checked against the identity it is loaded for;
+- ``manifest.json``: ``{"format": "distshard-index", "version": 1, "files":
+  [{"url", "format", "count", "size", "stamp", "entry"}, ...]}``, where ``stamp``
+  is the file's version when it was indexed (a strong or weak ETag, an S3 ETag,
+  a generation, an mtime) and ``url`` is relative to the folder that holds
+  ``.distshard/`` when the file is in it.
+
+A source finds the manifest by itself (one request: ``.distshard/manifest.json``
+beside its first file) or through ``index=``. Then a job asks no metadata per
+file: counts and identities come from the manifest, every range response is
+checked against them (:mod:`.remote`), and a slot fetches the entries of the
+files it reads only (one request each, then the per-machine cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
+from .urls import is_remote
+
+if TYPE_CHECKING:
+    from .index import FileIndex
+
+__all__ = ["FOLDER", "MANIFEST", "Stored", "StoredFile", "default_location", "find", "load"]
+
+log = logging.getLogger("distshard")
+
+FOLDER = ".distshard"
+MANIFEST = "manifest.json"
+FORMAT = "distshard-index"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One file of a stored index: its URL, format, count, identity and entry's URL."""
+
+    url: str
+    format: str
+    count: int
+    size: int
+    stamp: str
+    entry: str
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A stored index: where it is and its files by :func:`.files.key_of`."""
+
+    location: str
+    files: Mapping[str, StoredFile]
+
+    def get(self, url: str) -> StoredFile | None:
+        return self.files.get(key_of(url))
+
+
+def join(location: str, name: str) -> str:
+    """``name`` inside the folder ``location`` (a URL or a local path)."""
+    if is_remote(location):
+        return location.rstrip("/") + "/" + name
+    return os.path.join(location, name)
+
+
+def parent(url: str) -> str:
+    """The folder a file or folder is in."""
+    if is_remote(url):
+        return posixpath.dirname(url.rstrip("/"))
+    return os.path.dirname(os.path.abspath(local_path(url)))
+
+
+def default_location(urls: Iterable[str]) -> str:
+    """``.distshard/`` beside the first file."""
+    return join(parent(next(iter(urls))), FOLDER)
+
+
+def entry_name(fmt: str, name: str) -> str:
+    """The entry of the file ``name`` (as the manifest lists it) in format ``fmt``."""
+    digest = hashlib.blake2b(f"{fmt}\0{name}".encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", name.rstrip("/").rsplit("/", 1)[-1])[-60:]
+    return f"{base}.{fmt}.{digest}.idx"
+
+
+def listed_name(location: str, url: str) -> str:
+    """How the manifest at ``location`` names ``url``: relative to the folder that
+    holds ``location`` when the file is in it, else the URL or absolute path."""
+    root = parent(location)
+    if is_remote(url) != is_remote(root):
+        return url
+    if is_remote(url):
+        return url[len(root) + 1 :] if url.startswith(root.rstrip("/") + "/") else url
+    path = os.path.abspath(local_path(url))
+    relative = os.path.relpath(path, root)
+    return path if relative.startswith("..") else relative.replace(os.sep, "/")
+
+
+def resolve(location: str, name: str) -> str:
+    """The URL or path of a file the manifest at ``location`` lists as ``name``."""
+    if is_remote(name) or os.path.isabs(name):
+        return name
+    return join(parent(location), name)
+
+
+def read(url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> bytes:
+    """A small file in one request (remote: a GET, no metadata request);
+    ``FileNotFoundError`` if it is not there."""
+    if is_remote(url):
+        return access.client(url).fetch(url, access.options)
+    with open(local_path(url), "rb") as f:
+        return f.read()
+
+
+def write(url: str, data: bytes, access: FileAccess = DEFAULT_FILE_ACCESS) -> None:
+    """Write a small file whole (locally atomically)."""
+    if is_remote(url):
+        access.client(url).put(url, data)
+        return
+    from pathlib import Path
+
+    from .index import write_entry
+
+    if not write_entry(Path(local_path(url)), data):
+        raise PermissionError(f"cannot write {url}: give --out a folder you can write")
+
+
+def dumps(location: str, files: list[StoredFile]) -> bytes:
+    """The manifest at ``location`` listing ``files``."""
+    listed = [
+        {
+            "url": listed_name(location, f.url),
+            "format": f.format,
+            "count": f.count,
+            "size": f.size,
+            "stamp": f.stamp,
+            "entry": posixpath.basename(f.entry),
+        }
+        for f in files
+    ]
+    return json.dumps({"format": FORMAT, "version": VERSION, "files": listed}, indent=1).encode("utf-8")
+
+
+def parse(location: str, data: bytes) -> Stored:
+    """The manifest's files; ``ValueError`` naming ``location`` if it is not one."""
+    where = join(location, MANIFEST)
+    try:
+        raw: Any = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{where}: not a distshard index manifest (not JSON: {exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ValueError(f'{where}: not a distshard index manifest (no "format": "{FORMAT}")')
+    if raw.get("version") != VERSION:
+        raise ValueError(
+            f"{where}: manifest version {raw.get('version')!r}, this distshard reads {VERSION}: "
+            f"rebuild it with `python -m distshard index {location}`"
+        )
+    files: dict[str, StoredFile] = {}
+    for position, item in enumerate(raw.get("files") or []):
+        try:
+            url = resolve(location, str(item["url"]))
+            stored = StoredFile(
+                url,
+                str(item["format"]),
+                _count(item["count"]),
+                _count(item["size"]),
+                str(item["stamp"]),
+                join(location, posixpath.basename(str(item["entry"]))),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where}: files[{position}] is malformed: {item!r}") from None
+        files[key_of(url)] = stored
+    return Stored(location, files)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(value)
+    return value
+
+
+def location_of(index: str) -> str:
+    """The folder of a stored index given as its folder or its ``manifest.json``."""
+    text = index.rstrip("/")
+    return parent(text) if text.endswith("/" + MANIFEST) or text == MANIFEST else text
+
+
+def load(location: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | None:
+    """The stored index at ``location`` (one request), or ``None`` if there is none."""
+    try:
+        data = read(join(location, MANIFEST), access)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    return parse(location, data)
+
+
+def find(urls: list[str], access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | None:
+    """The stored index beside the first of ``urls`` (one request), or ``None``.
+    A store that refuses the request (no permission) counts as none."""
+    if not urls or "?" in urls[0]:  # (a signed URL: nothing is beside it)
+        return None
+    location = default_location(urls)
+    try:
+        data = read(join(location, MANIFEST), access)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except (OSError, ValueError) as exc:  # denied, or a store that answers oddly: as before, without it
+        log.info("no stored index readable at %s (%s: %s)", location, type(exc).__name__, exc)
+        return None
+    return parse(location, data)
+
+
+def known_files(
+    fmt: str, urls: list[str], location: str | None, access: FileAccess = DEFAULT_FILE_ACCESS
+) -> tuple[Stored | None, dict[str, tuple[FileRef, int]]]:
+    """The stored index (at ``location``, else beside the first file: one
+    request) and ``{url: (ref, count)}`` for the ``urls`` it lists in format
+    ``fmt``; each ref carries its identity and its entry (``ref.stored``)."""
+    if not urls:
+        return None, {}
+    stored = load(location, access) if location is not None else find(urls, access)
+    if location is not None and stored is None:
+        raise FileNotFoundError(f"no stored index at {location} ({join(location, MANIFEST)} is not there)")
+    found: dict[str, tuple[FileRef, int]] = {}
+    if stored is not None:
+        for url in urls:
+            item = stored.get(url)
+            if item is not None and item.format == fmt:
+                found[url] = (FileRef(url, item.size, item.stamp, item.entry), item.count)
+    return stored, found
+
+
+def fetch_entry(fmt: str, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex | None:
+    """``ref``'s index from its stored entry (one request), or ``None`` if the
+    entry is not there or not of that identity (the file is then indexed itself)."""
+    from .index import loads
+
+    assert ref.stored is not None
+    try:
+        data = read(ref.stored, access)
+    except FileNotFoundError:
+        log.info("the stored index entry %s is not there: indexing %s itself", ref.stored, ref.url)
+        return None
+    index = loads(data, fmt, ref)
+    if index is None:
+        log.info("the stored index entry %s is not %s's (another version?): indexing it itself", ref.stored, ref.url)
+    return index
