@@ -28,7 +28,10 @@ import logging
 import operator
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
@@ -117,6 +120,97 @@ def _access_key(access: FileAccess) -> Any:
     from .remote import _frozen
 
     return _frozen(access.storage_options or {})
+
+
+_LOOKAHEAD = 64  # positions a slot looks ahead for the stored index entries it will need
+
+
+class _SampleRequest(Request):
+    """A sample's request to the read-ahead whose file is known at once and whose
+    spans (and the file's index: a stored entry is a request) are looked up when the
+    read-ahead plans it, so its first plan can end at the first file without asking
+    for the next files' entries (see :class:`.fetch.ReadAhead`)."""
+
+    __slots__ = ("_source", "_j", "_found", "_entries")
+
+    def __init__(self, source: "SourceSequence", f: int, j: int, entries: "_EntryPrefetch | None" = None) -> None:
+        self._source, self.file, self._j, self._entries = source, f, j, entries
+        self._found: tuple[Any, Sequence[tuple[int, int]]] | None = None
+
+    def _resolve(self) -> tuple[Any, Sequence[tuple[int, int]]]:
+        if self._found is None:
+            if self._entries is not None:
+                self._entries.resolving(self.file)
+            ref, index = self._source.file_index(self.file)
+            spans = self._source.fmt.spans(index, self._j)
+            self._found = ((self.file, self._j, ref, index), spans)
+        return self._found
+
+    def ready(self) -> bool:
+        """Known here without a request: resolved, or its file's index is in this
+        process (a file not indexed yet, or one whose stored entry is still to come, is not)."""
+        return self._found is not None or self._source.has_index(self.file)
+
+    @property
+    def payload(self) -> Any:
+        return self._resolve()[0]
+
+    @property
+    def spans(self) -> Sequence[tuple[int, int]]:  # type: ignore[override]
+        return self._resolve()[1]
+
+
+class _EntryPrefetch:
+    """Fetches the stored index entries (``python -m distshard index``) of the remote
+    files a slot reads next, a few at once in threads, so that a slot over many small
+    files does not wait one round trip per file in turn while its read-ahead plans
+    sample by sample. Only files whose identity came from a stored index: any other
+    file's index is built from the file itself (the cold path), never in advance."""
+
+    THREADS = 8
+    WAIT = 600.0  # seconds an entry fetched in advance may take (its requests have their own retries)
+
+    def __init__(self, source: "SourceSequence") -> None:
+        self.source = source
+        self.wanted: dict[int, Future] = {}
+        self.pool: ThreadPoolExecutor | None = None
+        self.first: int | None = None  # the first file read: its entry is fetched alone
+        self.last: int | None = None  # the file read last
+        self.ahead: deque[tuple[int, int]] = deque()  # the positions a slot reads next
+
+    def resolving(self, f: int) -> None:
+        """The read-ahead plans a sample of file ``f``: once it moves past the first
+        file, fetch the entries of the files ahead; wait for ``f``'s if it is on its way."""
+        if self.first is None:
+            self.first = f
+        elif f != self.first and f != self.last:
+            for g, _ in self.ahead:
+                self.want(g)
+        self.last = f
+        future = self.wanted.get(f)
+        if future is not None and not future.done():
+            try:
+                future.result(timeout=self.WAIT)
+            except FutureTimeout as exc:
+                url = self.source.refs[f].url
+                raise TimeoutError(f"the stored index entry of {url} did not come in {self.WAIT:.0f} s") from exc
+            except Exception:  # noqa: BLE001 - file_index raises it again, in this thread
+                pass
+
+    def want(self, f: int) -> None:
+        source = self.source
+        if f in self.wanted or not source._remote[f] or source.refs[f].stored is None or f in source._known:
+            return
+        if len(self.wanted) >= 4 * _LOOKAHEAD:  # the files read long ago: forget them
+            self.wanted = {g: future for g, future in self.wanted.items() if not future.done()}
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(self.THREADS, thread_name_prefix="distshard-entries")
+        self.wanted[f] = self.pool.submit(source.file_index, f)  # its errors come again when the file is read
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
 
 
 class SourceSequence(Sequence):
@@ -213,14 +307,22 @@ class SourceSequence(Sequence):
             options, self._handle, [options.max_gap if remote else 0 for remote in self._remote], self._range_cache()
         )
 
-        def requests() -> Iterator[Request]:
-            for position in positions:
-                f, j = self._locate(position)
-                ref, index = self.file_index(f)
-                yield Request((f, j, ref, index), f, self.fmt.spans(index, j))
+        entries = _EntryPrefetch(self)
 
-        for (f, j, ref, index), views in fetch.run(requests()):
-            yield self.fmt.parse(self._handle(f), index, j, ref, views)
+        def requests() -> Iterator[Request]:
+            ahead = entries.ahead
+            for position in positions:
+                ahead.append(self._locate(position))
+                if len(ahead) >= _LOOKAHEAD:
+                    yield _SampleRequest(self, *ahead.popleft(), entries)
+            while ahead:
+                yield _SampleRequest(self, *ahead.popleft(), entries)
+
+        try:
+            for (f, j, ref, index), views in fetch.run(requests()):
+                yield self.fmt.parse(self._handle(f), index, j, ref, views)
+        finally:
+            entries.close()
 
     def _range_cache(self) -> Callable[[int], FileCache | None] | None:
         """Where remote file ``f``'s fetched ranges are kept on local disk
@@ -264,6 +366,13 @@ class SourceSequence(Sequence):
         if found is None:
             found = index.derived[("windows", window)] = self.fmt.windows(index, window)
         return found
+
+    def has_index(self, f: int) -> bool:
+        """Whether file ``f``'s index is in this process already (no request to get it)."""
+        if f in self._known:
+            return True
+        ref = self._resolved.get(f) or self.refs[f]
+        return ref.size is not None and _INDEXES.get((self.fmt.name, key_of(ref.url), ref.size, ref.stamp)) is not None
 
     def file_index(self, f: int) -> tuple[FileRef, FileIndex]:
         """File ``f``'s identity and full index (per process: cached, or read

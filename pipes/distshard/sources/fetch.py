@@ -71,6 +71,10 @@ class Request:
     def __init__(self, payload: Any, file: int, spans: Sequence[tuple[int, int]]) -> None:
         self.payload, self.file, self.spans = payload, file, spans
 
+    def ready(self) -> bool:
+        """Whether ``spans`` is known without a request (a file's index may be one)."""
+        return True
+
 
 class _Held:
     __slots__ = ("range", "future", "users", "cache", "live")
@@ -176,6 +180,8 @@ class ReadAhead:
         released = 0  # bytes of ranges delivered and let go: the window grows by them
         cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
         plans = 0  # plans that submitted something: the batch doubles with each
+        delivered = False  # a request was delivered
+        held_back = False  # the first plan stopped at the first file (see plan)
         waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
         local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
         exhausted = False
@@ -246,6 +252,7 @@ class ReadAhead:
             through included, bounded by :class:`.coalesce.Coverage`) fit in
             ``room`` bytes, and submit those ranges. With nothing held the next
             request is admitted whatever its size: alone, its spans exactly."""
+            nonlocal held_back
             batch: list[Request] = []
             coverage = Coverage()
             alone = False
@@ -253,6 +260,13 @@ class ReadAhead:
             while len(pending) + len(batch) < self.MAX_PENDING:
                 request = pull()
                 if request is None:
+                    break
+                if plans == 0 and batch and request.file != batch[0].file and not request.ready():
+                    # the first plan ends with the first file when the next file's index is a
+                    # request (a stored entry): the first sample waits for its own round trips,
+                    # not for the next files'
+                    waiting.append(request)
+                    held_back = True
                     break
                 mark = coverage.mark()
                 before = hits
@@ -339,7 +353,8 @@ class ReadAhead:
             unless fewer than two requests are left to deliver)."""
             if not pending:
                 plan(min(cap(), limit()))  # nothing is held
-            while (waiting or not exhausted) and len(pending) < self.MAX_PENDING:
+            # a first plan held back at the first file: nothing more until the first delivery
+            while (delivered or not held_back) and (waiting or not exhausted) and len(pending) < self.MAX_PENDING:
                 room = limit() - held - cached
                 if room <= 0 or (room < max(1, min(cap(), limit()) // 2) and len(pending) >= 2):
                     break
@@ -374,6 +389,7 @@ class ReadAhead:
                         else:
                             cached -= item.range.size
                             released += item.range.size
+                delivered = True
                 yield request.payload, views
         finally:
             for items in live.values():
