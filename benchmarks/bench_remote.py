@@ -1,7 +1,51 @@
-"""Shards on object storage: ``distshard.webdataset`` against webdataset over the
-same URLs, behind a loopback object-store stand-in that waits before every
-response, counted in round trips and bytes as well as time.
+"""Shards on object storage: distshard against litdata, Mosaic Streaming and
+webdataset on an S3 API (the default, ``--store s3``), or against webdataset on
+a plain HTTP range server (``--store http``), counted in round trips and bytes
+as well as time.
 
+The S3 suite (issue 22)
+-----------------------
+moto's S3 server (``moto[server]``, the dev venv) in its own process on
+127.0.0.1, reached only through ``latency_proxy.LatencyProxy``: it waits 20 or
+50 ms before every response, can cap the aggregate bandwidth (25 MB/s, one token
+bucket for every connection), and counts requests by kind (HEAD, GET, LIST) and
+body bytes, each rank on its own endpoint (``AWS_ENDPOINT_URL`` and Mosaic's
+``S3_ENDPOINT_URL``, set in the rank before any client exists; its fork workers
+inherit it), so that it can tell what each rank asked before its first batch.
+
+The same samples for everyone (2–20 KB JPEG-like blobs and a label, seeded):
+WebDataset tar shards for distshard and webdataset; ``litdata.optimize()``
+chunks and Mosaic MDS shards converted from them in the benchmark venv (not
+timed), each of about the tar shards' mean size, so that every library reads
+about as many objects; all uploaded straight to moto (not counted).
+
+Settings: 16 shards × ~300 samples (63 MB) and 1,024 shards × ~5, at 20 ms and
+50 ms, and 16 × 300 under a 25 MB/s aggregate cap (its floor: dataset bytes /
+bandwidth). Every row is a fresh process tree (``harness.launch``): a gloo group
+of 2 ranks, each iterating ``DataLoader(batch_size=32, num_workers=2, fork)``
+for one epoch; wall is the slowest rank's, from building the pipeline to the
+end of the epoch; the first batch is timed on every rank from the same start.
+
+Rows (a new user's setup of each): ``distshard.webdataset(urls).dist_shard(
+even="drop")`` with an empty ``$DISTSHARD_CACHE`` (cold: the ranks index the
+shards inside the window) and with a warm one (per-machine index cached); with
+the index stored beside the data by ``python -m distshard index`` on a fresh
+``$DISTSHARD_CACHE`` (when the library has that command; the build is timed and
+counted once, against streaming every shard once at the same concurrency); the
+same over 2 epochs with ``ReadOptions(cache_dir=...)`` (when it has that
+option: the 2nd epoch's bytes from the store); litdata 0.2.76
+(``StreamingDataset``), Mosaic 0.13.0 (``StreamingDataset(batch_size=32)``),
+webdataset 1.0.2 over s3fs (``split_by_node`` / ``split_by_worker``). The
+targets (issue 22) are printed under the tables, met or MISSED.
+
+::
+
+    .venv/bin/python benchmarks/bench_remote.py --setup-peers   # once: benchmarks/.venv (litdata, Mosaic, ...)
+    .venv/bin/python benchmarks/bench_remote.py --quick         # a smoke run: small data, 20 ms
+    .venv/bin/python benchmarks/bench_remote.py                 # every setting (--settings 0,1,4 for some)
+
+The HTTP suite (``--store http``, issue 14)
+-------------------------------------------
 The data
 --------
 16 WebDataset tar shards (``--shards``) of ~300 samples of 2–20 KB each (a
@@ -42,8 +86,8 @@ How to run
 ::
 
     .venv/bin/python benchmarks/bench_files.py --setup-peers   # once: benchmarks/.venv with webdataset
-    .venv/bin/python benchmarks/bench_remote.py                # 16 shards, 20 ms, 2 ranks x 2 workers
-    .venv/bin/python benchmarks/bench_remote.py --latency 0 --bandwidth 50e6 --world-size 4
+    .venv/bin/python benchmarks/bench_remote.py --store http   # 16 shards, 20 ms, 2 ranks x 2 workers
+    .venv/bin/python benchmarks/bench_remote.py --store http --latency 0 --bandwidth 50e6 --world-size 4
 """
 
 from __future__ import annotations
@@ -303,6 +347,32 @@ def tar_samples(path: str) -> Iterator[tuple[str, bytes, int]]:
         yield key, parts[key]["jpg"], int(parts[key]["cls"])
 
 
+def import_streaming() -> Any:
+    """Mosaic's ``streaming``. It imports torchvision for its vision datasets only; the
+    torchvision 0.28.0 wheel on PyPI is a CUDA build whose ops cannot load against
+    the CPU torch wheel here (``operator torchvision::nms does not exist``), so a
+    stand-in with the two names it imports takes its place when it does not load."""
+    try:
+        import torchvision  # noqa: F401
+    except (RuntimeError, ImportError, OSError):
+        import importlib.machinery
+        import types
+
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        stub = {name: types.ModuleType(name) for name in ("torchvision", "torchvision.datasets",
+                                                          "torchvision.transforms", "torchvision.transforms.functional")}
+        for name, module in stub.items():
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        stub["torchvision.datasets"].VisionDataset = type("VisionDataset", (), {})
+        stub["torchvision.datasets"].CIFAR10 = type("CIFAR10", (), {})
+        stub["torchvision.transforms.functional"].to_tensor = lambda x: x
+        sys.modules.update(stub)
+    import streaming
+
+    return streaming
+
+
 def litdata_samples(path: str) -> Iterator[dict[str, Any]]:
     """``litdata.optimize``'s ``fn``: one input is a tar shard, its samples as dicts."""
     for key, jpg, cls in tar_samples(path):
@@ -314,8 +384,8 @@ def convert(paths: list[str], out: str, chunk_bytes: int) -> dict[str, Any]:
     Mosaic MDS shards (``out/mds``), each of about the tar shards' mean size, so
     that every library reads about as many objects."""
     import litdata
-    from streaming import MDSWriter
 
+    MDSWriter = import_streaming().MDSWriter
     started = time.perf_counter()
     litdata.optimize(fn=litdata_samples, inputs=paths, output_dir=os.path.join(out, "litdata"),
                      chunk_bytes=chunk_bytes, num_workers=1, mode="overwrite")
@@ -362,11 +432,15 @@ def s3_dataset(key: str, data: str, shards: int, work: str, cache_bytes: int) ->
         import fsspec
         import webdataset as wds
 
-        wds.gopen.gopen_schemes["s3"] = lambda url, mode="rb", bufsize=8192, **kw: fsspec.open(url, mode).open()
+        sys.modules["webdataset.gopen"].gopen_schemes["s3"] = lambda url, mode="rb", bufsize=8192, **kw: fsspec.open(url, mode).open()
         return wds.WebDataset(shard_urls(data, "wds", shards), shardshuffle=False, nodesplitter=wds.split_by_node,
                               workersplitter=wds.split_by_worker, empty_check=False).map(key_of)
     if key == "litdata":
         import litdata
+        from litdata.streaming import downloader
+
+        # its chunk GETs go through obstore, which refuses an http:// endpoint (a real S3 is https)
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
 
         class Keys(litdata.StreamingDataset):
             def __getitem__(self, index: Any) -> Any:
@@ -375,9 +449,7 @@ def s3_dataset(key: str, data: str, shards: int, work: str, cache_bytes: int) ->
         return Keys(litdata.streaming.resolver.Dir(path=os.path.join(work, "litdata-cache"),
                                                    url=f"s3://{BUCKET}/{data}/litdata"))
     if key == "mosaic":
-        from streaming import StreamingDataset
-
-        class MosaicKeys(StreamingDataset):
+        class MosaicKeys(import_streaming().StreamingDataset):
             def __getitem__(self, index: Any) -> Any:
                 return super().__getitem__(index)["key"]
 
@@ -419,13 +491,15 @@ class S3Job(harness.Job):
         elif self.key == "litdata":
             import litdata  # noqa: F401
         elif self.key == "mosaic":
-            import streaming  # noqa: F401
+            import_streaming()
         else:
             import distshard.sources  # noqa: F401
 
     def build(self, rank: int) -> Any:
         self.t0 = time.perf_counter()
-        return s3_dataset(self.key, self.data, self.shards, self.work, self.cache_bytes)
+        dataset = s3_dataset(self.key, self.data, self.shards, self.work, self.cache_bytes)
+        self.built_s = time.perf_counter() - self.t0
+        return dataset
 
     def keep(self, item: Any, values: list) -> None:
         now = time.time()
@@ -435,7 +509,7 @@ class S3Job(harness.Job):
         values.extend(item)
 
     def figures(self) -> dict[str, Any]:
-        return {"marks": self.marks}
+        return {"marks": self.marks, "built_s": getattr(self, "built_s", None)}
 
 
 def run_s3(key: str, data: str, shards: int, endpoints: list[str], world_size: int, timeout: float,
@@ -449,7 +523,8 @@ def run_s3(key: str, data: str, shards: int, endpoints: list[str], world_size: i
         shutil.rmtree(work, ignore_errors=True)
     ranks = sorted(run.measured, key=lambda r: r["rank"])
     return {"errors": run.errors, "keys": run.values(), "wall_s": run.wall_s,
-            "marks": [r.get("marks", []) for r in ranks], "walls": [r["wall_s"] for r in ranks]}
+            "marks": [r.get("marks", []) for r in ranks], "walls": [r["wall_s"] for r in ranks],
+            "built": [r.get("built_s") for r in ranks]}
 
 
 # -- the parent: moto, the proxy, the data, every row --------------------------------------------------
@@ -570,7 +645,8 @@ def s3_row(key: str, result: dict[str, Any], manifest: dict[str, Any], slots: in
         return row
     marks = result["marks"]
     before = [sum(1 for t, _kind, _n in port["arrivals"] if t < m[0]["first"]) for port, m in zip(seen, marks, strict=True)]
-    row.update(wall_s=result["wall_s"], first_s=[m[0]["first_s"] for m in marks], before_first=before)
+    row.update(wall_s=result["wall_s"], first_s=[m[0]["first_s"] for m in marks], before_first=before,
+               built_s=result.get("built"))
     keys = result["keys"]
     if len(marks[0]) > 1:  # the cache row: epoch 2 from the first rank's end of epoch 1 on
         second = [sum(n for t, _kind, n in port["arrivals"] if t > m[0]["last"]) for port, m in zip(seen, marks, strict=True)]
@@ -592,6 +668,7 @@ def fmt_s(values: list[float]) -> str:
 
 S3_COLUMNS = [Col("pipeline"), Col("wall s", 2), Col("vs litdata", right=True),
               Col("first batch s, per rank", right=True), Col("vs litdata", right=True),
+              Col("of which building the pipeline", right=True),
               Col("HEAD + GET (+ LIST)", right=True), Col("requests before each rank's 1st batch", right=True),
               Col("bytes / dataset", 3), Col("exactly-once")]
 
@@ -618,7 +695,9 @@ def s3_table(setting: Setting, rows: list[dict[str, Any]], manifest: dict[str, A
         if "second_epoch_bytes" in row:
             label_cell += (f"; 2nd epoch: {row['second_epoch_requests']:,} requests, "
                            f"{row['second_epoch_bytes'] / manifest['bytes']:.3f}× the dataset from the store")
-        cells.append([label_cell, row["wall_s"], vs, fmt_s(row["first_s"]), vs_first, counts,
+        built = row.get("built_s") or []
+        cells.append([label_cell, row["wall_s"], vs, fmt_s(row["first_s"]), vs_first,
+                      fmt_s(built) if built and None not in built else None, counts,
                       " / ".join(str(b) for b in row["before_first"]), row["bytes"] / manifest["bytes"], row["once"]])
     return harness.table(S3_COLUMNS, cells)
 
