@@ -575,7 +575,7 @@ def build_stored_index(store: Store, setting: Setting, proxy: Any, timeout: floa
     env["AWS_ENDPOINT_URL"] = proxy.endpoints[0]
     threads = 16
     command = [sys.executable, "-m", "distshard", "index", urls]
-    for flag in ("--threads", "--jobs", "--concurrency"):
+    for flag in ("--workers", "--threads", "--jobs", "--concurrency"):
         if flag in store.feats.get("index_help", ""):
             command += [flag, str(threads)]
             break
@@ -657,7 +657,8 @@ def s3_row(key: str, result: dict[str, Any], manifest: dict[str, Any], slots: in
         row["once"] = harness.Once(sum((got - wanted).values()), sum((wanted - got).values()),
                                    allowed_missing=2 * (len(manifest["keys"]) % slots)).cell()
     else:
-        even = "drop" if key.startswith("distshard") else None
+        # litdata drops a distributed epoch's tail (its drop_last), Mosaic pads it (its padding)
+        even = {"litdata": "drop", "mosaic": "pad", "webdataset": None}.get(key, "drop")
         row["once"] = harness.exactly_once(keys, manifest["keys"], even=even, slots=slots).cell()
     return row
 
