@@ -721,12 +721,11 @@ def s3_targets(tables: list[tuple[Setting, list[dict[str, Any]], dict[str, Any]]
         lit = by.get("litdata")
         if setting.bandwidth:
             floor = manifest["bytes"] / setting.bandwidth
-            for key in ("distshard_stored", "distshard_cold"):
+            for key in ("distshard_stored", "distshard_cached", "distshard_cold"):
                 if key in by:
                     ratio = by[key]["wall_s"] / floor
                     say(ratio <= 1.10, f"{setting.title}, {key}: wall {by[key]['wall_s']:.2f} s = {ratio:.2f}× "
                         f"(dataset bytes / bandwidth = {floor:.2f} s; target ≤ 1.10×)")
-                    break
             continue
         stored = by.get("distshard_stored")
         if not feats.get("index"):
