@@ -283,7 +283,7 @@ S3_VARIANTS = {
     "distshard_cold": ('`distshard.webdataset(urls).dist_shard(even="drop")`, cold cache', "dev"),
     "distshard_cached": ("same, per-machine index cached (`$DISTSHARD_CACHE` warm)", "dev"),
     "distshard_stored": ("same, stored index (`python -m distshard index`), fresh `$DISTSHARD_CACHE`", "dev"),
-    "distshard_local_cache": ("same, stored index, 2nd epoch from `ReadOptions(cache_dir=)`", "dev"),
+    "distshard_local_cache": ("same, 2 epochs with `ReadOptions(cache_dir=)` (stored index if any; wall: both)", "dev"),
     "litdata": ("litdata 0.2.76 (`optimize()` chunks)", "peers"),
     "mosaic": ("Mosaic streaming 0.13.0 (MDS shards)", "peers"),
     "webdataset": ("webdataset 1.0.2 (s3fs)", "peers"),
@@ -656,6 +656,7 @@ def s3_row(key: str, result: dict[str, Any], manifest: dict[str, Any], slots: in
     if len(marks[0]) > 1:  # the cache row: epoch 2 from the first rank's end of epoch 1 on
         second = [sum(n for t, _kind, n in port["arrivals"] if t > m[0]["last"]) for port, m in zip(seen, marks, strict=True)]
         row["second_epoch_bytes"] = sum(second)
+        row["second_epoch_s"] = max(m[1]["last"] - m[0]["last"] for m in marks)
         row["second_epoch_requests"] = sum(sum(1 for t, _k, _n in port["arrivals"] if t > m[0]["last"])
                                            for port, m in zip(seen, marks, strict=True))
         got, wanted = Counter(keys), Counter({k: 2 for k in manifest["keys"]})
@@ -695,11 +696,11 @@ def s3_table(setting: Setting, rows: list[dict[str, Any]], manifest: dict[str, A
         listed = f" (+ {req['LIST']:,})" if req.get("LIST") else ""
         other = sum(v for k, v in req.items() if k not in ("HEAD", "GET", "LIST"))
         counts = f"{req.get('HEAD', 0):,} + {req.get('GET', 0):,}{listed}" + (f" (+ {other} other)" if other else "")
-        vs = harness.ratio(row["wall_s"] / base["wall_s"]) if base else None
+        vs = harness.ratio(row["wall_s"] / base["wall_s"]) if base and "second_epoch_bytes" not in row else None
         vs_first = harness.ratio(max(row["first_s"]) / max(base["first_s"])) if base else None
         label_cell = label
         if "second_epoch_bytes" in row:
-            label_cell += (f"; 2nd epoch: {row['second_epoch_requests']:,} requests, "
+            label_cell += (f"; 2nd epoch: {row['second_epoch_s']:.2f} s, {row['second_epoch_requests']:,} requests, "
                            f"{row['second_epoch_bytes'] / manifest['bytes']:.3f}× the dataset from the store")
         built = row.get("built_s") or []
         cells.append([label_cell, row["wall_s"], vs, fmt_s(row["first_s"]), vs_first,
