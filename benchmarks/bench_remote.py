@@ -705,7 +705,7 @@ def s3_table(setting: Setting, rows: list[dict[str, Any]], manifest: dict[str, A
         built = row.get("built_s") or []
         cells.append([label_cell, row["wall_s"], vs, fmt_s(row["first_s"]), vs_first,
                       fmt_s(built) if built and None not in built else None, counts,
-                      " / ".join(str(b) for b in row["before_first"]), row["bytes"] / manifest["bytes"], row["once"]])
+                      " / ".join(f"{b:,}" for b in row["before_first"]), row["bytes"] / manifest["bytes"], row["once"]])
     return harness.table(S3_COLUMNS, cells)
 
 
