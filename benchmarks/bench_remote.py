@@ -318,7 +318,7 @@ def settings(quick: bool) -> list[Setting]:
             Setting(16, 300, 0.02, 25e6)]
 
 
-def features() -> dict[str, bool]:
+def features() -> dict[str, Any]:
     """What the library under test offers: ``python -m distshard index`` and
     ``ReadOptions(cache_dir=...)`` (rows that need them are left out otherwise)."""
     from dataclasses import fields as dc_fields
@@ -806,7 +806,8 @@ def orchestrate_s3(args: argparse.Namespace, chosen: list[str]) -> int:
                 for key in order:
                     cache = warm if key == "distshard_cached" else str(workdir / f"cold-{setting.data}-{r}-{key}")
                     results[key].append(measure(key, setting, proxy, manifest, args, cache))
-                    shutil.rmtree(cache, ignore_errors=True) if key != "distshard_cached" else None
+                    if key != "distshard_cached":
+                        shutil.rmtree(cache, ignore_errors=True)
             proxy.stop()
             proxy = None
             rows = [median_row(k, [s3_row(k, res, manifest, slots) for res in results[k]]) for k in chosen]
