@@ -540,3 +540,32 @@ def cost_figure(streams: dict[str, tuple[list, list]], weights: dict[str, float]
     fig.legend(handles, labels, loc="upper center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 0.93))
     fig.suptitle(title, x=0.125, ha="left", fontsize=12, fontweight="bold", y=0.99)
     return fig
+
+
+def packed_blocks(rows: list[dict], seq_len: int, colours: list, slot_names: list[str]):
+    """``rows``: one per block, in block order, ``{"doc": [document of each token or -1
+    for padding], "slot": slot that read it}``. Each block is a row of ``seq_len`` cells
+    coloured by document (alternating shades, a bold edge where a document starts),
+    padding grey, and a tag on the left with the slot that read the block."""
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(rows) + 1.2))
+    shades = ["#4c72b0", "#9fb8dc", "#dd8452", "#f0c1a0", "#55a868", "#a9d4b2"]
+    for b, row in enumerate(rows):
+        y = len(rows) - 1 - b
+        previous = None
+        for t, doc in enumerate(row["doc"]):
+            colour = "#dddddd" if doc < 0 else shades[doc % len(shades)]
+            ax.add_patch(Rectangle((t, y + 0.1), 1, 0.8, facecolor=colour, edgecolor="white", linewidth=0.5))
+            if doc >= 0 and doc != previous and row["starts"][t]:
+                ax.plot([t, t], [y + 0.05, y + 0.95], color="black", linewidth=2)
+            previous = doc
+        ax.add_patch(Rectangle((-3.2, y + 0.1), 2.9, 0.8, facecolor=colours[row["slot"]], edgecolor="none"))
+        ax.text(-1.75, y + 0.5, slot_names[row["slot"]], ha="center", va="center", fontsize=7, color="white")
+    ax.set_xlim(-3.4, seq_len + 0.2)
+    ax.set_ylim(-0.2, len(rows) + 0.2)
+    ax.set_yticks([len(rows) - 1 - b + 0.5 for b in range(len(rows))], [f"block {b}" for b in range(len(rows))])
+    ax.set_xticks(range(0, seq_len + 1, 4))
+    ax.set_xlabel("token position in the block (black bar: a document starts; grey: padding)")
+    ax.set_title("pack(): blocks cut from the concatenated documents, and the slot that reads each")
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    return fig

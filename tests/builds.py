@@ -410,3 +410,8 @@ def returns_a_list():
 def drop_multiple_of():
     """103 records over 2 x 2 slots in batches of 4: each slot keeps 24, 7 are left out."""
     return IterableWrapper(records(103)).dist_shard(even="drop", multiple_of=4)
+
+
+def carry_strings():
+    """23 strings over 2 x 2 slots with even="carry": each slot yields 5, the tail of 3 opens the next epoch."""
+    return IterableWrapper([f"s{i}" for i in range(23)]).dist_shard(even="carry", shuffle=True, seed=4)

@@ -56,6 +56,16 @@ def write_parquet(paths: list[str], rows: int) -> list[str]:
     return paths
 
 
+def write_tokens(prefixes: list[str], sequences: int) -> list[str]:
+    """Megatron-LM indexed datasets (``<prefix>.bin`` + ``<prefix>.idx``, uint16) of
+    ``sequences`` sequences each (tests/token_files.py)."""
+    from .token_files import sequences_for, write_indexed
+
+    for n, prefix in enumerate(prefixes):
+        write_indexed(prefix, sequences_for(sequences, "uint16", seed=n), "uint16")
+    return prefixes
+
+
 def write_tables(folder: str, tables: int, rows: int) -> tuple[Callable[[str], Any], dict[str, int]]:
     """``tables`` Arrow IPC files ``folder/part-N.arrow``; returns ``open_table`` (a
     path's rows, as a list) and ``row_counts`` (path -> rows)."""

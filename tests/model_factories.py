@@ -8,6 +8,7 @@ or repeated: ``"e17"`` (element mode), ``"E17"`` (after the 1:1 ``upper`` map),
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,15 @@ import distshard
 # weight phases: "mix-phases", and weighted by per-element costs: "mix-cost"; a
 # random-access source whose elements change with the epoch (as weighted_sample's
 # draws do): "tagged"; the JSON-lines file over HTTP from a loopback range server
-# that fails every 7th request: "remote"; a mix of that remote file and a list (the
+# that fails every 7th request: "remote", and the same read through a local range
+# cache small enough to evict during a history: "remote-cached"; a mix of that remote file and a list (the
 # file read through its read-ahead from inside the mix): "mix-files"; the same elements
-# in three gzip-compressed JSON-lines files, which go whole to slots: "gz"
+# in three gzip-compressed JSON-lines files, which go whole to slots: "gz"; a Megatron
+# .bin/.idx pair read by distshard.tokens (its dtype varies with n), each sequence named
+# after a 1:1 map that checks its tokens: "tokens"; documents of
+# distinct token ids packed into blocks of seq_len tokens (distshard.pack), each block
+# made a string (hashable, and as the DataLoader's default_convert leaves it) by a 1:1
+# map, pushed down: "pack"
 SOURCES = (
     "list",
     "list+map",
@@ -39,8 +46,11 @@ SOURCES = (
     "mix-cost",
     "tagged",
     "remote",
+    "remote-cached",
     "mix-files",
     "gz",
+    "tokens",
+    "pack",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -55,7 +65,9 @@ class Spec:
     shuffle: bool = False
     multiple: int = 1  # multiple_of, used when even == "drop"
     even: str | None = None
-    seed: int = 0
+    seed: int | None = 0  # None: dist_shard's default (a DataLoader may hand over its seed)
+    seq_len: int = 3  # "pack": tokens per block
+    eos: bool = False  # "pack": an eos token (-1) after every document
 
     @property
     def units(self) -> bool:
@@ -69,7 +81,17 @@ class Spec:
     @property
     def random_access(self) -> bool:
         """Where shuffle=True is documented to work."""
-        return self.source in ("list", "list+map", "jsonl", "tagged", "remote", *MIXES) or (self.units and self.sized)
+        return self.source in (
+            "list",
+            "list+map",
+            "jsonl",
+            "tagged",
+            "remote",
+            "remote-cached",
+            "tokens",
+            "pack",
+            *MIXES,
+        ) or (self.units and self.sized)
 
     def universe(self) -> list[str]:
         """Every element of one epoch, once."""
@@ -77,6 +99,8 @@ class Spec:
             return [f"u{u}e{i}" for u, size in enumerate(self.unit_sizes) for i in range(size)]
         if self.source in MIXES:
             return list(mixed(self.n, self.source))
+        if self.source == "pack":
+            return packed_blocks(self.n, self.seq_len, self.eos)
         return [upper(f"e{i}") if self.source == "list+map" else f"e{i}" for i in range(self.n)]
 
 
@@ -103,6 +127,41 @@ class Expand:
 
 def upper(x: str) -> str:
     return x.upper()
+
+
+def documents(n: int) -> list[list[int]]:
+    """``n`` documents of 1 to 5 distinct token ids: document ``i`` holds ``100 i + j``."""
+    return [[100 * i + j for j in range(1 + (7 * i) % 5)] for i in range(n)]
+
+
+def packed_blocks(n: int, seq_len: int, eos: bool) -> list[str]:
+    """The oracle of "pack": the blocks by definition (the concatenation of the documents,
+    each followed by the eos -1 if any, cut into ``seq_len``, the last padded with 0), as
+    strings of the tuples (ids, positions, mask). Distinct: every block holds a token of its own (with an
+    eos, ``seq_len`` is at least 2 and documents are not empty)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    for doc in documents(n):
+        tail = [-1] if eos else []
+        ids += doc + tail
+        pos += list(range(len(doc) + len(tail)))
+    out = []
+    for start in range(0, len(ids), seq_len):
+        chunk, where = ids[start : start + seq_len], pos[start : start + seq_len]
+        short = seq_len - len(chunk)
+        out.append(
+            repr((tuple(chunk + [0] * short), tuple(where + [0] * short), tuple([1] * len(chunk) + [0] * short)))
+        )
+    return out
+
+
+def block_key(block: dict) -> str:
+    """A block as a string: the repr of the tuple (input_ids, position_ids, loss_mask)."""
+    return repr(tuple(tuple(block[k].tolist()) for k in ("input_ids", "position_ids", "loss_mask")))
+
+
+def packed(spec: "Spec") -> Any:
+    return distshard.pack(IterableWrapper(documents(spec.n)), spec.seq_len, eos=-1 if spec.eos else None)
 
 
 def jsonl_file(n: int) -> str:
@@ -143,6 +202,45 @@ def gz_files(n: int) -> list[str]:
             os.replace(tmp, path)
         paths.append(path)
     return paths
+
+
+TOKEN_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16")
+
+
+def token_sequence(i: int) -> list[int]:
+    """The tokens of sequence ``i`` of :func:`token_pair` (1 to 4 of them, the first ``i``)."""
+    return [i, *((i * 7 + k) % 11 for k in range(i % 4))]
+
+
+def token_name(sequence: Any) -> str:
+    """``"e{i}"`` for sequence ``i`` of :func:`token_pair` when its tokens are exactly
+    those written, else a name that no epoch holds."""
+    values = sequence.tolist()
+    return f"e{int(values[0])}" if values and values == token_sequence(int(values[0])) else f"bad{values}"
+
+
+def token_pair(n: int) -> str:
+    """The prefix of a Megatron .bin/.idx pair of ``n`` sequences (:func:`token_sequence`),
+    of dtype ``TOKEN_DTYPES[n % 8]``, written once per machine (tests/token_files.py)."""
+    import os
+
+    from tests.token_files import write_indexed
+
+    dtype = TOKEN_DTYPES[n % len(TOKEN_DTYPES)]
+    prefix = os.path.join(os.path.dirname(jsonl_file(0)), f"t{n}-{dtype}")
+    if not os.path.exists(prefix + ".idx"):
+        import fcntl
+
+        import numpy as np
+
+        with open(prefix + ".lock", "w") as lock:  # gloo ranks start at once: one writes, once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(prefix + ".idx"):
+                tmp = f"{prefix}.{os.getpid()}"
+                write_indexed(tmp, [np.array(token_sequence(i), dtype) for i in range(n)], dtype)
+                os.replace(tmp + ".bin", prefix + ".bin")
+                os.replace(tmp + ".idx", prefix + ".idx")  # last: its presence says the pair is whole
+    return prefix
 
 
 def mixed(n: int, kind: str = "mix"):
@@ -229,10 +327,12 @@ def _options(spec: Spec, rank: int | None, world_size: int | None) -> dict[str, 
 _SERVER: Any = None  # (pid, RangeServer) of this process
 
 
-def remote_jsonl(n: int):
+def remote_jsonl(n: int, cached: bool = False):
     """``distshard.jsonl`` of :func:`jsonl_file` over HTTP from a loopback range
     server (started once per process, in a thread) that answers every 7th GET
-    with a 500, a 503, a reset connection or a short body: retried, exactly."""
+    with a 500, a 503, a reset connection or a short body: retried, exactly.
+    ``cached``: through a local range cache (``ReadOptions.cache_dir``) shared by
+    the processes of a test and smaller than the file, so it evicts as it goes."""
     import os
 
     from distshard.sources import ReadOptions
@@ -244,6 +344,8 @@ def remote_jsonl(n: int):
         _SERVER = (os.getpid(), RangeServer(Path(path).parent, fault_every=7).start())
     # small ranges: a slot makes several requests, so faults land inside epochs
     options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    if cached:
+        options = dataclasses.replace(options, cache_dir=str(Path(path).parent / "ranges"), cache_bytes=300)
     return distshard.jsonl(_SERVER[1].url(path), read_options=options)
 
 
@@ -270,10 +372,14 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = mixed(spec.n, spec.source)
     elif spec.source == "tagged":
         source = Tagged(spec.n)
-    elif spec.source == "remote":
-        source = remote_jsonl(spec.n)
+    elif spec.source in ("remote", "remote-cached"):
+        source = remote_jsonl(spec.n, cached=spec.source == "remote-cached")
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
+    elif spec.source == "tokens":
+        source = distshard.tokens(token_pair(spec.n)).map(token_name)
+    elif spec.source == "pack":
+        source = packed(spec).map(block_key)
     else:
         raise ValueError(f"unknown source {spec.source!r}")
     return source.dist_shard(**options)
@@ -303,10 +409,14 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(mixed(spec.n, spec.source), **options)
     if spec.source == "tagged":  # the node seeds nothing: the same elements every epoch
         return DistShardNode(Tagged(spec.n), **options)
-    if spec.source == "remote":
-        return DistShardNode(remote_jsonl(spec.n), **options)
+    if spec.source in ("remote", "remote-cached"):
+        return DistShardNode(remote_jsonl(spec.n, cached=spec.source == "remote-cached"), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
+    if spec.source == "tokens":
+        return Mapper(DistShardNode(distshard.tokens(token_pair(spec.n)), **options), token_name)
+    if spec.source == "pack":
+        return Mapper(DistShardNode(packed(spec), **options), block_key)
     # nodes have no upstream .shuffle(): "shuffled" is a plain stream here
     return DistShardNode(NodeWrapper(Stream(data)), **options)
 

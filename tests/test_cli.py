@@ -161,6 +161,21 @@ def test_check_multiple_of_allows_its_own_tail():
     assert report["per_slot"] == [24] * 4 and report["missing"] == report["allowed_missing"] == 7
 
 
+def test_check_of_an_exact_carry_run_reports_the_tail_as_carried_not_missing():
+    done = _check("tests.builds:carry_strings", "--world-size", "2", "--num-workers", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: EXACTLY-ONCE" in done.stdout and "per slot: [5, 5, 5, 5]" in done.stdout
+    assert "violation" not in done.stdout, done.stdout
+    assert "missing: 0 (allowed by even: 0)" in done.stdout, done.stdout
+    assert "carried: 3 (the last epoch's tail, which opens the next epoch)" in done.stdout, done.stdout
+    done = _check("tests.builds:carry_strings", "--world-size", "2", "--num-workers", "2", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["verdict"] == "EXACTLY-ONCE" and report["reasons"] == []
+    assert report["missing"] == report["allowed_missing"] == 0 and report["carried"] == 3
+    assert sum(report["carried_examples"].values()) == 3
+
+
 def test_help_shows_every_default(capsys):
     from distshard.__main__ import main
 

@@ -91,3 +91,9 @@ def test_the_pure_arithmetic_imports_nothing_of_torch_or_the_rest():
         text = modules()[name].read_text()
         assert "import torch" not in text and "from torch" not in text, name
         assert not imports()[name], (name, imports()[name])
+
+
+def test_the_packing_arithmetic_imports_no_torch_and_only_the_plan():
+    text = modules()["distshard.packing"].read_text()
+    assert "import torch" not in text and "from torch" not in text
+    assert imports()["distshard.packing"] <= {"distshard.plan"}

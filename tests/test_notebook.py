@@ -30,8 +30,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # the pictures the notebook draws (figures.show(fig, name)): the slot map, the recipe
 # comparison, the elastic resume timeline, the running shares of a weighted mix, the
 # running shares across a phase boundary, cost shares against sample shares and the
-# timeline of even="carry" across epochs
-FIGURES = {"slot_map", "recipes", "resume", "mix", "phases", "cost", "carry"}
+# timeline of even="carry" across epochs, and packed blocks with the slots that read them
+FIGURES = {"slot_map", "recipes", "resume", "mix", "phases", "cost", "carry", "pack"}
 MIN_WIDTH, MIN_HEIGHT = 800, 300  # pixels: readable, not thumbnails
 
 # Inserted before the first cell of the in-memory copy (never saved): proves which

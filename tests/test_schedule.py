@@ -206,6 +206,69 @@ def test_a_cost_schedule_answers_at_random_what_its_walk_gives(spec, position):
     assert list(islice(schedule.iterate(position), 6)) == walked[position:]
 
 
+EXTREME_COSTS = st.one_of(
+    st.floats(0, 1.7976931348623157e308, allow_nan=False, allow_infinity=False),  # subnormals to the largest
+    st.sampled_from([5e-324, 2.2250738585072014e-308, 1e306, 1.7976931348623157e308, 0.1, 0.1234567]),
+    st.integers(0, 10**400),  # ints beyond any float
+)
+EXTREME_WEIGHTS = st.one_of(
+    st.floats(1e-300, 1e300, allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.1234567, 0.5, 1e-300, 1.7976931348623157e308]),
+    st.integers(1, 10**30),
+)
+
+
+@st.composite
+def extreme_costed(draw):
+    n = draw(st.integers(1, 4))
+    costs = [draw(st.lists(EXTREME_COSTS, min_size=1, max_size=8)) for _ in range(n)]
+    for c in costs:
+        if not any(c):
+            c[0] = draw(EXTREME_COSTS.filter(bool))
+    phases, start = [], 0
+    for _ in range(draw(st.integers(1, 2))):
+        phases.append((start, draw(st.lists(EXTREME_WEIGHTS, min_size=n, max_size=n))))
+        start += draw(st.integers(1, 100))
+    return phases, costs, draw(st.integers(1, 250))
+
+
+@settings(max_examples=100, deadline=None)
+@given(extreme_costed())
+def test_the_cost_bound_holds_for_every_finite_cost_and_weight(spec):
+    """The bound of the test above for every cost and weight mix() accepts: costs from
+    the smallest subnormal to the largest float (and ints beyond), weights over 600
+    orders of magnitude; checked in exact rationals, with no slack."""
+    phases, costs, length = spec
+    schedule = CostSchedule(phases, costs)
+    largest = max(Fraction(x) for c in costs for x in c)
+    starts = [start for start, _ in phases] + [float("inf")]
+    phase = -1
+    for p, (source, k) in enumerate(islice(schedule.iterate(), length)):
+        while p >= starts[phase + 1]:
+            phase += 1
+            weights = integer_weights(phases[phase][1])
+            total, cost, own = sum(weights), Fraction(0), [Fraction(0)] * len(costs)
+        assert weights[source]
+        c = Fraction(costs[source][k % len(costs[source])])
+        cost += c
+        own[source] += c
+        for i in range(len(costs)):
+            assert abs(own[i] * total - cost * weights[i]) <= largest * total, (phases, costs, p)
+
+
+def test_costs_near_the_largest_float_keep_the_bound():
+    """Issue 21: costs about 1e306 with weights 0.1234567 / 0.5 overflowed the float
+    arithmetic, and a source strayed far beyond the largest element cost of its share."""
+    costs = [[1e306 * (1 + i / 7) for i in range(7)], [1e306 * (1 + i / 5) for i in range(5)]]
+    weights = integer_weights([0.1234567, 0.5])
+    total, largest = sum(weights), Fraction(max(map(max, costs)))
+    cost, own = Fraction(0), [Fraction(0)] * 2
+    for source, k in islice(CostSchedule([(0, [0.1234567, 0.5])], costs).iterate(), 400):
+        c = Fraction(costs[source][k % len(costs[source])])
+        cost, own[source] = cost + c, own[source] + c
+        assert all(abs(own[i] * total - cost * weights[i]) <= largest * total for i in range(2)), own
+
+
 def test_float_costs_and_refused_costs():
     schedule = CostSchedule([(0, [1, 1])], [[0.5, 1.5], [2.25]])
     own, cost = [0.0, 0.0], 0.0

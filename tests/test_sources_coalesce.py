@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distshard.sources.coalesce import Range, coalesce
+from distshard.sources.coalesce import Coverage, Range, coalesce
 from distshard.sources.fetch import ReadAhead, Request
 from distshard.sources.index import byte_windows
 from distshard.sources.options import ReadOptions
@@ -75,6 +75,36 @@ def test_contiguous_spans_make_about_total_over_max_range_requests(sizes, max_ra
     assert len(ranges) <= 2 * at // max_range + 1
 
 
+@FAST
+@given(layout=layouts(), data=st.data(), max_range=st.integers(1, 2000), max_gap=st.integers(0, 500))
+def test_coverage_bounds_the_bytes_coalescing_fetches_and_undoes_exactly(layout, data, max_range, max_gap):
+    wanted = data.draw(st.lists(st.sampled_from(layout), max_size=40)) if layout else []
+    live_spans = [s for s in layout if s not in wanted and data.draw(st.booleans())]
+    live: dict[int, list[Range]] = {}
+    for rng in coalesce(live_spans, max_range, max_gap):
+        live.setdefault(rng.file, []).append(rng)
+    coverage = Coverage()
+    totals = []
+    for count, (file, start, stop) in enumerate(wanted, 1):
+        mark = coverage.mark()
+        before = coverage.total
+        growth = coverage.add(file, start, stop, max_gap)
+        assert growth >= 0 and coverage.total == before + growth
+        fetched = sum(r.size for r in coalesce(wanted[:count], max_range, max_gap, live))
+        assert fetched <= coverage.total  # what the read-ahead counts is never below what it holds
+        if data.draw(st.booleans()):  # tried and withdrawn, as a request that does not fit
+            extra = data.draw(st.sampled_from(layout))
+            inner = coverage.mark()
+            coverage.add(*extra, max_gap)
+            coverage.undo(inner)
+            assert coverage.total == before + growth
+        totals.append((mark, before))
+    for mark, before in reversed(totals):
+        coverage.undo(mark)
+        assert coverage.total == before
+    assert coverage.total == 0
+
+
 def test_coalesce_refuses_nonsense():
     with pytest.raises(ValueError, match="max_range"):
         coalesce([], 0, 0)
@@ -123,7 +153,7 @@ def test_read_ahead_delivers_every_request_in_order_within_its_budget(layout, da
     for (_, views), (_, a, b) in zip(got, order, strict=True):
         assert bytes(views[0]) == bytes(i % 251 for i in range(a, b))
     largest = max((b - a for _, a, b in order), default=0)
-    assert fetch.STATS.peak_held <= max(budget, 0) + largest + max_range  # the budget, plus one oversize batch
+    assert fetch.STATS.peak_held <= max(budget, largest)  # gaps included; one larger request alone
     assert fetch.STATS.held == 0  # everything released at the end
     assert len(log) <= len(order)
 
@@ -139,9 +169,80 @@ def test_read_ahead_stays_within_its_budget_on_a_long_run():
         ahead = ReadAhead(options, lambda f: FakeFile(pool, log))
         for _, views in ahead.run(Request(k, 0, [span]) for k, span in enumerate(spans)):
             assert len(views[0]) == 1000
-    assert 0 < fetch.STATS.peak_held <= options.budget + options.max_range
+    assert 0 < fetch.STATS.peak_held <= options.budget
     assert sum(b - a for a, b in log) == 2000 * 1000  # each byte once
     assert len(log) <= 2 * 2000 * 1000 // options.max_range + 1
+
+
+class Ready:
+    """A fake file whose ranges are there at once (a deterministic plan)."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def submit(self, start: int, stop: int):
+        self.log.append((start, stop))
+        future: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+        future.set_result(bytes(i % 251 for i in range(start, stop)))
+        return future
+
+
+@FAST
+@given(
+    layout=layouts(),
+    data=st.data(),
+    budget=st.integers(1, 6000),
+    max_range=st.integers(1, 1500),
+    first=st.integers(1, 600),
+    max_gap=st.integers(0, 300),
+)
+def test_the_read_plan_starts_small_grows_geometrically_and_reads_each_byte_once(
+    layout, data, budget, max_range, first, max_gap
+):
+    from distshard.sources import fetch
+
+    spans = [s for s in layout if s[0] == 0]  # one file
+    order = data.draw(st.permutations(spans)) if data.draw(st.booleans()) else spans  # shuffled, or in order
+    options = ReadOptions(budget=budget, max_range=max_range, max_gap=max_gap, window=max_gap + 1, first_range=first)
+    log: list = []
+    fetch.reset_stats()
+    ahead = ReadAhead(options, lambda f: Ready(log))
+    got = list(ahead.run(Request(k, 0, [(a, b)]) for k, (_, a, b) in enumerate(order)))
+    assert [k for k, _ in got] == list(range(len(order)))
+    for (_, views), (_, a, b) in zip(got, order, strict=True):
+        assert bytes(views[0]) == bytes(i % 251 for i in range(a, b))
+    largest = max((b - a for _, a, b in order), default=0)
+    assert fetch.STATS.peak_held <= max(budget, largest)  # the budget, gaps included
+    if not order:
+        assert log == []
+        return
+    a, b = order[0][1:]
+    assert log[0][0] <= a and b <= log[0][1]  # the first sample's bytes are asked first
+    assert log[0][1] - log[0][0] <= max(ahead.first, b - a)  # in a small range
+    for i, (start, stop) in enumerate(log):
+        inside = [s for s in spans if start <= s[1] and s[2] <= stop]
+        assert inside and start == min(s[1] for s in inside) and stop == max(s[2] for s in inside)
+        # plan k admits at most first << k bytes and submits one range or more
+        assert stop - start <= max(ahead.first << i, max(s[2] - s[1] for s in inside))
+    if max_gap == 0:  # nothing read through: every requested byte exactly once
+        assert sorted(log) == sorted(set(log))
+        assert sum(stop - start for start, stop in log) == sum(b - a for _, a, b in order)
+        for (_, stop), (start, _) in pairwise(sorted(log)):
+            assert stop <= start  # disjoint
+
+
+def test_the_read_plan_widens_to_max_range_on_a_long_run():
+    log: list = []
+    options = ReadOptions(budget=1 << 20, max_range=64 << 10, max_gap=0, window=16 << 10, first_range=4 << 10)
+    spans = [(i * 1000, i * 1000 + 1000) for i in range(4000)]  # 4 MB, contiguous
+    for _, views in ReadAhead(options, lambda f: Ready(log)).run(Request(k, 0, [span]) for k, span in enumerate(spans)):
+        assert len(views[0]) == 1000
+    sizes = [stop - start for start, stop in log]
+    assert sizes[0] <= 4 << 10 and max(sizes) >= (64 << 10) - 1000
+    assert sum(sizes) == 4000 * 1000 and sorted(log) == log  # each byte once, in order
+    grown = next(i for i, size in enumerate(sizes) if size >= (64 << 10) - 1000)
+    assert grown <= 12  # doubling every other range (two in flight): 4 KiB to 64 KiB in a few round trips
+    assert len(log) <= grown + 4000 * 1000 // ((64 << 10) - 1000) + 2
 
 
 def test_a_failed_range_is_raised_at_the_request_that_needs_it():

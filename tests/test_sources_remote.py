@@ -57,7 +57,9 @@ def test_cold_index_and_reads_take_few_large_requests(tmp_path, server):
     assert server.served == total
     server.reset_counters()
     assert list(sequence.distshard_read(range(len(sequence)))) == expected
-    assert dict(server.settle().requests) == {"GET": len(urls)}  # one range per shard, no metadata request
+    # one range per shard, no metadata request; the first range is at most first_range (the read
+    # starts small), so one shard may take two
+    assert dict(server.settle().requests) in ({"GET": len(urls)}, {"GET": len(urls) + 1})
     assert server.served <= total
     server.reset_counters()
     some = [3, 90, 4, 5, 91, 2]

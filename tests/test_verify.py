@@ -179,11 +179,44 @@ def test_the_group_listens_on_loopback_only(workers):
         assert all(vf.is_loopback(address) for address in o.value), (o.rank, o.value)
 
 
+def test_a_carry_report_tells_the_tail_from_what_is_missing():
+    from distshard.verify import VerifyReport, _split_carried
+
+    def split(not_received, carried):
+        report = VerifyReport(2, 2, "carry", 1, carried=carried, missing_count=sum(not_received.values()))
+        report.missing = dict(not_received)
+        _split_carried(report)
+        return report
+
+    exact = split({"a": 1, "b": 1, "c": 1}, 3)
+    assert exact.ok and exact.missing == {} and exact.carried_elements == {"a": 1, "b": 1, "c": 1}
+    short = split({"a": 1, "b": 1, "c": 1, "d": 2}, 3)  # which three are the tail: unknown, all are listed
+    assert short.missing_count == 2 and len(short.missing) == 4 and not short.carried_elements
+    assert short.violations == [
+        "2 missing beyond the carried tail of 3, where even='carry' over 4 slots leaves out exactly 0"
+    ]
+    assert "(the carried tail is among these)" in short.summary()
+    over = split({"a": 1}, 3)
+    assert over.violated and over.carried_received == 2 and over.missing_count == 0
+
+
 def test_verify_checks_carry_over_the_epochs_as_one_stream():
     report = distshard.verify(vf.carry_shuffled, world_size=2, num_workers=2, epochs=3, timeout=TIMEOUT)
     assert report.ok, report.summary()
     assert report.received == 68 and report.carried == 3 * 23 - 68  # 4 slots: 4 * floor(69 / 4)
-    assert "carried into the next: 1" in report.summary()
+    assert report.violations == [] and report.missing_count == 0 and report.missing == {}, report.summary()
+    assert "missing: 0 (allowed by even: 0)" in report.summary()
+    assert "carried: 1 (the last epoch's tail, which opens the next epoch)" in report.summary()
+    assert sum(report.carried_elements.values()) == 1
     # what a pipe that drops every epoch's tail would show instead: 3 missing an epoch, not 1 at the end
-    dropped = dataclasses.replace(report, missing_count=3 * 3, missing={"s22": 3, "s21": 3, "s20": 3})
+    dropped = dataclasses.replace(
+        report, missing_count=3 * 3 - 1, missing={"s22": 3, "s21": 3, "s20": 3}, carried_elements={}
+    )
     assert dropped.violated and "VIOLATED" in dropped.summary()
+    assert dropped.violations == [
+        "8 missing beyond the carried tail of 1, where even='carry' over 4 slots leaves out exactly 0"
+    ]
+    # and one that yields the tail in this run instead of leaving it to open the next epoch
+    overrun = dataclasses.replace(report, carried_received=1, carried_elements={})
+    assert overrun.violated and "VIOLATED" in overrun.summary()
+    assert overrun.violations[0].startswith("1 more received than the epochs' carry windows hold")

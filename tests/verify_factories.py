@@ -254,3 +254,9 @@ def fds_over_wrappers(rank, world_size, wrappers):
 def carry_shuffled():
     """23 strings an epoch, shuffle=True and a fixed seed: 4 slots leave a tail every epoch."""
     return IterableWrapper([f"s{i}" for i in range(23)]).dist_shard(even="carry", shuffle=True, seed=4)
+
+
+def carry_under_the_loaders_seed():
+    """29 strings an epoch, shuffle=True and seed=None: under a DataLoader the order
+    of every epoch must not follow the loader's new seed (its tail is read next epoch)."""
+    return IterableWrapper([f"t{i}" for i in range(29)]).dist_shard(even="carry", shuffle=True)

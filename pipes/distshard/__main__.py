@@ -88,6 +88,8 @@ def check(args: argparse.Namespace) -> int:
                     "missing": report.missing_count,
                     "allowed_duplicates": report.allowed_duplicates * report.epochs,
                     "allowed_missing": report.allowed_missing * report.epochs,
+                    "carried": report.carried,
+                    "carried_examples": dict(list(report.carried_elements.items())[:10]),
                     "duplicate_examples": dict(list(report.duplicates.items())[:10]),
                     "missing_examples": dict(list(report.missing.items())[:10]),
                     "reads": reads,

@@ -107,7 +107,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         seed: base seed of upstream randomness and of ``shuffle=True``. ``None``
             means 0, or, under torch's DataLoader with ``torch.distributed``
             initialized (or a single rank), the seed the DataLoader shares with every
-            worker and rank.
+            worker and rank. Under ``even="carry"`` ``None`` always means 0: the
+            epochs are one stream, and an epoch's tail is read in the next epoch (and
+            by a resume) in the order its own epoch drew, which a loader's new seed
+            every epoch would change.
         shuffle: visit the positions in a seeded pseudo-random permutation of
             ``[0, N)`` that changes with the epoch, identical on every slot and
             computed in O(1) memory, so a global shuffle still reads each element
@@ -386,6 +389,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         """The base seed of upstream randomness this copy uses (see ``seed``)."""
         if self.seed is not None:
             return self.seed
+        if self.even == CARRY:
+            # the epochs form one stream: whoever reads an epoch's positions (its carried
+            # tail in the next epoch, a resume, an elastic resume) must order them by the
+            # same seed, and the DataLoader hands over a new one every epoch
+            return 0
         if self._loader_seed is not None:
             ctx = ctx or self.context()
             if self._loader_seed_shared or ctx.world_size == 1:
@@ -403,19 +411,24 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     def _epoch_readers(self, base: int) -> Callable[[int], RandomAccessReader]:
         """``even="carry"``: the reader of another epoch's stream, built and read with
-        the upstream seeded for that epoch, then seeded back (a view may take its seeds
-        when it is made, or at every access: a mix seeds its sources' passes lazily)."""
+        the upstream seeded for that epoch, then seeded back for the running epoch (a
+        view may take its seeds when it is made, or at every access: a mix seeds its
+        sources' passes lazily). The running epoch is fixed here, when the iteration
+        starts: a ``set_epoch`` during it takes effect at the next iteration only."""
         made: dict[int, RandomAccessReader] = {}
+        running = self._epoch
 
         def reader_for(epoch: int) -> RandomAccessReader:
             if epoch not in made:
                 self._seed_upstream(base, epoch)
                 try:
                     made[epoch] = EpochReader(
-                        self.reader(), lambda: self._seed_upstream(base, epoch), lambda: self._seed_upstream(base)
+                        self.reader(),
+                        lambda: self._seed_upstream(base, epoch),
+                        lambda: self._seed_upstream(base, running),
                     )
                 finally:
-                    self._seed_upstream(base)
+                    self._seed_upstream(base, running)
             return made[epoch]
 
         return reader_for
@@ -605,7 +618,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             shuffle=self.global_shuffle,
             even=self.even,
             multiple_of=self.multiple_of,
-            seed=self.seed,
+            seed=0 if self.seed is None and self.even == CARRY else self.seed,
             length=reader.length() if reader is not None else None,
             source=reader.identity() if reader is not None else None,
         )

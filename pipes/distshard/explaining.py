@@ -22,6 +22,7 @@ from .context import ShardContext
 from .datapipe import DistShardIterDataPipe, shards_in
 from .engine import SlotRun, carry_run_base, layout_of, shuffle_order
 from .graph import pipe_graph, pipeline_of, random_pipes
+from .pack import PackIterDataPipe
 from .plan import block_range, carry_summary, dropped_count, pad_position, padded_count, slot_count
 from .readers import RandomAccessReader, Reader, StreamReader
 
@@ -296,6 +297,51 @@ def _carry_lines(pipe: "DistShardIterDataPipe", total: int, S: int, out: Explana
     return lines
 
 
+def _packing_lines(packed: PackIterDataPipe, out: Explanation, ctx: ShardContext) -> list[str]:
+    """What ``distshard.pack`` below ``dist_shard`` makes: tokens per block, blocks per
+    slot, the padding and what a block reads."""
+    plan = packed.packing()
+    how = {
+        "source": "from the source's own counts (no document read)",
+        "cache": "from the cache ($DISTSHARD_CACHE, keyed by the files' identities)",
+        "counted": "counted in one pass over the documents when pack() was built",
+    }[packed._counts.how]
+    lines = [
+        f"{plan.blocks} blocks of {packed.seq_len} tokens (input_ids, position_ids restarting at each document, "
+        f"loss_mask) from {packed.documents} documents, {plan.total} tokens"
+        + (f" with an eos ({packed.eos}) after each document" if packed.eos is not None else ""),
+        f"{plan.padding} padding tokens in the last block (pad={packed.pad}, loss_mask 0); no token dropped, "
+        "the blocks are the same at any world size",
+        f"token counts {how}",
+    ]
+    if out.per_slot is not None:
+        shown = sorted(set(out.per_slot))
+        lines.append(
+            f"blocks per slot: {shown[0]}" + (f" to {shown[-1]}" if len(shown) > 1 else "") + f" ({packed.seq_len} "
+            f"tokens each); this slot: {out.per_slot[ctx.slot]}"
+        )
+    if plan.blocks:
+        lines.append(
+            f"a block reads only the documents it spans: {plan.documents / plan.blocks:.3g} documents a block "
+            "on average; a slot reading consecutive blocks reads a document at their boundary once"
+        )
+        first = out.first_positions.get(ctx.slot)
+        if first:
+            k0, k1 = plan.documents_of(first[0])
+            seed = packed._order_seed()
+            d0, d1 = (k0, k1) if seed is None else (packed.order(seed)(k0), packed.order(seed)(k1))
+            span = f"documents {d0}..{d1}" if seed is None else f"documents {d0} .. {d1} (packed {k0}..{k1})"
+            lines.append(f"this slot's first block: block {first[0]} reads {span}")
+    if packed.shuffle_documents:
+        lines.append(
+            "documents packed in an order seeded from (seed, epoch): a new packing every epoch; the plan holds "
+            "16 bytes per document (prefix sums of the file order and of the shuffled order)"
+        )
+    else:
+        lines.append("the plan holds 8 bytes per document (prefix sums of the token counts)")
+    return lines
+
+
 def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None) -> Explanation:
     """The :class:`Explanation` of one ``dist_shard`` pipe; ``pipeline``, if given,
     is the whole pipeline, whose pipes after ``pipe`` are checked too (see
@@ -389,7 +435,9 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
         )
         out.reads_per_element = float(S)
     mixture = getattr(type(read_plan.base), "describe", None)
-    if mixture is not None and hasattr(type(read_plan.base), "distshard_identity"):  # a mix, a weighted_sample
+    if isinstance(read_plan.base, PackIterDataPipe):
+        out.sections.append(("packing", _packing_lines(read_plan.base, out, ctx)))
+    elif mixture is not None and hasattr(type(read_plan.base), "distshard_identity"):  # a mix, a weighted_sample
         reads.append(f"mixture: {mixture(read_plan.base)}")
     if read_plan.maps:
         reads.append(

@@ -32,6 +32,7 @@ import copy
 import hashlib
 import math
 import numbers
+import reprlib
 from collections import deque
 from collections.abc import Mapping
 from itertools import islice
@@ -119,22 +120,97 @@ def _check_weights(keys: list, weights: object, where: str, zero_ok: bool) -> li
     return out
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = _SHORT.maxdict = 8
+_SHORT.maxstring, _SHORT.maxother = 60, 60
+_USAGE = (
+    "mix() takes weights as a mapping {source: weight} or as phases "
+    "[(0, {source: weight}), (start, {source: weight}), ...]"
+)
+_TAKES = "but " + _USAGE
+
+
+def _mapping(pairs: Iterable[tuple[Any, Any]]) -> str:
+    """``{key: value, ...}`` as Python writes it, cut after 8 items."""
+    items = list(pairs)
+    shown = ", ".join(f"{key!r}: {value!r}" for key, value in items[:8])
+    return "{" + shown + (", ...}" if len(items) > 8 else "}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _wrong_weights(keys: list, weights: object) -> TypeError | None:
+    """The error for ``weights`` of a shape ``mix`` does not take (a list of numbers,
+    a number, a set, (source, weight) pairs, mappings without starts, ...), naming
+    what it takes and, where it can be told, the mapping that was meant; ``None`` for
+    the shapes of phases, checked one by one."""
+    what, meant = "", ""
+    equal = f"; give each source its weight, e.g. weights={_mapping((key, 1) for key in keys)} for equal shares"
+    tolist = getattr(weights, "tolist", None)  # numpy arrays, tensors
+    values = tolist() if callable(tolist) and not isinstance(weights, (list, tuple)) else weights
+    if _is_number(values):
+        what, meant = "is a single number", equal
+    elif isinstance(values, (list, tuple)) and values and all(_is_number(v) for v in values):
+        kind = type(weights).__name__
+        if len(values) == len(keys):
+            what = f"is a {kind} of numbers"
+            meant = f"; with the sources in their order that is weights={_mapping(zip(keys, values, strict=True))}"
+        else:
+            what, meant = f"is a {kind} of {len(values)} numbers for {len(keys)} sources", equal
+    elif isinstance(weights, (set, frozenset)):
+        what, meant = "is a set, which has no order to tell whose weight is whose", equal
+    elif (
+        isinstance(weights, (list, tuple))
+        and weights
+        and all(
+            isinstance(pair, (list, tuple)) and len(pair) == 2 and not isinstance(pair[1], Mapping) and pair[0] in keys
+            for pair in weights
+        )
+    ):
+        what, meant = "is a list of (source, weight) pairs", f"; that is weights={_mapping(weights)}"
+    elif isinstance(weights, (list, tuple)) and weights and all(isinstance(m, Mapping) for m in weights):
+        what = "is a list of mappings without start positions"
+        if len(weights) == 1:
+            meant = f"; that is weights={_mapping(weights[0].items())}"
+        else:
+            first, second = (_mapping(m.items()) for m in weights[:2])
+            meant = f"; e.g. weights=[(0, {first}), (1000, {second})] changes to the second at position 1000"
+    elif isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        what, meant = f"is of type {type(weights).__name__}", equal
+    else:
+        return None
+    return TypeError(f"weights={_SHORT.repr(weights)} {what}, {_TAKES}{meant}")
+
+
+def _arithmetic(costs: list[list]) -> str:
+    """How the schedule computes with these costs, for the identity: fractional float
+    costs are scheduled in exact arithmetic since state format 3's schedules computed
+    them in floats (a near-tie may break the other way), so a state saved then is
+    refused, not resumed onto another schedule; integer costs schedule as they did."""
+    fractional = any(isinstance(x, float) and not x.is_integer() for c in costs for x in c)
+    return "/exact" if fractional else ""
+
+
 def _check_phases(keys: list, weights: object) -> list[tuple[int, list[float]]]:
     """``weights`` (a mapping, or phases ``[(start, mapping), ...]``) as phases of
     weights in source order."""
     if isinstance(weights, Mapping):
         return [(0, _check_weights(keys, weights, "", zero_ok=False))]
-    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
-        raise TypeError(
-            f"weights must be a mapping source -> weight, or phases [(0, {{...}}), (start, {{...}}), "
-            f"...], got {type(weights).__name__}"
-        )
+    wrong = _wrong_weights(keys, weights)
+    if wrong is not None:
+        raise wrong
+    assert isinstance(weights, Sequence)
     if not weights:
         raise ValueError("weights has no phase; give [(0, {source: weight, ...}), ...]")
     phases: list[tuple[int, list[float]]] = []
     for j, phase in enumerate(weights):
         if isinstance(phase, (str, bytes)) or not isinstance(phase, Sequence) or len(phase) != 2:
-            raise TypeError(f"phase {j} is {phase!r}; each phase is a pair (start position, {{source: weight}})")
+            raise TypeError(
+                f"phase {j} is {_SHORT.repr(phase)}; each phase is a pair (start position, {{source: weight}}): "
+                + _USAGE
+            )
         start, mapping = phase
         if isinstance(start, bool) or not isinstance(start, int):
             raise TypeError(f"phase {j} starts at {start!r}, not an int position")
@@ -283,7 +359,7 @@ class MixIterDataPipe(IterDataPipe):
         """What a checkpoint records of this mix (see ``readers.base``): names, seed,
         stop, samples, every phase's start and exact weights, every cost."""
         weights = [(start, integer_weights(w)) for start, w in self.phases]
-        costs = "none" if self.costs is None else f"{self.cost_kind}:{digest(self.costs)}"
+        costs = "none" if self.costs is None else f"{self.cost_kind}{_arithmetic(self.costs)}:{digest(self.costs)}"
         return (
             f"mix names={','.join(self.names)} seed={self.seed or 0} stop={self.stop} samples={self.samples} "
             f"phases={len(self.phases)}:{digest([start for start, _ in self.phases])} "

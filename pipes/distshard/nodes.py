@@ -320,7 +320,7 @@ class DistShardNode(BaseNode[T]):
             shuffle=self.shuffle,
             even=self.even,
             multiple_of=self.multiple_of,
-            seed=self.seed,
+            seed=0 if self.seed is None and self.even == CARRY else self.seed,
             length=reader.length() if reader is not None else None,
             source=reader.identity() if reader is not None else None,
             what="node",

@@ -35,7 +35,9 @@ whose next element would finish first (smallest ``(C_i + c) / s_i``; ties: the l
 index). That is WF²Q (worst-case fair weighted fair queueing, Bennett & Zhang 1996)
 with every source always backlogged; it keeps every source, in every prefix, within
 the largest element cost of its share of the prefix's cost: ``-c_max <= C_i - s_i C
-<= c_max`` (better than the ``(sources - 1) c_max`` of largest-deficit-first). It
+<= c_max`` (better than the ``(sources - 1) c_max`` of largest-deficit-first). The
+arithmetic is exact (:func:`exact_costs`: float costs scaled to integers by one power
+of two), so the bound holds for every finite cost, ``1e306`` and subnormals alike. It
 depends on the costs, so it is simulated once and tabulated compactly (a byte a
 position plus the counts every 64 positions).
 """
@@ -51,7 +53,15 @@ from functools import reduce
 from itertools import pairwise
 from typing import Iterator, Sequence
 
-__all__ = ["PERIOD_LIMIT", "CostSchedule", "PhasedSchedule", "Schedule", "integer_weights", "make_schedule"]
+__all__ = [
+    "PERIOD_LIMIT",
+    "CostSchedule",
+    "PhasedSchedule",
+    "Schedule",
+    "exact_costs",
+    "integer_weights",
+    "make_schedule",
+]
 
 PERIOD_LIMIT = 1 << 20  # positions of a tabulated period (a few MB)
 
@@ -275,14 +285,13 @@ class CostSchedule:
         if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in pairwise(self.starts)):
             raise ValueError(f"phases must start at 0 and at increasing positions, got {self.starts}")
         self.weights = [integer_weights(weights) for _, weights in phases]
-        self.costs = [list(c) for c in costs]  # a source without elements: []
-        n = len(self.costs)
+        n = len(costs)
         if any(len(w) != n for w in self.weights):
             raise ValueError("every phase needs one weight per source")
-        for i, c in enumerate(self.costs):
+        for i, c in enumerate(costs):
             if c and (min(c) < 0 or not any(c)):
                 raise ValueError(f"the costs of source {i} must be non-negative, and not all 0")
-        self.largest = max((max(c) for c in self.costs if c), default=0)
+        self.costs = exact_costs(costs)  # a source without elements: []
         self._empty = [0]  # the costs of a source without elements: its first pick comes at once
         self.table = array("B" if n <= 256 else "H")
         self.marks = array("q")  # the counts of every source before each BLOCK-th position, n per block
@@ -295,8 +304,8 @@ class CostSchedule:
         weights = self.weights[j]
         self._active = [i for i, w in enumerate(weights) if w]
         self._w, self._total = weights, sum(weights)
-        self._cost: float = 0  # the phase's cost so far (exact ints for integer costs)
-        self._own: list[float] = [0] * len(self.costs)  # each source's cost in this phase
+        self._cost = 0  # the phase's cost so far, exact
+        self._own = [0] * len(self.costs)  # each source's cost in this phase
         self._end = self.starts[j + 1] if j + 1 < len(self.starts) else None
 
     def _step(self) -> None:
@@ -306,18 +315,16 @@ class CostSchedule:
         if position % self.BLOCK == 0:
             self.marks.extend(self.counts)
         w, total, cost, own, costs, counts = self._w, self._total, self._cost, self._own, self.costs, self.counts
-        best: int = -1
-        best_finish: float = 0
+        best = -1
+        best_finish = 0
         for i in self._active:
             if own[i] * total <= cost * w[i]:  # may start: C_i / s_i <= C
                 c = costs[i] or self._empty
                 finish = own[i] + c[counts[i] % len(c)]
                 if best < 0 or finish * w[best] < best_finish * w[i]:
                     best, best_finish = i, finish
-        if best < 0:  # float costs rounding: the one furthest behind
-            best = min(self._active, key=lambda i: own[i] / w[i])
-            c = costs[best] or self._empty
-            best_finish = own[best] + c[counts[best] % len(c)]
+        if best < 0:  # pragma: no cover - in exact arithmetic the source furthest behind may always start
+            raise AssertionError(f"no source may start at position {position}")
         self._cost = cost + best_finish - own[best]
         own[best] = best_finish
         counts[best] += 1
@@ -380,6 +387,20 @@ class CostSchedule:
             yield source, counts[source]
             counts[source] += 1
             position += 1
+
+
+def exact_costs(costs: Sequence[Sequence[float]]) -> list[list[int]]:
+    """``costs`` as exact integers in the same proportions: integer costs as they are,
+    and with float costs every cost times the one power of two that makes each float
+    an integer (a float is ``m * 2**e``: no rounding, whatever the magnitudes). The
+    schedule's arithmetic is then exact, so no sum overflows or rounds and the bound
+    holds for every finite cost; float costs cost a few bigger integers, not a
+    different schedule."""
+    ratios = [[x.as_integer_ratio() if isinstance(x, float) else (x, 1) for x in c] for c in costs]
+    scale = max((d for r in ratios for _, d in r), default=1)  # denominators are powers of two
+    if scale == 1:
+        return [[int(x) for x in c] for c in costs]
+    return [[m * (scale // d) for m, d in r] for r in ratios]
 
 
 def make_schedule(

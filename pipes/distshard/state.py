@@ -239,6 +239,13 @@ def check_fits(
     if found["slot"] is not None and found["multiple_of"] != multiple_of:
         raise refuse("multiple_of", found["multiple_of"], multiple_of)
     if seed is not None and found["seed"] is not None and found["seed"] != seed:
+        if even == CARRY:  # the next epoch reads this epoch's tail in this seed's order
+            raise ValueError(
+                f"the state was saved with seed={found['seed']!r} but this {what} orders its epochs with "
+                f"seed={seed!r} (under even='carry' seed=None means 0): every epoch's order, its tail "
+                f"read in the next epoch included, must come from one seed; pass seed={found['seed']!r} "
+                "to resume it"
+            )
         raise refuse("seed", found["seed"], seed)
     if found["length"] is not None and length is not None and found["length"] != length:
         raise ValueError(

@@ -515,10 +515,12 @@ class VerifyReport:
     duplicates: dict[str, int] = field(default_factory=dict)  # element's name -> extra copies
     missing: dict[str, int] = field(default_factory=dict)  # element's name -> copies missing
     duplicate_count: int = 0
-    missing_count: int = 0
+    missing_count: int = 0  # under even="carry": beyond the carried tail
     allowed_duplicates: int = 0  # even="pad" repeats these many per epoch
     allowed_missing: int = 0  # even="drop" drops these many per epoch
     carried: int = 0  # even="carry": the last epoch's tail, which the next epoch yields first
+    carried_elements: dict[str, int] = field(default_factory=dict)  # the tail's names, when nothing else is missing
+    carried_received: int = 0  # even="carry": elements of the tail this run yielded instead of leaving them
     seconds: float = 0.0
     error: str | None = None  # tracebacks and reasons, one block per failed process
     reasons: list[str] = field(default_factory=list)  # one line per failed process
@@ -545,7 +547,7 @@ class VerifyReport:
         what ``even`` allows, or unequal slots under ``even``), error or not."""
         if self.duplicate_count != self.allowed_duplicates * self.epochs:
             return True
-        if self.error is None and self.missing_count != self.allowed_missing * self.epochs + self.carried:
+        if self.error is None and (self.missing_count != self.allowed_missing * self.epochs or self.carried_received):
             return True
         return self.even is not None and not self.slots_equal and self.error is None
 
@@ -558,9 +560,15 @@ class VerifyReport:
             out.append(f"{self.duplicate_count} duplicates, where even={self.even!r} allows exactly {allowed}")
         allowed = self.allowed_missing * self.epochs
         if self.error is None and self.missing_count != allowed:
+            beyond = f" beyond the carried tail of {self.carried}" if self.even == "carry" else ""
             out.append(
-                f"{self.missing_count} missing, where even={self.even!r} over {self.num_slots} slots "
+                f"{self.missing_count} missing{beyond}, where even={self.even!r} over {self.num_slots} slots "
                 f"leaves out exactly {allowed}"
+            )
+        if self.error is None and self.carried_received:
+            out.append(
+                f"{self.carried_received} more received than the epochs' carry windows hold: even='carry' over "
+                f"{self.num_slots} slots leaves the last epoch's tail of {self.carried} to open the next epoch"
             )
         if self.even is not None and not self.slots_equal and self.error is None:
             own = (
@@ -589,17 +597,32 @@ class VerifyReport:
             f"  per slot: {self.per_slot}",
             f"  duplicates: {self.duplicate_count} (allowed by even: {self.allowed_duplicates * self.epochs})"
             + (f" e.g. {_examples(self.duplicates)}" if self.duplicates else ""),
-            f"  missing: {self.missing_count} (allowed by even: {self.allowed_missing * self.epochs}"
-            + (f"; the last epoch's tail, carried into the next: {self.carried}" if self.even == "carry" else "")
-            + ")"
-            + (f" e.g. {_examples(self.missing)}" if self.missing else ""),
+            f"  missing: {self.missing_count} (allowed by even: {self.allowed_missing * self.epochs})"
+            + (f" e.g. {_examples(self.missing)}" if self.missing else "")
+            + (" (the carried tail is among these)" if self.missing and self.even == "carry" else ""),
         ]
+        if self.even == "carry":
+            lines.append(
+                f"  carried: {self.carried} (the last epoch's tail, which opens the next epoch)"
+                + (f" e.g. {_examples(self.carried_elements)}" if self.carried_elements else "")
+            )
         lines += [f"  violation: {why}" for why in self.violations]
         lines += [f"  error: {reason}" for reason in self.reasons[:4]]
         if len(self.reasons) > 4:
             lines.append(f"  error: ... and {len(self.reasons) - 4} more")
         lines.append("  verdict: " + ("EXACTLY-ONCE" if self.ok else "VIOLATED" if self.violated else "COULD NOT RUN"))
         return "\n".join(lines)
+
+
+def _split_carried(report: VerifyReport) -> None:
+    """Under ``even="carry"`` what the run did not yield is the last epoch's tail, which
+    is not missing (it opens the next epoch), and what is missing beyond it. The tail's
+    names are known when nothing else is missing; else the missing ones list it too."""
+    not_received = report.missing_count
+    report.missing_count = max(0, not_received - report.carried)
+    report.carried_received = max(0, report.carried - not_received)
+    if report.missing_count == 0:
+        report.carried_elements, report.missing = report.missing, {}
 
 
 def _counts(counts: list[int], limit: int = 16) -> str:
@@ -742,5 +765,7 @@ def verify(
                     counts[name] = counts.get(name, 0) + n
         report.duplicate_count = sum(report.duplicates.values())
         report.missing_count = sum(report.missing.values())
+        if report.even == "carry":
+            _split_carried(report)
     report.seconds = time.monotonic() - started
     return report

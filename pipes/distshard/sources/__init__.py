@@ -1,4 +1,4 @@
-"""File sources: WebDataset tar shards, JSON lines and Parquet as ``IterDataPipe``\\ s.
+"""File sources: WebDataset tar shards, JSON lines, Parquet and Megatron token files as ``IterDataPipe``\\ s.
 
 Iterated alone, a source yields every sample of every file in order;
 ``.dist_shard()`` reads it at random by position (see :mod:`.base` for the
@@ -25,6 +25,7 @@ from urllib.parse import urljoin
 from .base import FileSourceIterDataPipe, SourceSequence
 from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
+from .megatron import TokensFormat, pair_prefixes, require_numpy
 from .options import ReadOptions
 from .parquet import ParquetFormat
 from .remote import RemoteReadError
@@ -38,12 +39,14 @@ __all__ = [
     "ReadOptions",
     "RemoteReadError",
     "SourceSequence",
+    "TokensIterDataPipe",
     "WebDatasetIterDataPipe",
     "braceexpand",
     "expand_urls",
     "jsonl",
     "parquet",
     "read_shard_index",
+    "tokens",
     "webdataset",
 ]
 
@@ -61,6 +64,26 @@ class JsonLinesIterDataPipe(FileSourceIterDataPipe):
 
 class ParquetIterDataPipe(FileSourceIterDataPipe):
     """Parquet files; see :func:`distshard.parquet`."""
+
+
+class TokensIterDataPipe(FileSourceIterDataPipe):
+    """Megatron-LM indexed datasets (``.bin`` + ``.idx`` pairs); see :func:`distshard.tokens`."""
+
+    def lengths(self) -> Any:
+        """Tokens per sequence, in the order the source yields them: a numpy
+        ``int64`` array read from the ``.idx`` files (their cached index), never
+        from the ``.bin`` files. Also what ``distshard.mix(cost=...)`` takes."""
+        np = require_numpy()
+        sequence = self.__distshard_sequence__()
+        assert sequence is not None, "token files are always read at random"
+        counts = [self.fmt.token_counts(sequence.file_index(f)[1]) for f in range(len(sequence.refs))]  # type: ignore[attr-defined]
+        return np.concatenate(counts) if counts else np.zeros(0, np.int64)
+
+    def distshard_token_counts(self) -> Any:
+        """The hook a consumer that counts tokens (``distshard.pack``) asks a source
+        for its per-element token counts without reading the elements: here
+        :meth:`lengths`."""
+        return self.lengths()
 
 
 def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) -> tuple[list[str], dict[str, int]]:
@@ -186,6 +209,35 @@ def jsonl(
         >>> dp = distshard.jsonl("corpus/part-*.jsonl").dist_shard(even="drop").map(tokenize)
     """
     return JsonLinesIterDataPipe(JsonlFormat(), expand_urls(urls, storage_options), None, storage_options, read_options)
+
+
+def tokens(
+    urls: UrlsArg, *, storage_options: StorageOptions = None, read_options: ReadOptions | None = None
+) -> TokensIterDataPipe:
+    """Megatron-LM indexed datasets, read in place: one token sequence per
+    element, as a 1-D numpy array of the dataset's dtype.
+
+    A dataset is a ``<prefix>.bin`` + ``<prefix>.idx`` pair (``MMIDIDX`` version 1,
+    what Megatron-LM's ``tools/preprocess_data.py`` writes), named by either file or
+    by the prefix; ``urls`` is a list, a glob or a brace pattern of such names, each
+    pair taken once, in the order first named (``"corpus/*.bin"``, ``"corpus/*"``).
+    Iterated alone the source yields every sequence of every pair in order.
+    ``.dist_shard()`` reads each sequence at random: exactly its bytes of the ``.bin``
+    (locally one ``pread``, remotely through the read-ahead), from the ``.idx``
+    read once per job (cached like any file index). The identity of both files
+    is recorded; a ``.bin`` that changes during a job raises. A pair that does not
+    match (bad magic, version or dtype code, a truncated ``.idx``, a ``.bin`` whose
+    size is not where the pointers end, a missing file) raises naming the file.
+    ``lengths()`` gives the tokens per sequence from the ``.idx`` alone.
+    Needs numpy (``pip install distshard[tokens]``). ``storage_options`` and
+    ``read_options`` as for :func:`webdataset`.
+
+    Example:
+        >>> dp = distshard.tokens("corpus/train_text_document").dist_shard(even="drop", shuffle=True)
+    """
+    require_numpy()
+    prefixes = pair_prefixes(expand_urls(urls, storage_options))
+    return TokensIterDataPipe(TokensFormat(), prefixes, None, storage_options, read_options)
 
 
 def parquet(

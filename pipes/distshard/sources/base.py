@@ -14,9 +14,11 @@ For ``dist_shard`` it speaks a small protocol:
   one file's samples: compressed files go whole to slots, each decompressed once;
 - ``describe()``: one line for ``explain()``.
 
-Formats (``tar.py``, ``jsonl.py``, ``parquet.py``) never read: they name the
-byte spans of a sample (``spans``) and parse the bytes they are handed
-(``parse``).
+Formats (``tar.py``, ``jsonl.py``, ``parquet.py``, ``megatron.py``) never read:
+they name the byte spans of a sample (``spans``) and parse the bytes they are
+handed (``parse``). A format whose unit is several files (``megatron.py``: a
+``.bin`` and its ``.idx``, named by their prefix) also gives the unit's
+identity (``identity``) and opens the file its spans are in (``open_random``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ._lru import LRU
+from .cache import FileCache, range_cache
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, file_identity, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
@@ -88,6 +91,13 @@ class StreamFile:
 
 def _build(fmt: Format, access: FileAccess, ref: FileRef) -> FileIndex:
     return fmt.build_index(ref, access)
+
+
+def identify(fmt: Format, url: str, access: FileAccess) -> tuple[int, str]:
+    """``(size, stamp)`` of a file of ``fmt`` now; a format whose unit is several
+    files (tokens: a ``.bin`` and its ``.idx``) gives its own (``fmt.identity``)."""
+    own = getattr(fmt, "identity", None)
+    return own(url, access) if own is not None else file_identity(url, access)
 
 
 def _access_key(access: FileAccess) -> Any:
@@ -186,7 +196,9 @@ class SourceSequence(Sequence):
             yield from self._read_each(positions)
             return
         options = self.access.options
-        fetch = ReadAhead(options, self._handle, [options.max_gap if remote else 0 for remote in self._remote])
+        fetch = ReadAhead(
+            options, self._handle, [options.max_gap if remote else 0 for remote in self._remote], self._range_cache()
+        )
 
         def requests() -> Iterator[Request]:
             for position in positions:
@@ -196,6 +208,23 @@ class SourceSequence(Sequence):
 
         for (f, j, ref, index), views in fetch.run(requests()):
             yield self.fmt.parse(self._handle(f), index, j, ref, views)
+
+    def _range_cache(self) -> Callable[[int], FileCache | None] | None:
+        """Where remote file ``f``'s fetched ranges are kept on local disk
+        (``ReadOptions.cache_dir``; keyed by URL and the identity it was indexed
+        with), or ``None`` without a cache."""
+        options = self.access.options
+        cache = range_cache(options.cache_dir, options.cache_bytes)
+        if cache is None:
+            return None
+
+        def of(f: int) -> FileCache | None:
+            if not self._remote[f]:
+                return None
+            ref = self.file_index(f)[0]
+            return cache.file(ref.url, ref.size, ref.stamp)
+
+        return of
 
     def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
         last: tuple[int, list[tuple[int, int]], list[memoryview]] | None = None
@@ -233,7 +262,7 @@ class SourceSequence(Sequence):
             return known
         ref = self._resolved.get(f) or self.refs[f]
         if ref.size is None:  # counted by a shard index: look at the file now
-            ref = self._resolved[f] = FileRef(ref.url, *file_identity(ref.url, self.access))
+            ref = self._resolved[f] = FileRef(ref.url, *identify(self.fmt, ref.url, self.access))
         key = (self.fmt.name, key_of(ref.url), ref.size, ref.stamp)
         index = _INDEXES.get(key)
         if index is None:
@@ -256,7 +285,10 @@ class SourceSequence(Sequence):
         for f in range(len(self.refs)):
             ref, index = self.file_index(f)
             arrays = index.arrays
-            if "first" in arrays and "length" in arrays:  # tar: sample i is members first[i] .. first[i + 1]
+            own = getattr(self.fmt, "sample_bytes", None)
+            if own is not None:  # a format that knows its samples' bytes (tokens)
+                out.extend(own(index))
+            elif "first" in arrays and "length" in arrays:  # tar: sample i is members first[i] .. first[i + 1]
                 first, lengths = arrays["first"], arrays["length"]
                 out.extend(sum(lengths[first[i] : first[i + 1]]) for i in range(index.count))
             elif "length" in arrays:  # JSON lines: one line a sample
@@ -291,7 +323,8 @@ class SourceSequence(Sequence):
         key = (key_of(ref.url), ref.size, ref.stamp, _access_key(self.access))
         handle = _HANDLES.get(key)
         if handle is None:
-            handle = _HANDLES.setdefault(key, open_random(ref, self.access))
+            opener = getattr(self.fmt, "open_random", None) or open_random  # a format of paired files opens its data
+            handle = _HANDLES.setdefault(key, opener(ref, self.access))
         return handle
 
     def __getstate__(self) -> dict[str, Any]:
@@ -389,7 +422,7 @@ class FileSourceIterDataPipe(IterDataPipe):
                         todo,
                         partial(_build, self.fmt, self.access),
                         collective,
-                        identify=partial(file_identity, access=self.access),
+                        identify=partial(identify, self.fmt, access=self.access),
                     ),
                     strict=True,
                 )

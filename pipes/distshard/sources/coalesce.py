@@ -14,6 +14,10 @@ obstore's ``get_ranges`` do:
 * ranges never overlap ``live`` ranges (bytes already fetched or in flight):
   a span inside one is served from it and costs nothing.
 
+:class:`Coverage` bounds, as spans are added one by one, the bytes
+:func:`coalesce` will fetch for them, gaps read through included: what the
+read-ahead counts against its budget before it admits a request.
+
 Everything here works on plain tuples and is property-tested
 (``tests/test_sources_coalesce.py``).
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-__all__ = ["Range", "coalesce", "find_live"]
+__all__ = ["Coverage", "Range", "coalesce", "find_live"]
 
 
 class Range(NamedTuple):
@@ -111,3 +115,50 @@ def _live_between(live: Sequence[Range], starts: Sequence[int], lo: int, hi: int
         return False
     at = bisect.bisect_left(starts, hi) - 1  # the last live range starting before hi
     return at >= 0 and live[at].stop > lo
+
+
+class Coverage:
+    """The bytes :func:`coalesce` can fetch for a growing set of spans, bounded
+    from above as they are added (``total``), gaps read through included.
+
+    Per file it keeps the spans' union with every gap of at most ``max_gap``
+    bytes filled: a range of :func:`coalesce` only reads through such gaps, so
+    it lies inside one of these intervals, and its ranges, disjoint, add up to
+    at most ``total`` (``max_range`` and live ranges only split them further).
+    :meth:`undo` takes spans back to a :meth:`mark`, so a request that does not
+    fit can be tried and withdrawn.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._starts: dict[int, list[int]] = {}
+        self._stops: dict[int, list[int]] = {}
+        self._undo: list[tuple[int, int, list[int], list[int], int]] = []
+
+    def add(self, file: int, start: int, stop: int, max_gap: int) -> int:
+        """Add span ``[start, stop)`` of ``file`` (its gaps up to ``max_gap`` bytes
+        filled); returns how much ``total`` grew."""
+        starts = self._starts.setdefault(file, [])
+        stops = self._stops.setdefault(file, [])
+        lo = bisect.bisect_left(stops, start - max_gap)  # the first interval reaching the span's gap
+        hi = bisect.bisect_right(starts, stop + max_gap)  # past the last one it reaches
+        old_starts, old_stops = starts[lo:hi], stops[lo:hi]
+        new_start = min(start, old_starts[0]) if old_starts else start
+        new_stop = max(stop, old_stops[-1]) if old_stops else stop
+        growth = (new_stop - new_start) - sum(b - a for a, b in zip(old_starts, old_stops, strict=True))
+        starts[lo:hi], stops[lo:hi] = [new_start], [new_stop]
+        self._undo.append((file, lo, old_starts, old_stops, growth))
+        self.total += growth
+        return growth
+
+    def undo(self, mark: int) -> None:
+        """Take back every span added since :meth:`mark` returned ``mark``."""
+        while len(self._undo) > mark:
+            file, lo, old_starts, old_stops, growth = self._undo.pop()
+            self._starts[file][lo : lo + 1] = old_starts
+            self._stops[file][lo : lo + 1] = old_stops
+            self.total -= growth
+
+    def mark(self) -> int:
+        """A mark for :meth:`undo` that takes back whatever is added from now on."""
+        return len(self._undo)

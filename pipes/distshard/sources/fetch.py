@@ -11,9 +11,28 @@ local file among remote ones: a ``pread`` when first needed) and hands each
 request its bytes, in order, as soon as they are there. Sources of local files
 only do not use it (``SourceSequence.distshard_read`` reads them exactly).
 
-Memory: the bytes of submitted ranges not yet released stay within
-``ReadOptions.budget`` (a range is released once every request it serves was
-delivered); one request larger than the budget is still read whole. The peak is
+Ramp: a run starts small, as TCP's slow start does. Its first plan admits
+``ReadOptions.first_range`` bytes (the first request's bytes asked first, so
+the first sample comes after one small request, not behind a slot's whole share
+of a shared link); each later plan admits twice as much, up to ``max_range``
+(more when ``4 * window`` is larger); and the bytes held, in flight or not, stay
+within a window of ``2 * first_range`` widened by every byte delivered (so it
+about doubles per round trip while the link is the bottleneck), up to the
+budget. Ranges are submitted in the order of the first request that needs them.
+
+Local cache: with ``ReadOptions.cache_dir`` every span of a remote file is
+first looked up in :mod:`.cache`; one inside a stored range is read from local
+disk when its request is delivered (it is not coalesced; until then its bytes
+count against the window as held ones do, so an epoch served from the cache
+does not pull the slot's whole share of requests ahead), and every range
+fetched from the store is stored once its bytes are there.
+
+Memory: the bytes of submitted ranges not yet released (a range is released
+once every request it serves was delivered), the gaps they read through
+included, stay within ``ReadOptions.budget``: a request is admitted only when a
+bound of the ranges it adds (:class:`.coalesce.Coverage`) fits. The one
+exception is a request whose own bytes exceed the budget: it is read whole,
+alone (its spans exactly), once nothing else is held. The peak is
 recorded per process in :data:`STATS` (what ``benchmarks/bench_remote.py``
 reports).
 """
@@ -25,10 +44,13 @@ import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-from .coalesce import Range, coalesce
+from .coalesce import Coverage, Range, coalesce
 from .options import ReadOptions
+
+if TYPE_CHECKING:
+    from .cache import FileCache
 
 __all__ = ["Opened", "ReadAhead", "Request", "STATS", "reset_stats"]
 
@@ -51,10 +73,12 @@ class Request:
 
 
 class _Held:
-    __slots__ = ("range", "future", "users")
+    __slots__ = ("range", "future", "users", "cache", "live")
 
-    def __init__(self, rng: Range, future: Any) -> None:
+    def __init__(self, rng: Range, future: Any, cache: FileCache | None = None, live: bool = True) -> None:
         self.range, self.future, self.users = rng, future, 0
+        self.cache = cache  # where its bytes are stored once they are there
+        self.live = live  # False: a span read from the local cache (not held, not coalesced)
 
 
 @dataclass
@@ -63,12 +87,13 @@ class Stats:
 
     ranges: int = 0
     bytes: int = 0
+    cached: int = 0  # bytes of spans found in the local cache (not fetched)
     peak_held: int = 0
     held: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def as_dict(self) -> dict[str, int]:
-        return {"ranges": self.ranges, "bytes": self.bytes, "peak_held": self.peak_held}
+        return {"ranges": self.ranges, "bytes": self.bytes, "cached": self.cached, "peak_held": self.peak_held}
 
 
 STATS = Stats()
@@ -127,11 +152,19 @@ class ReadAhead:
     #: the most requests pulled ahead of delivery (each costs a small tuple)
     MAX_PENDING = 1 << 16
 
-    def __init__(self, options: ReadOptions, open: Callable[[int], Opened], gaps: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        options: ReadOptions,
+        open: Callable[[int], Opened],
+        gaps: Sequence[int] | None = None,
+        caches: Callable[[int], FileCache | None] | None = None,
+    ) -> None:
         self.options = options
         self.open = open
         self.gaps = gaps
+        self.caches = caches
         self.batch = min(options.budget, max(options.max_range, 4 * options.window))
+        self.first = max(1, min(options.first_range, self.batch))
 
     def run(self, requests: Iterable[Request]) -> Iterator[tuple[Any, list[memoryview]]]:
         """``(payload, [bytes of each span])`` for every request, in order."""
@@ -140,47 +173,121 @@ class ReadAhead:
         live: dict[int, list[_Held]] = {}
         starts: dict[int, list[int]] = {}
         held = 0
+        released = 0  # bytes of ranges delivered and let go: the window grows by them
+        cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
+        plans = 0  # plans that submitted something: the batch doubles with each
+        waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
+        local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
         exhausted = False
         options = self.options
+        gaps = self.gaps
+        first = self.first
+        caches: dict[int, FileCache | None] = {}
+
+        def cache_of(file: int) -> FileCache | None:
+            if self.caches is None:
+                return None
+            if file not in caches:
+                caches[file] = self.caches(file)
+            return caches[file]
+
+        def stored(file: int, start: int, stop: int) -> _Held | None:
+            """A span read from the local cache instead of the store, if it is there."""
+            cache = cache_of(file)
+            found = cache.find(start, stop) if cache is not None else None
+            if cache is None or found is None:
+                return None
+            with STATS.lock:
+                STATS.cached += stop - start
+
+            def read() -> bytes:
+                try:
+                    return cache.read(found, start, stop)
+                except OSError:  # evicted since: from the store after all
+                    return bytes(self.open(file).submit(start, stop).result())
+
+            return _Held(Range(file, start, stop), _Deferred(read), live=False)
+
+        def limit() -> int:
+            """The bytes that may be held now: the window, widened by what was
+            delivered (slow start), within the budget."""
+            return min(options.budget, 2 * first + released)
+
+        def cap() -> int:
+            """The most bytes the next plan admits: ``first``, doubling per plan."""
+            return min(self.batch, first << min(plans, 62))
 
         def release(item: _Held) -> None:
-            nonlocal held
+            nonlocal held, released
             item.users -= 1
             if item.users == 0:
                 rng = item.range
                 index = bisect.bisect_left(starts[rng.file], rng.start)
                 del live[rng.file][index], starts[rng.file][index]
                 held -= rng.size
+                released += rng.size
                 with STATS.lock:
                     STATS.held -= rng.size
 
-        def plan() -> None:
-            """Pull the next batch of requests and submit the ranges they need."""
-            nonlocal held, exhausted
+        def pull() -> Request | None:
+            nonlocal exhausted
+            if waiting:
+                return waiting.pop()
+            if exhausted:
+                return None
+            try:
+                return next(source)
+            except StopIteration:
+                exhausted = True
+                return None
+
+        def plan(room: int) -> None:
+            """Admit the next requests while the ranges they need (the gaps read
+            through included, bounded by :class:`.coalesce.Coverage`) fit in
+            ``room`` bytes, and submit those ranges. With nothing held the next
+            request is admitted whatever its size: alone, its spans exactly."""
             batch: list[Request] = []
-            new = 0
-            while (
-                not exhausted
-                and (not batch or (new < self.batch and held + new < options.budget))
-                and len(pending) + len(batch) < self.MAX_PENDING
-            ):
-                try:
-                    request = next(source)
-                except StopIteration:
-                    exhausted = True
+            coverage = Coverage()
+            alone = False
+            hits = 0  # bytes of the batch's spans found in the local cache
+            while len(pending) + len(batch) < self.MAX_PENDING:
+                request = pull()
+                if request is None:
                     break
-                batch.append(request)
+                mark = coverage.mark()
+                before = hits
+                gap = options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
-                    if stop > start and not self._live(live, starts, request.file, start, stop):
-                        new += stop - start
+                    if (
+                        stop > start
+                        and self._live(live, starts, request.file, start, stop) is None
+                        and (self.caches is None or (request.file, start, stop) not in local)
+                    ):
+                        if self.caches is not None and (hit := stored(request.file, start, stop)) is not None:
+                            local[(request.file, start, stop)] = hit
+                            hits += stop - start
+                            continue
+                        coverage.add(request.file, start, stop, gap)
+                    elif stop > start and self.caches is not None and (request.file, start, stop) in local:
+                        hits += stop - start
+                if coverage.total + hits <= room:
+                    batch.append(request)
+                    continue
+                coverage.undo(mark)
+                hits = before
+                if not batch and held == 0:
+                    batch.append(request)
+                    alone = True
+                else:
+                    waiting.append(request)
+                break
             if not batch:
                 return
             by_gap: dict[int, list[tuple[int, int, int]]] = {}
-            gaps = self.gaps
             for request in batch:
-                gap = options.max_gap if gaps is None else gaps[request.file]
+                gap = 0 if alone else options.max_gap if gaps is None else gaps[request.file]
                 for start, stop in request.spans:
-                    if stop > start:
+                    if stop > start and (request.file, start, stop) not in local:
                         by_gap.setdefault(gap, []).append((request.file, start, stop))
             ranges: list[Range] = []
             for gap, spans in by_gap.items():
@@ -192,8 +299,13 @@ class ReadAhead:
                         {f: [h.range for h in live[f]] for f in {s[0] for s in spans} if f in live},
                     )
                 )
+            submit(ranges, batch)
+
+        def submit(ranges: list[Range], batch: list[Request]) -> None:
+            nonlocal held, plans, cached
+            plans += 1
             for rng in sorted(ranges, key=_first_use(batch)):
-                item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop))
+                item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop), cache_of(rng.file))
                 at = bisect.bisect_left(starts.setdefault(rng.file, []), rng.start)
                 starts[rng.file].insert(at, rng.start)
                 live.setdefault(rng.file, []).insert(at, item)
@@ -209,37 +321,59 @@ class ReadAhead:
                     if stop <= start:
                         uses.append((None, 0, 0))
                         continue
+                    hit = local.get((request.file, start, stop)) if local else None
+                    if hit is not None:
+                        hit.users += 1
+                        cached += stop - start
+                        uses.append((hit, 0, stop - start))
+                        continue
                     found = self._live(live, starts, request.file, start, stop)
                     assert found is not None, (request.file, start, stop)
                     found.users += 1
                     uses.append((found, start - found.range.start, stop - found.range.start))
                 pending.append((request, uses))
+            local.clear()  # (a request left waiting looks its spans up again)
+
+        def fill() -> None:
+            """Plan ahead while the window has room (enough for half a plan,
+            unless fewer than two requests are left to deliver)."""
+            if not pending:
+                plan(min(cap(), limit()))  # nothing is held
+            while (waiting or not exhausted) and len(pending) < self.MAX_PENDING:
+                room = limit() - held - cached
+                if room <= 0 or (room < max(1, min(cap(), limit()) // 2) and len(pending) >= 2):
+                    break
+                before = len(pending)
+                plan(min(room, cap()))
+                if len(pending) == before:
+                    break
 
         try:
             while True:
+                fill()
                 if not pending:
-                    plan()
-                    if not pending:
-                        return
+                    return
                 request, uses = pending.popleft()
                 views: list[memoryview] = []
                 try:
                     for item, lo, hi in uses:
-                        views.append(memoryview(item.future.result())[lo:hi] if item is not None else memoryview(b""))
+                        if item is None:
+                            views.append(memoryview(b""))
+                            continue
+                        data = item.future.result()
+                        if item.cache is not None:  # fetched: kept on local disk for later epochs
+                            cache, item.cache = item.cache, None
+                            cache.store(item.range.start, item.range.stop, data)
+                        views.append(memoryview(data)[lo:hi])
                 finally:
                     for item, _, _ in uses:
-                        if item is not None:
+                        if item is None:
+                            continue
+                        if item.live:
                             release(item)
-                while (
-                    not exhausted
-                    and held < options.budget
-                    and len(pending) < self.MAX_PENDING
-                    and (len(pending) < 2 or held + self.batch <= options.budget)
-                ):
-                    before = len(pending)
-                    plan()
-                    if len(pending) == before:
-                        break
+                        else:
+                            cached -= item.range.size
+                            released += item.range.size
                 yield request.payload, views
         finally:
             for items in live.values():

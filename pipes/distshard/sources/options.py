@@ -8,6 +8,7 @@ section for what each one trades.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 __all__ = ["ReadOptions"]
@@ -21,8 +22,11 @@ class ReadOptions:
 
     Args:
         budget: bytes a reading slot (one per DataLoader worker) may hold in
-            fetched or in-flight ranges ahead of use. Memory stays within it,
-            except that one sample larger than the budget is still read whole.
+            fetched or in-flight ranges ahead of use, the gaps those ranges
+            read through (tar headers, padding, unwanted bytes up to
+            ``max_gap``) included. Memory stays within it, except that one
+            sample larger than the budget is still read whole (alone, once
+            nothing else is held).
         max_range: the largest range request coalescing makes (a sample larger
             than this is still one request).
         max_gap: two spans of one file share a request when at most this many
@@ -39,6 +43,20 @@ class ReadOptions:
             reset connection, a short body, a timeout).
         retry_seconds: the most time spent retrying one request.
         timeout: seconds one request may take before it counts as failed.
+        cache_dir: a local folder that keeps fetched ranges of remote files for
+            later epochs (``None``: no cache). Entries are keyed by URL, the
+            file's identity (size and ETag / generation / modification time: a
+            rewritten file never finds them) and byte range, written atomically
+            and shared by the processes of a node (workers, ranks); a file whose
+            identity names no version is not cached. The bytes served from it
+            are those of the version the job indexed.
+        cache_bytes: the most bytes ``cache_dir`` holds (16 GiB): past it the
+            least recently used ranges are removed.
+        first_range: the bytes a slot's first plan of reads asks for: the read-ahead
+            starts with ranges this small and doubles them per plan up to
+            ``max_range``, its window of bytes held widening by every byte
+            delivered up to ``budget`` (a slow start: the first samples come
+            after one small request, not behind the slot's whole share).
     """
 
     budget: int = 64 * MiB
@@ -49,9 +67,20 @@ class ReadOptions:
     retries: int = 6
     retry_seconds: float = 60.0
     timeout: float = 60.0
+    first_range: int = 256 << 10
+    cache_dir: str | None = None
+    cache_bytes: int = 16 << 30
 
     def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)):
+                raise TypeError(
+                    f"ReadOptions(cache_dir={self.cache_dir!r}) must be a folder (a str or path), or None for no cache"
+                )
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         for item in fields(self):
+            if item.name == "cache_dir":
+                continue
             value = getattr(self, item.name)
             number = (int, float) if item.type in ("float", float) else (int,)
             if isinstance(value, bool) or not isinstance(value, number):
@@ -74,4 +103,4 @@ class ReadOptions:
         return f"w{self.window}"
 
 
-_BYTES = ("budget", "max_range", "max_gap", "window")
+_BYTES = ("budget", "max_range", "first_range", "max_gap", "window", "cache_bytes")

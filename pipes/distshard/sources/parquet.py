@@ -83,16 +83,29 @@ class _Chunks(io.RawIOBase):
 
     def read(self, n: int | None = -1) -> bytes:
         end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
-        at = bisect.bisect_right(self.starts, self.pos) - 1
-        if at >= 0:
-            start, data = self.pieces[at]
-            if self.pos >= start and end <= start + len(data):
-                out = bytes(data[self.pos - start : end - start])
-                self.pos = end
-                return out
-        out = self.fallback.read_at(self.pos, end - self.pos) if end > self.pos else b""
+        out = self._from_pieces(self.pos, end)
+        if out is None:
+            out = self.fallback.read_at(self.pos, end - self.pos) if end > self.pos else b""
         self.pos = end
         return out
+
+    def _from_pieces(self, pos: int, end: int) -> bytes | None:
+        """Bytes ``[pos, end)`` from the pieces, also across adjacent ones
+        (pyarrow reads a row group's neighbouring column chunks at once), or
+        ``None`` if some of them are not there."""
+        at = bisect.bisect_right(self.starts, pos) - 1
+        parts: list[memoryview] = []
+        while pos < end:
+            if at < 0 or at >= len(self.pieces):
+                return None
+            start, data = self.pieces[at]
+            if not start <= pos < start + len(data):
+                return None
+            take = min(end, start + len(data))
+            parts.append(data[pos - start : take - start])
+            pos = take
+            at += 1
+        return b"".join(parts)
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))

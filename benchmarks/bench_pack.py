@@ -1,0 +1,443 @@
+"""Packing tokens into fixed-length blocks over 4 gloo ranks × 2 workers:
+``distshard.pack`` against Hugging Face ``group_texts`` and litdata's
+``TokensLoader``, in one run, on the same tokenized corpus; and planning 10⁸
+documents by simulation.
+
+The corpus
+----------
+``DOCS`` documents (``--quick``: fewer) of 20 to 8,000 tokens (log-uniform), over
+10⁶ tokens in all; token ``t`` of the concatenation has id ``t`` (int32), so a
+multiset of delivered ids says exactly what was lost or repeated. It is written
+once per run as a flat ``tokens.bin`` (int32) and ``lengths.npy``, read in place
+by every row (memory-mapped): distshard through a 30-line source that exposes the
+documents by position and their lengths (``distshard_token_counts()``, what
+``distshard.tokens`` reads from Megatron's ``.idx``); litdata from the chunks its
+``optimize(..., item_loader=TokensLoader())`` wrote (not timed); HF from an Arrow
+``Dataset`` of the documents (not timed).
+
+The rows (blocks of ``L = 1024`` tokens, batches of 8 blocks, ``DataLoader(num_workers=2)``
+on every rank; each on a fresh gloo group on 127.0.0.1)
+--------------------------------------------------------------------------------------
+(a) ``distshard.pack(docs, L).dist_shard()``: ``even=None`` (every token; slot
+    counts within 1 block) and ``even="drop"`` (equal blocks per slot; the last
+    blocks of the epoch, fewer than 8, wait for ``"carry"`` or are dropped).
+(b) HF ``datasets`` 4.8.5 (benchmark venv): ``Dataset.from_dict(docs)
+    .to_iterable_dataset(num_shards=8).map(group_texts, batched=True)`` (the
+    ``group_texts`` of HF's run_clm example: each map batch of 1,000 documents is
+    concatenated and cut, its remainder dropped), ``split_dataset_by_node``.
+(c) litdata 0.2.76 (benchmark venv): ``StreamingDataset(chunks,
+    item_loader=TokensLoader(block_size=L))``, ``StreamingDataLoader``.
+
+Metrics: tokens delivered / tokens in the corpus (real tokens, padding excluded),
+tokens repeated, padding fraction of what was delivered, blocks per rank, tokens/s
+(delivered tokens / the slowest rank's wall) and CPU per token (user + sys of the
+ranks and their workers / delivered tokens). Resume: distshard's rows are also run
+as a training job that checkpoints mid-epoch (``StatefulDataLoader``,
+``gather_states``) on 4 ranks × 2 workers and resumes on 3 ranks × 2 workers: every
+token of the corpus once over the two runs (the peers' were not run so).
+
+Planning at scale (``--plan-only`` runs it alone): ``pack()`` of 10⁸ documents whose
+counts the source gives (what ``distshard.tokens`` reads from an ``.idx``), in a
+fresh process: time to the first block's documents, the plan's bytes per document
+and the process's peak RSS (which also holds the simulated counts: 4 bytes a
+document, a memory map of the ``.idx`` in real use). Target: ≤ 2 s and ≤ 1 GB per slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+
+import harness
+from harness import Col
+
+WORLD_SIZE, NUM_WORKERS = 4, 2
+SEQ_LEN = 1024
+BATCH = 8  # blocks per batch, every row (litdata's loader needs a batch size)
+DOCS, QUICK_DOCS = 1_000, 400
+HF_BATCH = 1_000  # group_texts' map batch (HF's default)
+PLAN_DOCS, QUICK_PLAN_DOCS = 100_000_000, 10_000_000
+ROWS = ("distshard", "distshard-drop", "hf", "litdata")
+LABELS = {
+    "distshard": "distshard `pack(docs, L).dist_shard()`",
+    "distshard-drop": "distshard `pack(docs, L).dist_shard(even=\"drop\")`",
+    "hf": "HF `group_texts` + `split_dataset_by_node`",
+    "litdata": "litdata `TokensLoader(block_size=L)`",
+}
+
+
+# -- the corpus ----------------------------------------------------------------------------------
+def make_corpus(root: str, docs: int, seed: int = 0) -> dict[str, int]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = np.exp(rng.uniform(np.log(20), np.log(8000), docs)).astype(np.int64)
+    total = int(lengths.sum())
+    np.arange(total, dtype=np.int32).tofile(os.path.join(root, "tokens.bin"))
+    np.save(os.path.join(root, "lengths.npy"), lengths)
+    return {"docs": docs, "tokens": total}
+
+
+class _Documents:
+    """Document ``i`` as a view of the memory-mapped tokens (opened once per process)."""
+
+    __distshard_positional__ = True
+
+    def __init__(self, root: str, offsets: Any) -> None:
+        self.root, self.offsets, self._map = root, offsets, None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> Any:
+        import numpy as np
+
+        if self._map is None:
+            self._map = np.memmap(os.path.join(self.root, "tokens.bin"), dtype=np.int32, mode="r")
+        return self._map[self.offsets[i] : self.offsets[i + 1]]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_map": None}
+
+
+class CorpusDocuments(IterDataPipe):
+    """The corpus's documents read in place, by position, with their lengths known
+    without reading them (as ``distshard.tokens`` does from Megatron's ``.idx``)."""
+
+    def __init__(self, root: str) -> None:
+        import numpy as np
+
+        self.lengths = np.load(os.path.join(root, "lengths.npy"))
+        offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=offsets[1:])
+        self.documents = _Documents(root, offsets)
+
+    def distshard_token_counts(self) -> Any:
+        return self.lengths
+
+    def __distshard_sequence__(self) -> _Documents:
+        return self.documents
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self.documents)):
+            yield self.documents[i]
+
+
+# -- the rows ------------------------------------------------------------------------------------------
+def group_texts(examples: dict[str, list]) -> dict[str, list]:
+    """HF's run_clm ``group_texts``: concatenate a batch, cut it into blocks, drop the remainder."""
+    from itertools import chain
+
+    ids = list(chain.from_iterable(examples["input_ids"]))
+    total = len(ids) // SEQ_LEN * SEQ_LEN
+    return {"input_ids": [ids[i : i + SEQ_LEN] for i in range(0, total, SEQ_LEN)]}
+
+
+def build(key: str, root: str, rank: int, world_size: int) -> Any:
+    if key.startswith("distshard"):
+        import distshard
+
+        even = "drop" if key == "distshard-drop" else None
+        return distshard.pack(CorpusDocuments(root), SEQ_LEN).dist_shard(even=even)
+    if key == "hf":
+        import datasets
+        from datasets.distributed import split_dataset_by_node
+
+        docs = datasets.load_from_disk(os.path.join(root, "hf"))
+        stream = docs.to_iterable_dataset(num_shards=WORLD_SIZE * NUM_WORKERS)
+        blocks = stream.map(group_texts, batched=True, batch_size=HF_BATCH, remove_columns=["input_ids"])
+        return split_dataset_by_node(blocks, rank=rank, world_size=world_size).with_format("torch")
+    if key == "litdata":
+        from litdata import StreamingDataset
+        from litdata.streaming.item_loader import TokensLoader
+
+        return StreamingDataset(os.path.join(root, "litdata"), item_loader=TokensLoader(block_size=SEQ_LEN))
+    raise ValueError(key)
+
+
+def block_tokens(batch: Any) -> tuple[bytes, int, int, int]:
+    """(the real token ids as int32 bytes, the batch's tokens, its padding, its blocks)
+    of one batch of blocks (``BATCH`` rows of ``L``; the last batch may be shorter)."""
+    import torch
+
+    if isinstance(batch, dict) and "loss_mask" in batch:
+        ids, mask = batch["input_ids"], batch["loss_mask"].bool()
+        return ids[mask].to(torch.int32).numpy().tobytes(), ids.numel(), int((~mask).sum()), len(ids)
+    ids = torch.as_tensor(batch["input_ids"] if isinstance(batch, dict) else batch)
+    return ids.reshape(-1).to(torch.int32).numpy().tobytes(), ids.numel(), 0, len(ids)
+
+
+@dataclass
+class PackJob(harness.Job):
+    key: str = "distshard"
+    root: str = ""
+
+    def prepare(self, rank: int) -> None:
+        import numpy  # noqa: F401
+
+        if self.key == "hf":
+            import datasets  # noqa: F401
+        if self.key == "litdata":
+            import litdata  # noqa: F401
+
+    def build(self, rank: int) -> Any:
+        return build(self.key, self.root, rank, self.world_size)
+
+    def loader(self, pipe: Any) -> Any:
+        if self.key == "litdata":
+            from litdata import StreamingDataLoader
+
+            return StreamingDataLoader(pipe, batch_size=BATCH, num_workers=self.num_workers, timeout=self.timeout)
+        return super().loader(pipe)
+
+    def keep(self, item: Any, values: list) -> None:
+        values.append(block_tokens(item))
+
+
+def _compact(run: dict[str, Any]) -> dict[str, Any]:
+    """A rank's blocks as one base64 string of int32 ids (JSON-able, small) and counts."""
+    for rank in run["ranks"]:
+        blocks = [b for epoch in rank.pop("values", []) for b in epoch]
+        rank["blocks"] = sum(b[3] for b in blocks)
+        rank["block_tokens"] = sum(b[1] for b in blocks)
+        rank["padding"] = sum(b[2] for b in blocks)
+        rank["ids"] = base64.b64encode(b"".join(b[0] for b in blocks)).decode()
+    return run
+
+
+def run_row(key: str, root: str, timeout: float) -> dict[str, Any]:
+    job = PackJob(key=key, root=root, world_size=WORLD_SIZE, num_workers=NUM_WORKERS, timeout=timeout,
+                  report=key != "litdata", batch_size=BATCH)
+    out = _compact(asdict(harness.run_job(job)))
+    if key in ("hf", "litdata"):
+        out["versions"] = harness.versions("torch", "datasets", "litdata")
+    return out
+
+
+def prepare_peers(root: str) -> dict[str, Any]:
+    """In the peers' venv: the corpus as an Arrow dataset (HF) and as litdata chunks."""
+    import datasets
+    import numpy as np
+    import torch
+    from litdata import optimize
+    from litdata.streaming.item_loader import TokensLoader
+
+    tokens = np.fromfile(os.path.join(root, "tokens.bin"), dtype=np.int32)
+    lengths = np.load(os.path.join(root, "lengths.npy"))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    docs = [tokens[offsets[i] : offsets[i + 1]].tolist() for i in range(len(lengths))]
+    datasets.Dataset.from_dict({"input_ids": docs}).save_to_disk(os.path.join(root, "hf"))
+    optimize(fn=_litdata_doc, inputs=[(root, int(offsets[i]), int(offsets[i + 1])) for i in range(len(lengths))],
+             output_dir=os.path.join(root, "litdata"), chunk_size=(SEQ_LEN * 64), item_loader=TokensLoader(),
+             num_workers=1, mode="overwrite")
+    del torch
+    return {"ok": True}
+
+
+def _litdata_doc(spec: tuple[str, int, int]) -> Iterator[Any]:
+    import numpy as np
+    import torch
+
+    root, start, stop = spec
+    tokens = np.memmap(os.path.join(root, "tokens.bin"), dtype=np.int32, mode="r")
+    yield torch.from_numpy(np.array(tokens[start:stop]))
+
+
+# -- resume on another world size ------------------------------------------------------------------------
+def _resume_rank(rank: int, world_size: int, root: str, even: str | None, take: int | None,
+                 state: dict | None) -> tuple[str, int, dict]:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import distshard
+
+    pipeline = distshard.StatefulPipeline(build("distshard-drop" if even == "drop" else "distshard", root, rank,
+                                                world_size))
+    pipeline.set_epoch(0)
+    if state is not None:
+        pipeline.load_state_dict(state)
+    loader = StatefulDataLoader(pipeline, batch_size=BATCH, num_workers=NUM_WORKERS, multiprocessing_context="fork",
+                                timeout=60)
+    got: list[bytes] = []
+    it = iter(loader)
+    while take is None or len(got) < take:
+        try:
+            got.append(block_tokens(next(it))[0])
+        except StopIteration:
+            break
+    merged = distshard.gather_states(loader.state_dict())
+    del it
+    return base64.b64encode(b"".join(got)).decode(), len(got), merged
+
+
+def resume_check(root: str, even: str | None, timeout: float) -> dict[str, Any]:
+    """4 ranks × 2 workers take 5 batches each, checkpoint; 3 ranks × 2 workers resume."""
+    from distshard.verify import run_on_group
+
+    first = run_on_group(_resume_rank, world_size=WORLD_SIZE, timeout=timeout, args=(root, even, 5, None))
+    errors = [o.error for o in first if o.error]
+    if errors:
+        return {"errors": errors}
+    state = first[0].value[2]
+    second = run_on_group(_resume_rank, world_size=3, timeout=timeout, args=(root, even, None, state))
+    errors = [o.error for o in second if o.error]
+    if errors:
+        return {"errors": errors}
+    return {"ids": [o.value[0] for o in first + second], "blocks_before": [o.value[1] for o in first],
+            "blocks_after": [o.value[1] for o in second]}
+
+
+# -- planning 10^8 documents ----------------------------------------------------------------------------
+def plan_scale(docs: int, shuffle: bool = False) -> dict[str, Any]:
+    """In a fresh process: ``pack()`` over ``docs`` documents whose counts the source gives."""
+    import resource
+
+    import numpy as np
+
+    import distshard
+
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the interpreter, torch, numpy, distshard
+    counts = np.random.default_rng(1).integers(20, 8001, docs, dtype=np.int32)
+
+    class Counted(IterDataPipe):
+        def distshard_token_counts(self) -> Any:
+            return counts
+
+        def __iter__(self) -> Iterator[Any]:
+            return iter(())
+
+    start, cpu = time.perf_counter(), time.process_time()
+    packed = distshard.pack(Counted(), 2048, shuffle_documents=shuffle)
+    plan = packed.packing()
+    first = plan.segments(plan.blocks // 2)
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    plan_bytes = packed._counts.prefix.nbytes + (plan.prefix.nbytes if shuffle else 0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"docs": docs, "blocks": plan.blocks, "seconds": seconds, "cpu_s": cpu_s,
+            "plan_bytes_per_doc": plan_bytes / docs, "plan_mib": plan_bytes / 2**20, "peak_rss_mib": peak / 1024,
+            "base_rss_mib": base_rss / 1024, "counts_mib": counts.nbytes / 2**20, "first": len(first),
+            "shuffle": shuffle, "loadavg": harness.loadavg()}
+
+
+# -- analysis -----------------------------------------------------------------------------------------------
+def analyze(run: dict[str, Any], corpus_tokens: int) -> dict[str, Any]:
+    import numpy as np
+
+    if "skipped" in run or "ranks" not in run:
+        return {"error": run.get("skipped") or "; ".join(run.get("errors", ["no result"]))[-300:]}
+    group = harness.GroupRun.of(run)
+    if group.errors or not group.complete:
+        return {"error": "; ".join(group.errors or ["incomplete"])[-300:]}
+    ids = np.concatenate([np.frombuffer(base64.b64decode(r["ids"]), dtype=np.int32) for r in run["ranks"]]
+                         or [np.zeros(0, np.int32)])
+    seen = np.bincount(ids, minlength=corpus_tokens) if len(ids) else np.zeros(corpus_tokens, np.int64)
+    delivered = int(len(ids))
+    block_tokens = sum(r["block_tokens"] for r in run["ranks"])
+    wall = group.wall_s or float("nan")
+    return {
+        "delivered": delivered, "distinct": int((seen > 0).sum()), "repeated": int((seen[seen > 1] - 1).sum()),
+        "coverage": int((seen > 0).sum()) / corpus_tokens, "padding": sum(r["padding"] for r in run["ranks"]),
+        "padding_fraction": sum(r["padding"] for r in run["ranks"]) / max(block_tokens, 1),
+        "blocks_per_rank": [r["blocks"] for r in run["ranks"]], "wall_s": wall, "cpu_s": group.cpu_s,
+        "tokens_per_s": delivered / wall if delivered else None,
+        "cpu_ns_per_token": group.cpu_s / delivered * 1e9 if delivered else None,
+        "errors": run.get("errors") or group.errors,
+    }
+
+
+COLUMNS = [Col("row"), Col("tokens delivered / corpus", 4), Col("tokens repeated", 0), Col("padding", 4),
+           Col("blocks per rank"), Col("tokens/s", fmt=lambda v: f"{v / 1e6:.2f} M"),
+           Col("CPU per token", fmt=lambda v: f"{v:.0f} ns"), Col("elastic resume")]
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_DOCS} documents, planning 10^7 documents")
+    parser.add_argument("--only", default="", help="comma-separated rows: " + ",".join(ROWS))
+    parser.add_argument("--plan-only", action="store_true", help="only the planning simulation")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds a row may take")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the raw numbers")
+    harness.add_child_args(parser)
+    args = parser.parse_args(None if argv is None else list(argv))
+    if args.run:
+        return harness.child(args.run, args.out, globals())
+    session = harness.Session()
+    rows = [] if args.plan_only else harness.choose(args.only, {r: r for r in ROWS}, parser)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-pack-") as root:
+        corpus = make_corpus(root, QUICK_DOCS if args.quick else DOCS)
+        if any(r in ("hf", "litdata") for r in rows):
+            prepared = harness.launch(__file__, "prepare_peers", {"root": root}, peers=True, timeout=args.timeout)
+            if not prepared.get("ok"):
+                print(f"# peers not prepared: {prepared}", file=sys.stderr)
+        for key in rows:
+            t0 = time.perf_counter()
+            if key.startswith("distshard"):
+                run = run_row(key, root, args.timeout)
+                resume = resume_check(root, "drop" if key == "distshard-drop" else None, args.timeout)
+            else:
+                run = harness.launch(__file__, "run_row", {"key": key, "root": root, "timeout": args.timeout},
+                                     peers=True, timeout=args.timeout)
+                resume = None
+            results[key] = analyze(run, corpus["tokens"])
+            results[key]["resume"] = _resume_cell(resume, corpus["tokens"], key == "distshard-drop")
+            print(f"#   {key} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    plans = [harness.launch(__file__, "plan_scale", {"docs": n, "shuffle": s}, timeout=args.timeout)
+             for n, s in ((QUICK_PLAN_DOCS if args.quick else PLAN_DOCS, False), (QUICK_PLAN_DOCS, True))]
+    print(session.header(f"{corpus['docs']:,} documents of 20–8,000 tokens, {corpus['tokens']:,} tokens; blocks of "
+                         f"{SEQ_LEN}; {WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; one round"))
+    print()
+    if rows:
+        cells = []
+        for key in rows:
+            r = results[key]
+            if "delivered" not in r:
+                cells.append([LABELS[key], "failed: " + harness.error_line(r.get("error", ""))])
+                continue
+            cells.append([LABELS[key], r["coverage"], r["repeated"], r["padding_fraction"],
+                          " / ".join(map(str, r["blocks_per_rank"])), r["tokens_per_s"], r["cpu_ns_per_token"],
+                          r["resume"]])
+        print(harness.table(COLUMNS, cells))
+        print()
+    for plan in plans:
+        if "seconds" not in plan:
+            print(f"planning: failed: {plan}")
+            continue
+        print(f"planning {plan['docs']:,} documents{' (shuffle_documents=True)' if plan['shuffle'] else ''}: "
+              f"{plan['seconds']:.2f} s wall ({plan['cpu_s']:.2f} s CPU) to the first block's documents "
+              f"({plan['blocks']:,} blocks of 2048); the plan {plan['plan_mib']:,.0f} MiB "
+              f"({plan['plan_bytes_per_doc']:.1f} bytes per document); peak RSS {plan['peak_rss_mib']:,.0f} MiB = "
+              f"interpreter with torch {plan['base_rss_mib']:,.0f} MiB + the simulated counts "
+              f"{plan['counts_mib']:,.0f} MiB (a memory map of the .idx in real use) + the plan and what building it "
+              f"held; 1-min load average {plan['loadavg']:.1f}")
+    session.dump(args.json, corpus=corpus, rows=results, plans=plans)
+    return 0
+
+
+def _resume_cell(resume: dict[str, Any] | None, corpus_tokens: int, drop: bool) -> str:
+    import numpy as np
+
+    if resume is None:
+        return "not run"
+    if "ids" not in resume:
+        return "✗ " + harness.error_line("; ".join(map(str, resume.get("errors", []))))[:80]
+    ids = np.concatenate([np.frombuffer(base64.b64decode(x), dtype=np.int32) for x in resume["ids"]])
+    seen = np.bincount(ids, minlength=corpus_tokens)
+    repeated, missing = int((seen[seen > 1] - 1).sum()), int((seen == 0).sum())
+    exact = repeated == 0 and (missing == 0 or drop)
+    return f"{'✓' if exact else '✗'} 4×2 → 3×2: {repeated} repeated, {missing} not delivered"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

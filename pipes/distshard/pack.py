@@ -1,0 +1,607 @@
+"""``distshard.pack``: documents of token ids packed into blocks of ``seq_len`` tokens,
+as a positional source that is the same at any world size.
+
+Block ``b`` is tokens ``[b*L, (b+1)*L)`` of the concatenation of the documents (each
+followed by ``eos`` when given). The documents' token counts come from one pass at
+construction (or from the source itself: a source with ``distshard_token_counts()``
+gives them without reading a document, as ``distshard.tokens`` does from its
+``.idx``), cached on disk for distshard file sources, keyed by the files' identities
+(see :mod:`distshard.sources.index`), so the plan (the prefix sums, see
+:mod:`distshard.packing`) is known before the first block. A block reads only the
+documents it spans: by position when the source has random access (a list, a file
+source, below 1:1 maps), else by walking the stream up to them.
+
+``.dist_shard()`` after ``pack`` reads it like any random-access source
+(``__distshard_sequence__``): every block once per epoch, ``even``, ``multiple_of``,
+``shuffle=True`` (a permutation of the blocks), resume and elastic resume by block
+position; ``distshard.mix`` mixes packed sources block by block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+import sys
+import zlib
+from collections import deque
+from collections.abc import Mapping
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+
+from .graph import Pushdown, plan_pushdown, random_pipes
+from .packing import Packing, prefix_sums, shuffled_prefix
+from .plan import Permutation, mix_seed
+from .readers import SequenceReader
+
+__all__ = ["PackIterDataPipe", "PackSequence", "ShuffledPackIterDataPipe", "pack"]
+
+Picker = Callable[[Any], Any]
+_COUNTS_FORMAT = "pack-counts"
+_COUNTS_VERSION = 1
+_END = object()
+_ORDERS_KEPT = 2  # document orders per process: this epoch's and the one even="carry" reads the tail of
+
+
+def _check_int(name: str, value: object, low: int | None, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}={value!r} must be an int ({what}), got {type(value).__name__}")
+    value = int(value)
+    if low is not None and value < low:
+        raise ValueError(f"{name}={value} must be at least {low} ({what})")
+    return value
+
+
+def _code_digest(fn: Any) -> str:
+    """What names a function in a cache key: its qualified name and a digest of its
+    code (a changed body gives another key)."""
+    code = getattr(fn, "__code__", None)
+    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    if code is None:
+        return name
+    body = code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()
+    return f"{name}:{hashlib.blake2b(body, digest_size=6).hexdigest()}"
+
+
+def _picker_name(tokens: str | Picker | None) -> str:
+    if tokens is None:
+        return "document"
+    if isinstance(tokens, str):
+        return f"field {tokens!r}"
+    return f"fn {_code_digest(tokens)}"
+
+
+def _describe_value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+class _Counts:
+    """The per-document token counts (the eos not included) and the plan's prefix
+    sums, in a holder that torch's graph walk does not pickle (it keeps only
+    attribute values that are pipes or collections)."""
+
+    def __init__(self, counts: Sequence[int], eos: bool, how: str) -> None:
+        self.prefix = prefix_sums(counts, 1 if eos else 0)
+        self.how = how  # "source" (distshard_token_counts), "cache", "counted"
+        self.longest = int(_extreme(counts, max)) if len(counts) else 0
+        self.digest = f"{zlib.crc32(memoryview(self.prefix).cast('B')):08x}"  # fast: 10^8 documents in ~0.3 s
+
+
+class PackIterDataPipe(IterDataPipe):
+    r"""Documents packed into blocks of ``seq_len`` tokens (see :func:`distshard.pack`)."""
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        seq_len: int,
+        *,
+        tokens: str | Picker | None = None,
+        eos: int | None = None,
+        pad: int = 0,
+        shuffle_documents: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(source, IterDataPipe):
+            raise TypeError(
+                f"pack() needs an IterDataPipe of documents, got {type(source).__name__}; wrap it with IterableWrapper"
+            )
+        self.seq_len = _check_int("seq_len", seq_len, 1, "tokens per block")
+        if tokens is not None and not isinstance(tokens, str) and not callable(tokens):
+            raise TypeError(
+                f"tokens={tokens!r} must be None (each document is its token ids), a field name or a function "
+                f"document -> token ids, got {type(tokens).__name__}"
+            )
+        self.tokens = tokens
+        self.eos = None if eos is None else _check_int("eos", eos, None, "the token id that ends every document")
+        self.pad = _check_int("pad", pad, None, "the token id of padding")
+        if not isinstance(shuffle_documents, bool):
+            raise TypeError(f"shuffle_documents={shuffle_documents!r} must be True or False")
+        self.shuffle_documents = shuffle_documents
+        self.seed = None if seed is None else _check_int("seed", seed, 0, "the base seed of the document order")
+        randoms = random_pipes(source)
+        if randoms:
+            raise ValueError(
+                f"pack() needs its documents in one fixed order, but {type(randoms[0]).__name__} upstream "
+                "reorders them every epoch (the token counts would not match the documents): remove it and "
+                "pass shuffle_documents=True, or shuffle the blocks with .dist_shard(shuffle=True)"
+            )
+        self.source = source
+        self._counts = self._find_counts()
+        self._orders: dict[int, Packing] = {}  # per process: packings of document orders, by seed
+        self._received: int | None = None
+        self._epoch = 0
+        self._identity = (
+            f"pack seq_len={self.seq_len} eos={self.eos} pad={self.pad} tokens={_picker_name(tokens)} "
+            f"shuffle_documents={shuffle_documents} seed={self.seed or 0} documents={self.documents} "
+            f"tokens={self._counts.prefix[-1]} counts={self._counts.digest}"
+        )
+
+    # -- the counts ------------------------------------------------------------------
+    def _find_counts(self) -> _Counts:
+        """From the source (``distshard_token_counts()``, documents as they are), the
+        cache (file sources) or one pass over the documents."""
+        eos = self.eos is not None
+        own = getattr(self.source, "distshard_token_counts", None)
+        if self.tokens is None and callable(own):
+            counts = own()
+            _check_counts(counts, type(self.source).__name__)
+            return _Counts(counts, eos, "source")
+        key = self._cache_key()
+        if key is not None:
+            from .sources.files import FileRef
+            from .sources.index import FileIndex, obtain
+
+            def build(ref: FileRef) -> FileIndex:
+                from array import array
+
+                counted = self._count()
+                return FileIndex(
+                    _COUNTS_FORMAT,
+                    ref.url,
+                    ref.size or 0,
+                    ref.stamp or "",
+                    len(counted),
+                    {"counts": array("q", counted)},
+                )
+
+            ref = FileRef(f"distshard-pack://{key}", 0, key)
+            index, built = obtain(_COUNTS_FORMAT, ref, build)
+            assert index is not None
+            return _Counts(index.arrays["counts"], eos, "counted" if built is not None else "cache")
+        return _Counts(self._count(), eos, "counted")
+
+    def _cache_key(self) -> str | None:
+        """A key for the on-disk cache when the documents come from a distshard file
+        source (below 1:1 maps): the files' identities (path or URL, size, mtime or
+        ETag), the maps and the token picker; else ``None`` (counted every time)."""
+        from .sources.base import FileSourceIterDataPipe
+        from .sources.files import key_of
+
+        plan = plan_pushdown(self.source, True)
+        base = plan.base
+        if not isinstance(base, FileSourceIterDataPipe) or not base.random_access:
+            return None
+        refs = base.prepare()
+        if any(ref.size is None for ref, _ in refs):
+            return None
+        parts = [
+            str(_COUNTS_VERSION),
+            type(base.fmt).__qualname__,
+            repr(getattr(base.fmt, "columns", None)),
+            *(f"{key_of(ref.url)}\0{ref.size}\0{ref.stamp}\0{count}" for ref, count in refs),
+            *(_code_digest(mapper.fn) for mapper in plan.maps),
+            _picker_name(self.tokens),
+        ]
+        return hashlib.blake2b("\n".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+    def _count(self) -> list[int]:
+        """One pass over the documents: each one's token count, its tokens checked."""
+        out = []
+        for k, document in enumerate(self.source):
+            out.append(len(_checked_tokens(self._pick(document, k), k)))
+        return out
+
+    def _pick(self, document: Any, k: int) -> Any:
+        tokens = self.tokens
+        if tokens is None:
+            return document
+        if isinstance(tokens, str):
+            if not isinstance(document, Mapping):
+                raise TypeError(
+                    f"document {k} is a {type(document).__name__}, not a mapping with a field {tokens!r}; pass "
+                    "tokens=None when each document is its token ids, or a function document -> token ids"
+                )
+            try:
+                return document[tokens]
+            except KeyError:
+                fields = sorted(map(str, document))[:8]
+                raise ValueError(
+                    f"document {k} has no field {tokens!r} (its fields: {fields}); pass tokens= the field that "
+                    "holds the token ids"
+                ) from None
+        return tokens(document)
+
+    # -- sizes ------------------------------------------------------------------------
+    @property
+    def documents(self) -> int:
+        return len(self._counts.prefix) - 1
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of all documents, their eos included (padding not)."""
+        return int(self._counts.prefix[-1])
+
+    def packing(self) -> Packing:
+        """The blocks of the current document order."""
+        return self._packing(self._order_seed())
+
+    def _order_seed(self) -> int | None:
+        return None
+
+    def _packing(self, seed: int | None) -> Packing:
+        key = -1 if seed is None else seed
+        found = self._orders.get(key)
+        if found is None:
+            prefix = self._counts.prefix if seed is None else shuffled_prefix(self._counts.prefix, self.order(seed))
+            if len(self._orders) >= _ORDERS_KEPT:
+                self._orders.pop(next(iter(self._orders)))
+            found = self._orders[key] = Packing(prefix, self.seq_len)
+        return found
+
+    def order(self, seed: int) -> Permutation:
+        """The document order of seed ``seed``: the ``k``-th document packed is ``order(seed)(k)``."""
+        return Permutation(self.documents, seed)
+
+    def __len__(self) -> int:
+        return -(-self.total_tokens // self.seq_len)
+
+    def distshard_identity(self) -> str:
+        return self._identity
+
+    # -- the protocol with dist_shard ------------------------------------------------------
+    def __distshard_sequence__(self) -> "PackSequence":
+        return PackSequence(self)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        sequence = PackSequence(self)
+        yield from sequence.distshard_read(range(len(sequence)))
+
+    def describe(self) -> str:
+        packing = self.packing()
+        order = " in a per-epoch seeded order" if self.shuffle_documents else ""
+        average = packing.total / packing.blocks if packing.blocks else 0.0
+        return (
+            f"{packing.blocks:,} blocks of {self.seq_len} tokens packed from {self.documents:,} documents{order} "
+            f"({packing.total:,} tokens{' with eos' if self.eos is not None else ''}, {packing.padding} padding "
+            f"in the last block; about {self.documents / max(packing.blocks, 1):.3g} documents and "
+            f"{average:.0f} real tokens a block)"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_orders"] = {}  # per process
+        if IterDataPipe.getstate_hook is not None:
+            return IterDataPipe.getstate_hook(state)
+        return state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(seq_len={self.seq_len}, documents={self.documents})"
+
+
+class ShuffledPackIterDataPipe(PackIterDataPipe):
+    r"""``pack(..., shuffle_documents=True)``: the documents are packed in a seeded
+    order that changes every epoch. The order of an epoch is a pure function of
+    ``(seed, received, epoch)``, ``received`` being the last value handed to
+    :meth:`set_seed` (``dist_shard`` hands one per epoch, the same on every slot)."""
+
+    def set_seed(self, seed: int) -> "ShuffledPackIterDataPipe":
+        self._received = int(seed)
+        return self
+
+    def set_epoch(self, epoch: int) -> "ShuffledPackIterDataPipe":
+        self._epoch = int(epoch)
+        return self
+
+    def _order_seed(self) -> int | None:
+        return mix_seed(self.seed or 0, self._received or 0, self._epoch)
+
+
+def _check_counts(counts: Any, where: str) -> None:
+    if not (hasattr(counts, "__len__") and hasattr(counts, "__getitem__")):
+        raise TypeError(f"{where}.distshard_token_counts() returned {type(counts).__name__}, not a sequence of ints")
+    dtype = getattr(counts, "dtype", None)
+    if dtype is not None and getattr(dtype, "kind", "i") not in "iu":
+        raise TypeError(f"{where}.distshard_token_counts() returned counts of dtype {dtype}; they must be integers")
+    low = _extreme(counts, min) if len(counts) else 0
+    if low < 0:
+        raise ValueError(f"{where}.distshard_token_counts() returned a negative count: {low}")
+
+
+def _extreme(values: Any, which: Callable[[Any], Any]) -> Any:
+    """``min`` or ``max`` of a sequence, by numpy's when it is an array (no loop in Python)."""
+    own = getattr(values, which.__name__, None)
+    return own() if callable(own) else which(values)
+
+
+_INTEGER_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8})
+
+
+def _checked_tokens(tokens: Any, k: int) -> Any:
+    """``tokens`` if they are token ids (a list or tuple of ints, a 1-D integer numpy
+    array or tensor); else ``TypeError`` naming the document and the value."""
+    if isinstance(tokens, (list, tuple)):
+        if any(type(t) is not int for t in tokens):
+            for j, t in enumerate(tokens):
+                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                    raise TypeError(
+                        f"token {j} of document {k} is {_describe_value(t)} ({type(t).__name__}); token ids "
+                        "must be ints: tokenize the documents first (e.g. with .map(...) before pack)"
+                    )
+        return tokens
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dim() != 1 or tokens.dtype not in _INTEGER_DTYPES:
+            raise TypeError(
+                f"document {k}'s tokens are a {tokens.dim()}-D tensor of {tokens.dtype}; give a 1-D integer tensor"
+            )
+        return tokens
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(tokens, numpy.ndarray):
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise TypeError(
+                f"document {k}'s tokens are a {tokens.ndim}-D numpy array of {tokens.dtype}; give a 1-D integer array"
+            )
+        return tokens
+    raise TypeError(
+        f"document {k}'s tokens are a {type(tokens).__name__} ({_describe_value(tokens)}); give token ids: a list "
+        "of ints, a 1-D integer numpy array or tensor (tokenize first; pass tokens= a field or a function to "
+        "pick them from a document)"
+    )
+
+
+def _as_ids(tokens: Any, k: int) -> Any:
+    """A document's token ids, checked: a 1-D integer tensor or numpy array (as given,
+    no copy; a list becomes a tensor)."""
+    if isinstance(tokens, (list, tuple)):
+        if not tokens:
+            return torch.empty(0, dtype=torch.long)
+        try:
+            out = torch.tensor(tokens)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            _checked_tokens(tokens, k)  # names the value
+            raise
+        if out.dtype is not torch.long or out.dim() != 1:
+            _checked_tokens(tokens, k)
+            raise TypeError(f"document {k}'s tokens are not a flat list of ints")
+        return out
+    return _checked_tokens(tokens, k)
+
+
+class _Documents:
+    """Reads documents by index, in the order asked: by position when the source has
+    random access (below 1:1 maps), else by walking the stream (restarted when an
+    earlier document is asked for)."""
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self.plan: Pushdown = plan_pushdown(source, True)
+        self.random = self.plan.sequence is not None
+
+    def read(self, indices: Iterator[int]) -> Iterator[Any]:
+        if self.random:
+            elements = SequenceReader(self.plan.sequence, self.plan.copy_elements).read(indices)
+            return map(self.plan.apply, elements) if self.plan.maps else iter(elements)
+        return self._walk(indices)
+
+    def _walk(self, indices: Iterator[int]) -> Iterator[Any]:
+        stream: Iterator[Any] | None = None
+        at = 0  # the index of the next document of the stream
+        for index in indices:
+            if stream is None or index < at:
+                stream, at = iter(self.source), 0
+            document = next(islice(stream, index - at, None), _END)
+            if document is _END:
+                raise ValueError(
+                    f"{type(self.source).__name__} ended before document {index}, which was counted when pack() "
+                    "was built: the documents changed; build the pack again"
+                )
+            at = index + 1
+            yield document
+
+
+class PackSequence:
+    """The blocks of a :class:`PackIterDataPipe` as a positional sequence (what
+    ``dist_shard`` and ``mix`` read). Block ``b`` reads only the documents it spans;
+    a document spanning consecutive blocks read together is read once."""
+
+    distshard_blocks = True  # a slot's blocks are contiguous: a document at a boundary is read by one slot
+    distshard_shuffle_kind = "a global permutation of the blocks (each block reads only the documents it spans)"
+
+    def __init__(self, pipe: PackIterDataPipe) -> None:
+        self.pipe = pipe
+        self._documents: _Documents | None = None
+
+    def _docs(self) -> _Documents:
+        if self._documents is None:
+            self._documents = _Documents(self.pipe.source)
+        return self._documents
+
+    def __len__(self) -> int:
+        return len(self.pipe)
+
+    def __getitem__(self, block: int) -> dict[str, torch.Tensor]:
+        if not 0 <= block < len(self):
+            raise IndexError(f"block {block} is outside [0, {len(self)})")
+        return next(iter(self.distshard_read([block])))
+
+    def distshard_identity(self) -> str:
+        docs = self._docs()
+        if docs.random:
+            below = SequenceReader(docs.plan.sequence).identity()
+        else:
+            below = f"stream:{type(docs.plan.base).__qualname__}"
+        maps = ",".join(_code_digest(m.fn) for m in docs.plan.maps)
+        return f"{self.pipe.distshard_identity()} maps=[{maps}] of {below}"
+
+    def describe(self) -> str:
+        return self.pipe.describe()
+
+    def distshard_order(self, seed: int) -> Permutation:
+        if not self._docs().random:
+            raise ValueError(
+                f"shuffle=True over pack() of a stream ({type(self._docs().plan.base).__name__}, no random access) "
+                "would walk the documents again for every block; give pack a random-access source (a list, "
+                "a distshard file source or distshard.tokens, with only .map() in between), or shuffle=False"
+            )
+        return Permutation(len(self), seed)
+
+    def distshard_read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """The blocks at ``positions``, in order. Documents are asked of the source as
+        the blocks need them, in one reader (a file source reads ahead in ranges)."""
+        pipe = self.pipe
+        seed = pipe._order_seed()
+        packing = pipe._packing(seed)
+        order = pipe.order(seed) if seed is not None else None
+        positions = iter(positions)
+        pending: deque[tuple[int, list[tuple[int, int, int]]]] = deque()
+        wanted: deque[int] = deque()
+        last = [-1]  # the last document asked for
+
+        def take() -> bool:
+            block = next(positions, None)
+            if block is None:
+                return False
+            if not 0 <= block < packing.blocks:
+                raise IndexError(f"block {block} is outside [0, {packing.blocks})")
+            segments = packing.segments(block)
+            pending.append((block, segments))
+            for k, _, _ in segments:
+                if k != last[0]:
+                    wanted.append(order(k) if order is not None else k)
+                    last[0] = k
+            return True
+
+        def indices() -> Iterator[int]:
+            while wanted or take():
+                if wanted:
+                    yield wanted.popleft()
+
+        documents = self._docs().read(indices())
+        current: tuple[int, Any] = (-1, None)
+        try:
+            while pending or take():
+                block, segments = pending.popleft()
+                parts = []
+                for k, lo, hi in segments:
+                    if k != current[0]:
+                        current = (k, self._tokens(next(documents), k, packing, order))
+                    parts.append((current[1], lo, hi))
+                yield self._block(parts, block, packing)
+        finally:
+            close = getattr(documents, "close", None)
+            if close is not None:
+                close()
+
+    def _tokens(self, document: Any, k: int, packing: Packing, order: Permutation | None) -> Any:
+        index = order(k) if order is not None else k
+        tokens = _as_ids(self.pipe._pick(document, index), index)
+        expected = packing.count(k) - (self.pipe.eos is not None)
+        if len(tokens) != expected:
+            raise ValueError(
+                f"document {index} holds {len(tokens)} tokens but {expected} were counted when pack() was built: "
+                "the documents changed (or come in another order); build the pack again (counts of file sources "
+                "are cached under $DISTSHARD_CACHE, keyed by the files' identities)"
+            )
+        return tokens
+
+    def _block(self, parts: list[tuple[Any, int, int]], block: int, packing: Packing) -> dict[str, torch.Tensor]:
+        L, eos = self.pipe.seq_len, self.pipe.eos
+        ids = torch.empty(L, dtype=torch.long)
+        positions = torch.empty(L, dtype=torch.long)
+        at = 0
+        flat: Any = None  # ids as numpy, to copy numpy tokens into (read-only arrays too, without a copy first)
+        for tokens, lo, hi in parts:
+            n = len(tokens)
+            real = min(hi, n)
+            if real > lo:
+                if isinstance(tokens, torch.Tensor):
+                    ids[at : at + real - lo] = tokens[lo:real]
+                else:
+                    if flat is None:
+                        flat = ids.numpy()
+                    flat[at : at + real - lo] = tokens[lo:real]
+            if hi > n:  # the document's eos
+                assert eos is not None  # counts hold an eos only when one is given
+                ids[at + real - lo] = eos
+            torch.arange(lo, hi, out=positions[at : at + hi - lo])
+            at += hi - lo
+        mask = torch.ones(L, dtype=torch.long)
+        if at < L:  # the last block: padding
+            ids[at:] = self.pipe.pad
+            positions[at:] = 0
+            mask[at:] = 0
+        return {"input_ids": ids, "position_ids": positions, "loss_mask": mask}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"pipe": self.pipe, "_documents": None}
+
+    def __repr__(self) -> str:
+        return f"PackSequence({len(self)} blocks of {self.pipe.seq_len})"
+
+
+def pack(
+    source: IterDataPipe,
+    seq_len: int,
+    *,
+    tokens: str | Picker | None = None,
+    eos: int | None = None,
+    pad: int = 0,
+    shuffle_documents: bool = False,
+    seed: int | None = None,
+) -> PackIterDataPipe:
+    r"""Pack the documents of ``source`` into blocks of ``seq_len`` tokens.
+
+    Block ``b`` is tokens ``[b*seq_len, (b+1)*seq_len)`` of the concatenation of the
+    documents (each followed by ``eos`` when given): defined by the data alone, the
+    same at any world size. A block is a dict of 1-D int64 tensors of ``seq_len``:
+    ``input_ids``; ``position_ids``, each token's index in its document (restarting at
+    0 where a document starts, as packed-sequence attention takes them); ``loss_mask``,
+    1 on tokens and 0 on padding. Only the last block is padded (with ``pad``); no
+    token is dropped.
+
+    The result is a positional source: ``.dist_shard()`` after it gives every block
+    once per epoch over ranks and workers, with ``even``, ``multiple_of``,
+    ``shuffle=True`` (a permutation of the blocks), resume and elastic resume; a block
+    reads only the documents it spans. ``distshard.mix`` mixes packed sources.
+
+    Args:
+        source: an IterDataPipe of documents in a fixed order (no ``shuffle()``
+            upstream: use ``shuffle_documents``). Random access (a list, a distshard
+            file source, ``distshard.tokens``, with only ``.map()`` in between) lets
+            a block read its documents directly; a stream is walked up to them.
+        seq_len: tokens per block (at least 1).
+        tokens: where a document's token ids are: ``None`` (the document is them: a
+            list or tuple of ints, a 1-D integer numpy array or tensor), a field name
+            (``document[tokens]``) or a function ``document -> token ids``.
+        eos: a token id appended to every document, or ``None``.
+        pad: the token id of the last block's padding.
+        shuffle_documents: pack the documents in a seeded order that changes every
+            epoch (from ``(seed, epoch)``, through ``dist_shard``'s seeding); the
+            plan then takes 16 bytes per document instead of 8.
+        seed: the base seed of that order (``None``: 0).
+
+    The token counts come from one pass over the documents at construction (or from
+    ``source.distshard_token_counts()`` without reading them), cached on disk for
+    distshard file sources under ``$DISTSHARD_CACHE``.
+
+    Example:
+        >>> docs = IterableWrapper([[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+        >>> blocks = distshard.pack(docs, 4, eos=0)
+        >>> [b["input_ids"].tolist() for b in blocks]
+        [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 0]]
+        >>> sharded = blocks.dist_shard(even="drop", shuffle=True)  # doctest: +SKIP
+    """
+    cls = ShuffledPackIterDataPipe if shuffle_documents is True else PackIterDataPipe
+    return cls(source, seq_len, tokens=tokens, eos=eos, pad=pad, shuffle_documents=shuffle_documents, seed=seed)

@@ -1,0 +1,550 @@
+"""distshard.pack: documents packed into blocks of seq_len tokens, the same at any
+world size, every token once per epoch, resumable and elastic."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+import distshard
+
+from .helpers import as_worker
+from .model_factories import Stream
+
+
+def corpus(n: int = 23, seed: int = 0, low: int = 0, high: int = 13) -> list[list[int]]:
+    """Documents of distinct token ids: document i holds 1000*i + j."""
+    rng = random.Random(seed)
+    return [[1000 * i + j for j in range(rng.randint(low, high))] for i in range(n)]
+
+
+def oracle(docs, seq_len: int, eos=None, pad: int = 0) -> list[tuple]:
+    """The blocks by definition: concatenate (eos after each), cut, pad the last."""
+    ids, pos = [], []
+    for doc in docs:
+        tail = [] if eos is None else [eos]
+        ids += list(doc) + tail
+        pos += list(range(len(doc) + len(tail)))
+    out = []
+    for start in range(0, len(ids), seq_len):
+        chunk, where = ids[start : start + seq_len], pos[start : start + seq_len]
+        short = seq_len - len(chunk)
+        out.append((tuple(chunk + [pad] * short), tuple(where + [0] * short), tuple([1] * len(chunk) + [0] * short)))
+    return out
+
+
+def key(block: dict) -> tuple:
+    assert set(block) == {"input_ids", "position_ids", "loss_mask"}
+    for value in block.values():
+        assert value.dtype == torch.long and value.dim() == 1
+    return tuple(tuple(block[k].tolist()) for k in ("input_ids", "position_ids", "loss_mask"))
+
+
+def tokens_of(blocks) -> Counter:
+    """Every real token (loss_mask 1) of the blocks."""
+    out: Counter = Counter()
+    for b in blocks:
+        b = key(b) if isinstance(b, dict) else b
+        out.update(t for t, m in zip(b[0], b[2], strict=True) if m)
+    return out
+
+
+# -- what a block is --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "numpy", "uint16", "tensor", "field", "function"])
+@pytest.mark.parametrize("seq_len, eos", [(1, None), (4, None), (5, -1), (16, 7), (64, None)])
+def test_a_block_is_its_stretch_of_the_concatenation(kind, seq_len, eos):
+    docs = corpus(low=0, high=9) if kind != "uint16" else [[j % 60000 for j in d] for d in corpus()]
+    wrap = {
+        "list": lambda d: d,
+        "tuple": tuple,
+        "numpy": lambda d: np.array(d, dtype=np.int64),
+        "uint16": lambda d: np.array(d, dtype=np.uint16),
+        "tensor": lambda d: torch.tensor(d, dtype=torch.int32),
+        "field": lambda d: {"ids": d, "text": "x"},
+        "function": lambda d: {"nested": {"ids": d}},
+    }[kind]
+    tokens = {"field": "ids", "function": lambda doc: doc["nested"]["ids"]}.get(kind)
+    packed = distshard.pack(IterableWrapper([wrap(d) for d in docs]), seq_len, tokens=tokens, eos=eos, pad=-9)
+    got = [key(b) for b in packed]
+    assert got == oracle(docs, seq_len, eos, pad=-9)
+    assert len(packed) == len(got)
+    assert all(sum(b[2]) == seq_len for b in got[:-1])  # padding only in the last block
+
+
+def test_position_ids_restart_where_each_document_starts():
+    blocks = [key(b) for b in distshard.pack(IterableWrapper([[1, 2, 3], [4, 5], [6, 7, 8, 9]]), 4, eos=0)]
+    assert blocks == [
+        ((1, 2, 3, 0), (0, 1, 2, 3), (1, 1, 1, 1)),
+        ((4, 5, 0, 6), (0, 1, 2, 0), (1, 1, 1, 1)),
+        ((7, 8, 9, 0), (1, 2, 3, 4), (1, 1, 1, 1)),
+    ]
+
+
+def test_an_empty_corpus_packs_into_no_block():
+    assert list(distshard.pack(IterableWrapper([[], []]), 4)) == []
+    assert len(distshard.pack(IterableWrapper([]), 4)) == 0
+
+
+# -- every block once, the same at any world size -----------------------------------------------
+
+
+def _slots(build, world: int, workers: int) -> dict[int, list]:
+    out = {}
+    for rank in range(world):
+        for worker in range(max(1, workers)):
+            with as_worker(worker, workers):
+                out[rank * max(1, workers) + worker] = [key(b) for b in build(rank, world)]
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("even", [None, "drop", "pad", "carry"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_block_once_at_every_world_size(world, workers, even, shuffle):
+    docs = corpus(31, seed=world)
+    expected = oracle(docs, 6, eos=-1)
+
+    def build(rank, world_size):
+        return distshard.pack(IterableWrapper(docs), 6, eos=-1).dist_shard(
+            rank=rank, world_size=world_size, even=even, shuffle=shuffle
+        )
+
+    per_slot = _slots(build, world, workers)
+    got = Counter(b for blocks in per_slot.values() for b in blocks)
+    S, N = world * max(1, workers), len(expected)
+    assert set(got) <= set(expected)
+    if even is None:
+        assert got == Counter(expected)
+    elif even == "drop":
+        assert {len(v) for v in per_slot.values()} == {N // S} and max(got.values()) == 1
+    elif even == "pad":
+        assert {len(v) for v in per_slot.values()} == {-(-N // S)} and set(got) == set(expected)
+    else:  # carry, epoch 0: whole rounds, nothing repeated
+        assert {len(v) for v in per_slot.values()} == {N // S} and max(got.values()) == 1
+    if even is None and not shuffle:
+        # the same blocks in the same order as one process reads them
+        assert [b for s in sorted(per_slot) for b in per_slot[s]] == expected
+
+
+def test_every_token_once_with_multiple_of():
+    docs = corpus(40, seed=3)
+    per_slot = _slots(
+        lambda r, w: distshard.pack(IterableWrapper(docs), 5).dist_shard(
+            rank=r, world_size=w, even="drop", multiple_of=2
+        ),
+        2,
+        2,
+    )
+    counts = {len(v) for v in per_slot.values()}
+    assert len(counts) == 1 and counts.pop() % 2 == 0
+    got = Counter(b for v in per_slot.values() for b in v)
+    assert max(got.values()) == 1 and set(got) <= set(oracle(docs, 5))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_real_dataloader_workers(shuffle):
+    """Two ranks (explicit) x two forked DataLoader workers: every block once."""
+    docs = corpus(37, seed=5)
+    got = []
+    for rank in range(2):
+        pipe = distshard.pack(IterableWrapper(docs), 8, eos=-1).dist_shard(rank=rank, world_size=2, shuffle=shuffle)
+        loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
+        got += [key(b) for b in loader]
+    assert Counter(got) == Counter(oracle(docs, 8, eos=-1))
+
+
+def test_shuffle_permutes_blocks_and_each_block_reads_only_its_documents():
+    docs = corpus(30, seed=8, low=1, high=20)
+    reads: Counter = Counter()
+
+    class Counting:
+        __distshard_positional__ = True
+
+        def __len__(self):
+            return len(docs)
+
+        def __getitem__(self, i):
+            reads[i] += 1
+            return docs[i]
+
+    packed = distshard.pack(IterableWrapper(Counting()), 7)
+    reads.clear()  # the counting pass
+    plan = packed.packing()
+    spans = Counter(k for b in range(plan.blocks) for k, _, _ in plan.segments(b))
+    got = []
+    for rank in range(3):
+        got += [key(b) for b in packed.dist_shard(rank=rank, world_size=3, shuffle=True, seed=4)]
+    assert Counter(got) == Counter(oracle(docs, 7))
+    assert got != oracle(docs, 7)  # permuted
+    assert all(reads[d] <= spans[d] for d in reads)  # a document is read only by the blocks spanning it
+    assert set(reads) == {d for d, doc in enumerate(docs) if doc}
+
+
+def test_unshuffled_slots_read_each_document_about_once():
+    docs = corpus(60, seed=2, low=1, high=12)
+    reads: Counter = Counter()
+
+    class Counting:
+        __distshard_positional__ = True
+
+        def __len__(self):
+            return len(docs)
+
+        def __getitem__(self, i):
+            reads[i] += 1
+            return docs[i]
+
+    packed = distshard.pack(IterableWrapper(Counting()), 16)
+    reads.clear()
+    for rank in range(4):
+        list(packed.dist_shard(rank=rank, world_size=4))
+    assert set(reads) == set(range(len(docs)))
+    assert sum(reads.values()) <= len(docs) + 3  # at most the documents at the 3 slot boundaries twice
+
+
+# -- resume and elastic resume --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("even", [None, "drop", "pad"])
+def test_elastic_resume_is_exact(shuffle, even):
+    docs = corpus(50, seed=9)
+    expected = oracle(docs, 5, eos=-1)
+
+    def build(rank, world):
+        return distshard.pack(IterableWrapper(docs), 5, eos=-1).dist_shard(
+            rank=rank, world_size=world, shuffle=shuffle, even=even, seed=3
+        )
+
+    consumed, states = [], []
+    for rank in range(2):
+        for worker in range(2):
+            with as_worker(worker, 2):
+                pipe = build(rank, 2)
+                it = iter(pipe)
+                consumed += [key(next(it)) for _ in range(2 + rank + worker)]
+                states.append(pipe.state_dict())
+    merged = distshard.merge_states(states)
+    rest = []
+    for rank in range(3):
+        pipe = build(rank, 3)
+        pipe.load_state_dict(json.loads(json.dumps(merged)))
+        rest += [key(b) for b in pipe]
+    got = Counter(consumed + rest)
+    assert set(got) <= set(expected)
+    if even is None:
+        assert got == Counter(expected)
+    else:
+        assert max(got.values()) <= (1 if even == "drop" else 2)
+    if even == "pad":
+        assert set(got) == set(expected)
+
+
+def test_a_slot_resumes_from_its_own_state():
+    docs = corpus(20, seed=1)
+    pipe = distshard.pack(IterableWrapper(docs), 4).dist_shard(rank=1, world_size=2)
+    whole = [key(b) for b in pipe]
+    it = iter(pipe)
+    first = [key(next(it)) for _ in range(3)]
+    state = pipe.state_dict()
+    again = distshard.pack(IterableWrapper(docs), 4).dist_shard(rank=1, world_size=2)
+    again.load_state_dict(state)
+    assert first + [key(b) for b in again] == whole
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        dict(seq_len=5),
+        dict(eos=-1),
+        dict(shuffle_documents=True),
+        dict(pad=-3),
+        dict(docs=1),
+    ],
+)
+def test_a_state_of_another_packing_is_refused(other):
+    docs = corpus(30, seed=4, low=4, high=4)  # every document 4 tokens: many packings have the same block count
+    pipe = distshard.pack(IterableWrapper(docs), 4).dist_shard(rank=0, world_size=2)
+    it = iter(pipe)
+    next(it)
+    state = pipe.state_dict()
+    options = {"seq_len": 4, **other}
+    changed = options.pop("docs", None)
+    data = docs if changed is None else [docs[1], docs[0], *docs[2:]][:-1] + [docs[-1][:3] + [5]]
+    seq_len = options.pop("seq_len")
+    fresh = distshard.pack(IterableWrapper(data), seq_len, **options).dist_shard(rank=0, world_size=2)
+    with pytest.raises(ValueError, match="source|another pipeline"):
+        fresh.load_state_dict(state)
+        next(iter(fresh))
+
+
+# -- shuffle_documents ----------------------------------------------------------------------------------
+
+
+def test_shuffle_documents_changes_the_blocks_every_epoch_and_keeps_every_token():
+    docs = corpus(40, seed=6)
+    all_tokens = Counter(t for d in docs for t in d) + Counter({-1: len(docs)})
+    epochs = []
+    for epoch in range(3):
+        per_world = []
+        for world in (1, 3):
+            got = []
+            for rank in range(world):
+                pipe = distshard.pack(IterableWrapper(docs), 6, eos=-1, shuffle_documents=True, seed=2).dist_shard(
+                    rank=rank, world_size=world
+                )
+                pipe.set_epoch(epoch)
+                got += [key(b) for b in pipe]
+            assert tokens_of(got) == all_tokens
+            per_world.append(sorted(got))
+        assert per_world[0] == per_world[1]  # the same blocks at any world size
+        epochs.append(per_world[0])
+    assert epochs[0] != epochs[1] != epochs[2]
+    # and padding only in the last block: every block but one is full
+    assert sum(1 for b in epochs[0] if 0 in b[2]) <= 1
+
+
+def test_shuffle_documents_resumes_mid_epoch_elastically():
+    docs = corpus(45, seed=7)
+
+    def build(rank, world):
+        return distshard.pack(IterableWrapper(docs), 7, shuffle_documents=True).dist_shard(
+            rank=rank, world_size=world, shuffle=True
+        )
+
+    consumed, states = [], []
+    for rank in range(2):
+        pipe = build(rank, 2)
+        pipe.set_epoch(1)
+        it = iter(pipe)
+        consumed += [key(next(it)) for _ in range(3)]
+        states.append(pipe.state_dict())
+    merged = distshard.merge_states(states)
+    for rank in range(4):
+        pipe = build(rank, 4)
+        pipe.load_state_dict(merged)
+        consumed += [key(b) for b in pipe]
+    assert tokens_of(consumed) == Counter(t for d in docs for t in d)
+    assert len(consumed) == len(oracle(docs, 7))
+
+
+def test_shuffle_documents_memory_per_document():
+    """The plan: 8 bytes a document (prefix sums); a shuffled order 8 more."""
+    import tracemalloc
+
+    counts = np.full(200_000, 37, dtype=np.int32)
+
+    class Counted(IterableWrapper):
+        def distshard_token_counts(self):
+            return counts
+
+    tracemalloc.start()
+    packed = distshard.pack(Counted([]), 2048, shuffle_documents=True)
+    base = tracemalloc.get_traced_memory()[0]
+    packed.packing()
+    shuffled = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert len(packed._counts.prefix) * 8 == (len(counts) + 1) * 8
+    assert shuffled <= 9 * len(counts)  # the shuffled prefix sums (8 bytes a document), the permutation in O(1)
+
+
+# -- sources ---------------------------------------------------------------------------------------------
+
+
+def test_a_stream_of_documents_is_walked_and_refuses_shuffle():
+    docs = corpus(25, seed=11)
+    source = IterableWrapper(Stream(docs), deepcopy=False)
+    got = []
+    for rank in range(3):
+        got += [key(b) for b in distshard.pack(source, 6).dist_shard(rank=rank, world_size=3)]
+    assert Counter(got) == Counter(oracle(docs, 6))
+    with pytest.raises(ValueError, match="shuffle=True over pack.*stream"):
+        next(iter(distshard.pack(source, 6).dist_shard(rank=0, world_size=3, shuffle=True)))
+
+
+def test_token_counts_from_the_source_read_no_document():
+    docs = corpus(12, seed=12)
+    reads = []
+
+    class Tokens(IterableWrapper):
+        def distshard_token_counts(self):
+            return np.array([len(d) for d in docs], dtype=np.int32)
+
+    class Logged:
+        __distshard_positional__ = True
+
+        def __len__(self):
+            return len(docs)
+
+        def __getitem__(self, i):
+            reads.append(i)
+            return np.array(docs[i], dtype=np.int32)
+
+    packed = distshard.pack(Tokens(Logged()), 5, eos=-1)
+    assert reads == [] and packed._counts.how == "source"
+    assert [key(b) for b in packed] == oracle(docs, 5, eos=-1)
+
+
+def test_counts_of_a_file_source_are_cached_by_the_files_identity(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
+    docs = corpus(30, seed=13)
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"ids": d}) + "\n" for d in docs))
+    first = distshard.pack(distshard.jsonl(str(path)), 8, tokens="ids")
+    again = distshard.pack(distshard.jsonl(str(path)), 8, tokens="ids", eos=-1)
+    assert (first._counts.how, again._counts.how) == ("counted", "cache")
+    got = []
+    for rank in range(2):
+        got += [key(b) for b in again.dist_shard(rank=rank, world_size=2, shuffle=True)]
+    assert Counter(got) == Counter(oracle(docs, 8, eos=-1))
+    # a changed file is a new identity: counted again, never read with stale counts
+    docs[0] = docs[0] + [1, 2, 3]
+    path.write_text("".join(json.dumps({"ids": d}) + "\n" for d in docs))
+    os.utime(path, ns=(1, 1))
+    changed = distshard.pack(distshard.jsonl(str(path)), 8, tokens="ids")
+    assert changed._counts.how == "counted"
+    assert [key(b) for b in changed] == oracle(docs, 8)
+
+
+def test_documents_that_change_after_counting_raise():
+    docs = corpus(10, seed=14, low=2, high=6)
+    packed = distshard.pack(IterableWrapper(docs, deepcopy=False), 4)
+    docs[3].append(99)
+    with pytest.raises(ValueError, match="document 3 holds .* were counted"):
+        list(packed)
+
+
+def test_a_mix_of_packed_sources_mixes_blocks_exactly():
+    a, b = corpus(20, seed=15), [[-(1000 * i + j) - 1 for j in range(5)] for i in range(12)]
+    expected = list(
+        distshard.mix(
+            {"a": distshard.pack(IterableWrapper(a), 4), "b": distshard.pack(IterableWrapper(b), 4)},
+            {"a": 3, "b": 1},
+            stop="first_exhausted",
+        )
+    )
+    expected = [key(x) for x in expected]
+    assert Counter(expected) <= Counter(oracle(a, 4) + oracle(b, 4))
+    got = []
+    for rank in range(3):
+        for worker in range(2):
+            with as_worker(worker, 2):
+                mixed = distshard.mix(
+                    {"a": distshard.pack(IterableWrapper(a), 4), "b": distshard.pack(IterableWrapper(b), 4)},
+                    {"a": 3, "b": 1},
+                    stop="first_exhausted",
+                )
+                got += [key(x) for x in mixed.dist_shard(rank=rank, world_size=3, shuffle=True)]
+    assert Counter(got) == Counter(expected)
+
+
+def test_the_nodes_front_end_reads_packed_blocks():
+    from torchdata.nodes import Loader
+
+    docs = corpus(27, seed=16)
+    got = []
+    for rank in range(2):
+        node = distshard.DistShardNode(distshard.pack(IterableWrapper(docs), 6), rank=rank, world_size=2, shuffle=True)
+        got += [key(b) for b in Loader(node)]
+    assert Counter(got) == Counter(oracle(docs, 6))
+
+
+# -- bad input ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (dict(seq_len=0), ValueError, r"seq_len=0 must be at least 1"),
+        (dict(seq_len=-3), ValueError, r"seq_len=-3"),
+        (dict(seq_len=True), TypeError, r"seq_len=True must be an int"),
+        (dict(seq_len=4.0), TypeError, r"seq_len=4.0"),
+        (dict(seq_len="4"), TypeError, r"seq_len='4'"),
+        (dict(eos=True), TypeError, r"eos=True"),
+        (dict(pad=None), TypeError, r"pad=None"),
+        (dict(tokens=3), TypeError, r"tokens=3"),
+        (dict(shuffle_documents=1), TypeError, r"shuffle_documents=1"),
+        (dict(seed=-1), ValueError, r"seed=-1"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_value(args, error, message):
+    options = {"seq_len": 4, **args}
+    seq_len = options.pop("seq_len")
+    with pytest.raises(error, match=message):
+        distshard.pack(IterableWrapper([[1, 2]]), seq_len, **options)
+
+
+@pytest.mark.parametrize(
+    "docs, tokens, error, message",
+    [
+        ([{"ids": [1]}, {"text": "x"}], "ids", ValueError, r"document 1 has no field 'ids'.*'text'"),
+        ([[1, 2]], "ids", TypeError, r"document 0 is a list, not a mapping with a field 'ids'"),
+        ([[1, 2.5]], None, TypeError, r"token 1 of document 0 is 2.5 \(float\)"),
+        ([[1], [True]], None, TypeError, r"token 0 of document 1 is True \(bool\)"),
+        (["hello"], None, TypeError, r"document 0's tokens are a str \('hello'\)"),
+        ([np.array([1.0, 2.0])], None, TypeError, r"document 0's tokens are a 1-D numpy array of float64"),
+        ([torch.tensor([[1, 2]])], None, TypeError, r"document 0's tokens are a 2-D tensor"),
+        ([{"ids": None}], "ids", TypeError, r"document 0's tokens are a NoneType"),
+    ],
+)
+def test_bad_documents_are_refused_at_construction(docs, tokens, error, message):
+    with pytest.raises(error, match=message):
+        distshard.pack(IterableWrapper(docs), 4, tokens=tokens)
+
+
+def test_a_shuffle_upstream_is_refused():
+    with pytest.raises(ValueError, match="fixed order.*shuffle_documents=True"):
+        distshard.pack(IterableWrapper([[1], [2]]).shuffle(), 4)
+
+
+def test_not_a_datapipe_is_refused():
+    with pytest.raises(TypeError, match="IterDataPipe of documents, got list"):
+        distshard.pack([[1, 2]], 4)
+
+
+# -- explain ---------------------------------------------------------------------------------------------------
+
+
+def test_explain_says_tokens_blocks_padding_and_what_a_block_reads():
+    docs = corpus(30, seed=17)
+    text = str(distshard.explain(distshard.pack(IterableWrapper(docs), 8, eos=-1).dist_shard(rank=1, world_size=2)))
+    packed = distshard.pack(IterableWrapper(docs), 8, eos=-1)
+    plan = packed.packing()
+    assert f"{plan.blocks} blocks of 8 tokens" in text
+    assert f"{plan.padding} padding tokens in the last block" in text
+    assert "blocks per slot" in text
+    first = -(-plan.blocks // 2)
+    d0, d1 = plan.documents_of(first)
+    assert f"block {first} reads documents {d0}..{d1}" in text
+
+
+def test_shuffle_documents_in_real_dataloader_workers():
+    """Forked workers seed the document order alike (dist_shard seeds it, whatever
+    torch's DataLoader handed them): every token once, the same blocks as in-process."""
+    docs = corpus(33, seed=18)
+    got, alone = [], []
+    for rank in range(2):
+        pipe = distshard.pack(IterableWrapper(docs), 8, eos=-1, shuffle_documents=True, seed=5).dist_shard(
+            rank=rank, world_size=2
+        )
+        pipe.set_epoch(1)
+        loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
+        got += [key(b) for b in loader]
+    single = distshard.pack(IterableWrapper(docs), 8, eos=-1, shuffle_documents=True, seed=5).dist_shard(
+        rank=0, world_size=1
+    )
+    single.set_epoch(1)
+    alone = [key(b) for b in single]
+    assert Counter(got) == Counter(alone)
+    assert tokens_of(got) == Counter(t for d in docs for t in d) + Counter({-1: len(docs)})

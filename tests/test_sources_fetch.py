@@ -1,0 +1,166 @@
+"""The read-ahead on real files: the bytes a reading slot holds (fetched or in
+flight, gaps between samples included) measured against ``ReadOptions.budget``
+over tiny and large samples, tar and JSON lines, local files and the loopback
+HTTP range server (tests/range_server.py), in-process and in fork DataLoader
+workers."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import distshard  # noqa: F401  (registers .dist_shard)
+from distshard.sources import ReadOptions, fetch, jsonl, webdataset
+from distshard.sources.fetch import ReadAhead, Request
+from distshard.sources.files import FileAccess, FileRef, file_identity, open_random
+from tests.range_server import RangeServer, serve
+from tests.source_factories import blob
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+
+@pytest.fixture
+def server(tmp_path) -> Iterator[RangeServer]:
+    with serve(tmp_path) as srv:
+        yield srv
+
+
+def tiny_tar(path: Path, samples: int, size: int, big: dict[int, int] | None = None) -> list[str]:
+    """One tar of ``samples`` one-member samples of ``size`` bytes (``big``:
+    sample -> a larger size); returns the keys in order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = []
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        for i in range(samples):
+            data = blob(str(i), (big or {}).get(i, size))
+            info = tarfile.TarInfo(f"s{i:06d}.bin")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+            keys.append(f"s{i:06d}")
+    return keys
+
+
+def long_lines(path: Path, lines: int, size: int, big: dict[int, int] | None = None) -> list[int]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as out:
+        for i in range(lines):
+            out.write(json.dumps({"i": i, "text": "x" * (big or {}).get(i, size)}) + "\n")
+    return list(range(lines))
+
+
+# (format, samples, sample size, larger samples, options): the issue's two cases, and
+# samples larger than the budget among small ones
+CASES = {
+    "tar-tiny": ("tar", 1500, 6, None, dict(budget=16 << 10, max_range=8192, max_gap=4096)),
+    "jsonl-below-budget": ("jsonl", 120, 2500, None, dict(budget=12000, max_range=8192, max_gap=4096)),
+    "tar-larger-than-budget": (
+        "tar",
+        60,
+        300,
+        {7: 40 << 10, 30: 20 << 10},
+        dict(budget=16 << 10, max_range=8192, max_gap=4096),
+    ),
+    "jsonl-larger-than-budget": (
+        "jsonl",
+        80,
+        700,
+        {3: 30000, 50: 13000},
+        dict(budget=12000, max_range=4096, max_gap=2048),
+    ),
+}
+
+
+def make(case: str, folder: Path) -> tuple[Path, list, int]:
+    """The file of ``case``, what it holds, and its largest sample's bytes."""
+    kind, n, size, big, _ = CASES[case]
+    if kind == "tar":
+        path = folder / "data" / "tiny.tar"
+        keys = tiny_tar(path, n, size, big)
+        return path, keys, max([size, *(big or {}).values()])
+    path = folder / "data" / "lines.jsonl"
+    values = long_lines(path, n, size, big)
+    return path, values, max([size, *(big or {}).values()]) + 30
+
+
+def key(kind: str, sample) -> object:
+    return sample["__key__"] if kind == "tar" else sample["i"]
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffle"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bytes_held_over_http_stay_within_the_budget(tmp_path, server, case, shuffle):
+    kind, *_, options = CASES[case]
+    path, expected, largest = make(case, tmp_path)
+    read = ReadOptions(window=8192, **options)
+    build = webdataset if kind == "tar" else jsonl
+    source = build([server.url(path)], read_options=read)
+    fetch.reset_stats()
+    got = [key(kind, s) for r in range(2) for s in source.dist_shard(rank=r, world_size=2, shuffle=shuffle)]
+    assert Counter(got) == Counter(expected)
+    peak = fetch.STATS.peak_held
+    assert 0 < peak <= max(read.budget, largest), (peak, read.budget, largest)
+    assert fetch.STATS.held == 0
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bytes_held_reading_local_files_ahead_stay_within_the_budget(tmp_path, case):
+    """A local file read through the read-ahead (what a source of local and
+    remote files does), with gaps read through as for a remote one."""
+    kind, *_, options = CASES[case]
+    path, expected, largest = make(case, tmp_path)
+    read = ReadOptions(window=8192, **options)
+    access = FileAccess(read)
+    source = (webdataset if kind == "tar" else jsonl)([str(path)], read_options=read)
+    sequence = source.__distshard_sequence__()
+    ref, index = sequence.file_index(0)
+    handle = open_random(FileRef(str(path), *file_identity(str(path))), access)
+    fetch.reset_stats()
+    ahead = ReadAhead(read, lambda f: handle)
+    got = [
+        key(kind, sequence.fmt.parse(handle, index, j, ref, views))
+        for j, views in ahead.run(Request(j, 0, sequence.fmt.spans(index, j)) for j in range(len(sequence)))
+    ]
+    assert got == expected
+    assert 0 < fetch.STATS.peak_held <= max(read.budget, largest), (fetch.STATS.peak_held, read.budget, largest)
+
+
+def peak_after(sample):
+    """(the sample's key, this worker's peak bytes held so far)."""
+    return (sample["__key__"], fetch.STATS.peak_held)
+
+
+def test_bytes_held_per_dataloader_worker_stay_within_the_budget(tmp_path, server):
+    from torch.utils.data import DataLoader
+
+    path, expected, largest = make("tar-tiny", tmp_path)
+    read = ReadOptions(window=8192, **CASES["tar-tiny"][-1])
+    pipe = webdataset([server.url(path)], read_options=read).dist_shard(shuffle=True).map(peak_after)
+    loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    got = list(loader)
+    assert Counter(k for k, _ in got) == Counter(expected)
+    peaks = [p for _, p in got]
+    assert 0 < max(peaks) <= read.budget, (max(peaks), read.budget)
+
+
+def test_remote_parquet_rows_take_only_the_read_aheads_requests(tmp_path, server):
+    """pyarrow reads a row group's adjacent column chunks at once: served from the
+    fetched chunks, not one more request per row group."""
+    pytest.importorskip("pyarrow")
+    from distshard.sources import parquet
+    from tests.test_sources_parquet import write_tables
+
+    paths, expected = write_tables(tmp_path / "data")
+    source = parquet([server.url(p) for p in paths], read_options=ReadOptions(window=16 << 10, max_gap=4 << 10))
+    source.counts()
+    server.settle().reset_counters()
+    fetch.reset_stats()
+    assert sorted(map(repr, source.dist_shard(shuffle=True))) == sorted(map(repr, expected))
+    assert server.settle().requests["GET"] == fetch.STATS.ranges
