@@ -246,6 +246,10 @@ class Job:
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
 
+    def figures(self) -> dict[str, Any]:
+        """More figures of this rank for its result (after the last epoch), e.g. what ``keep`` timed."""
+        return {}
+
 
 def _rank_main(rank: int, world_size: int, job: Job, outdir: str) -> dict[str, Any]:
     import torch
@@ -302,6 +306,7 @@ def _rank_main(rank: int, world_size: int, job: Job, outdir: str) -> dict[str, A
             job.close(iterator)
         del iterator
     out.update(meter.read())
+    out.update(job.figures())
     out["workers"] = [json.loads(p.read_text()) for p in sorted(mine.glob("*.json"))]
     return out
 

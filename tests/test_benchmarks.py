@@ -141,3 +141,33 @@ def test_a_failed_round_is_said_not_hidden():
     assert harness.left_out([bad, bad], []) is None  # the row's own cell says it failed
     line = harness.left_out([bad, good, good], [good, good])
     assert line is not None and line.startswith("1 of 3 rounds failed") and "TimeoutError: timed out" in line
+
+
+@pytest.mark.timeout(120)
+def test_the_latency_proxy_counts_each_ranks_requests_by_kind_and_bytes(monkeypatch):
+    """bench_remote.py's store: moto's server in its own process behind the proxy; what
+    one endpoint relays is counted there by kind (HEAD, GET, LIST) with its body bytes."""
+    pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    from latency_proxy import LatencyProxy, MotoProcess, kind_of
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(name, value)
+    assert [kind_of("GET", t) for t in ("/b/k.tar", "/b?list-type=2&prefix=x", "/b/")] == ["GET", "LIST", "LIST"]
+    with MotoProcess() as moto, LatencyProxy(moto.endpoint, ports=2) as proxy:
+        boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
+        direct = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1")
+        direct.put_object(Bucket="bench", Key="x/a.bin", Body=bytes(300_000))
+        client = boto3.client("s3", endpoint_url=proxy.endpoints[1], region_name="us-east-1")
+        client.head_object(Bucket="bench", Key="x/a.bin")
+        assert len(client.get_object(Bucket="bench", Key="x/a.bin", Range="bytes=0-99")["Body"].read()) == 100
+        assert len(client.get_object(Bucket="bench", Key="x/a.bin")["Body"].read()) == 300_000
+        assert [o["Key"] for o in client.list_objects_v2(Bucket="bench", Prefix="x/")["Contents"]] == ["x/a.bin"]
+        proxy.settle()
+        general, rank = proxy.snapshot()
+    assert general["requests"] == {} and rank["requests"] == {"HEAD": 1, "GET": 2, "LIST": 1}
+    assert rank["bytes"]["GET"] == 300_100 and [a[1:] for a in rank["arrivals"][:3]] == [
+        ["HEAD", 0],
+        ["GET", 100],
+        ["GET", 300_000],
+    ]
