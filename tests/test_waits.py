@@ -5,6 +5,9 @@ rank never joins."""
 
 from __future__ import annotations
 
+import importlib
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -106,3 +109,25 @@ def test_a_collective_one_rank_never_joins_raises_naming_it():
     kind, is_timeout, message = outcomes[0].value
     assert (kind, is_timeout) == (CollectiveTimeout.__name__, True), message
     assert message.startswith("gather_states: all_gather_object of every rank's state"), message
+
+
+def test_a_lock_another_thread_held_at_a_fork_is_free_in_the_child():
+    """A DataLoader worker forked while another thread of its rank counted a Parquet
+    decode would otherwise wait forever for a lock nobody in it holds."""
+    parquet = importlib.import_module("distshard.sources.parquet")  # the module (the package exports a function)
+
+    with parquet._DECODES_LOCK:  # held at the fork, as by another thread of the parent
+        pid = os.fork()
+        if pid == 0:  # the child: count a decode as parse does
+            with parquet._DECODES_LOCK:
+                os._exit(0)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the child waited for a lock held by a thread of its parent")
