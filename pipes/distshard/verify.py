@@ -237,7 +237,9 @@ def _stop(procs: dict[Any, Any], end: float, dump: bool = False) -> tuple[set, s
         if proc.pid is not None:
             proc.join(timeout=max(0.0, end - time.monotonic()))
     alive = [proc.pid for proc in procs.values() if proc.pid is not None and proc.is_alive()]
-    dumped = str(stacks.dump(alive, title="still running at the timeout")) if dump and alive else None
+    dumped = None
+    if dump and alive and stacks.py_spy() is not None:  # without py-spy, a file of no stacks would only litter
+        dumped = str(stacks.dump(alive, title="still running at the timeout"))
     killed = set()
     for who, proc in procs.items():
         if proc.pid is not None and proc.is_alive():
@@ -299,8 +301,7 @@ def run_on_group(
     run: the group's collectives time out by then, and ranks still running about 2
     seconds later are killed with their DataLoader workers and reported with an
     ``error``, which names a file holding the stacks of every process still running
-    just before the kill (written with ``py-spy dump`` when py-spy is installed, see
-    :mod:`distshard.stacks`). ``progress``, if given, is called about every 2 seconds with a
+    just before the kill when py-spy is installed (see :mod:`distshard.stacks`). ``progress``, if given, is called about every 2 seconds with a
     short status line.
 
     Example:
