@@ -639,7 +639,7 @@ def launch(script: str | Path, func: str, kwargs: dict[str, Any], *, peers: bool
         with err.open("w") as stderr:
             proc = subprocess.Popen(command, env=child_env(cache or tmp, paths), stdout=subprocess.DEVNULL,
                                     stderr=stderr, text=True)
-        watchdog = Watchdog(lambda: [proc.pid], limit if expected is None else min(expected, limit),
+        watchdog = Watchdog(lambda: [proc.pid], expected if expected is not None and expected < limit else None,
                             label=f"{Path(script).stem}-{func}")
         try:
             with watchdog:

@@ -83,59 +83,84 @@ def _cmdline(pid: int) -> str:
         return "(gone)"
 
 
-def _one(spy: str | None, pid: int) -> str:
+def _dumps(spy: str | None, pids: list[int]) -> list[str]:
+    """Every process's ``py-spy dump``, all at once (each within about 20 seconds)."""
     if spy is None:
-        return "py-spy is not installed (pip install py-spy): no stack\n"
-    try:
-        done = subprocess.run(
-            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=_PER_PROCESS, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return f"py-spy dump did not answer within {_PER_PROCESS:g}s\n"
-    except OSError as exc:
-        return f"py-spy could not run: {exc}\n"
-    if done.returncode:
-        return f"py-spy dump failed (exit {done.returncode}): {done.stderr.strip().splitlines()[:1]}\n"
-    return done.stdout
+        return ["py-spy is not installed (pip install py-spy): no stack\n"] * len(pids)
+    started: list[subprocess.Popen[str] | str] = []
+    for pid in pids:
+        try:
+            started.append(
+                subprocess.Popen(
+                    [spy, "dump", "--pid", str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
+        except OSError as exc:
+            started.append(f"py-spy could not run: {exc}\n")
+    end = time.monotonic() + _PER_PROCESS
+    out = []
+    for proc in started:
+        if isinstance(proc, str):
+            out.append(proc)
+            continue
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            out.append(f"py-spy dump did not answer within {_PER_PROCESS:g}s\n")
+            continue
+        if proc.returncode:
+            first = stderr.strip().splitlines()[:1]
+            out.append(f"py-spy dump failed (exit {proc.returncode}): {first[0] if first else ''}\n")
+        else:
+            out.append(stdout)
+    return out
 
 
 def dump(pids: Iterable[int], path: str | os.PathLike[str] | None = None, *, title: str = "") -> Path:
     """Write the stack of every process in ``pids`` (each one's whole tree: pass the
     roots) to ``path`` (default: a new ``distshard-stacks-*.txt`` in the temporary
-    directory) and return the path. Each process is dumped within about 20 seconds."""
+    directory) and return the path. Within about 20 seconds: the processes are
+    dumped at once."""
     if path is None:
         handle, name = tempfile.mkstemp(prefix="distshard-stacks-", suffix=".txt")
         os.close(handle)
         path = name
     target = Path(path)
-    spy = py_spy()
     tree = descendants(*pids)
+    names = [_cmdline(pid) for pid in tree]
+    stacks = _dumps(py_spy(), tree)
     with target.open("a") as out:
         out.write(f"# {title or 'stacks'}: {len(tree)} processes, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        for pid in tree:
-            out.write(f"\n## pid {pid}: {_cmdline(pid)}\n")
-            out.flush()
-            out.write(_one(spy, pid))
+        for pid, name, stack in zip(tree, names, stacks, strict=True):
+            out.write(f"\n## pid {pid}: {name}\n{stack}")
     return target
 
 
 class Watchdog:
     """Dump the stacks of ``pids()`` (roots; their trees are included) once, when
-    ``expected`` seconds pass before :meth:`stop`; :meth:`fire` dumps at once (call
+    ``expected`` seconds pass before :meth:`stop` (``None``: never by itself); :meth:`fire` dumps at once (call
     it before killing a job at its timeout). ``dumps`` lists the files written.
     Use it as a context manager: started on entry, stopped on exit."""
 
     def __init__(
-        self, pids: Callable[[], Iterable[int]], expected: float, *, label: str = "job", directory: str | None = None
+        self,
+        pids: Callable[[], Iterable[int]],
+        expected: float | None,
+        *,
+        label: str = "job",
+        directory: str | None = None,
     ) -> None:
         self.pids, self.expected, self.label, self.directory = pids, expected, label, directory
         self.dumps: list[Path] = []
         self._lock = threading.Lock()
-        self._timer = threading.Timer(expected, self._late)
+        self._timer = threading.Timer(0.0 if expected is None else expected, self._late)
         self._timer.daemon = True
 
     def start(self) -> Watchdog:
-        self._timer.start()
+        if self.expected is not None:
+            self._timer.start()
         return self
 
     def stop(self) -> None:
@@ -152,7 +177,7 @@ class Watchdog:
 
     def _late(self) -> None:
         path = self.fire(f"{self.label} still running after its expected {self.expected:g}s")
-        _log.warning("%s passed its expected %gs; the stacks of its processes: %s", self.label, self.expected, path)
+        _log.warning("%s passed its expected %ss; the stacks of its processes: %s", self.label, self.expected, path)
 
     def fire(self, why: str) -> Path:
         """Dump now (``why`` heads the file) and return the file."""
