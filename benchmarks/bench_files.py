@@ -456,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated variant keys: " + ",".join(BY_KEY))
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--expected", type=float, default=90.0,
+                        help="seconds a variant's job is expected to take: past them, every process's stack is "
+                             "dumped with py-spy into a file the round's line names (default: 90)")
     parser.add_argument("--json", type=Path, help="also dump every measurement here")
     parser.add_argument("--data", type=Path, help="where to write the shards (default: a temp dir)")
     parser.add_argument("--setup-peers", action="store_true", help="create benchmarks/.venv with the peers")
@@ -495,11 +498,15 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
                     results[variant.key].append({"errors": ["the MDS conversion failed"], "complete": False})
                     continue
                 started = time.perf_counter()
-                results[variant.key].append(harness.launch(
+                done = harness.launch(
                     __file__, "run_variant", {"key": variant.key, "data": str(data), "iters": iters,
                                               "mds": None if mds is None else str(mds), "timeout": args.timeout},
-                    peers=variant.venv == "peers", timeout=args.timeout))
-                print(f"#   round {r + 1}/{rounds}: {variant.key} done in {time.perf_counter() - started:.0f}s",
+                    peers=variant.venv == "peers", timeout=args.timeout, expected=args.expected)
+                results[variant.key].append(done)
+                stacks = "; stacks: " + ", ".join(done["stacks"]) if done.get("stacks") else ""
+                if done.get("errors"):
+                    stacks += "; failed: " + harness.error_line(done["errors"][0])[:200]
+                print(f"#   round {r + 1}/{rounds}: {variant.key} done in {time.perf_counter() - started:.0f}s{stacks}",
                       file=sys.stderr, flush=True)
         rows = [summarize(v, results[v.key], manifest) for v in chosen]
         print(session.header(f"{shards} shards, {n:,} samples, {total / 2**20:.1f} MiB; decode {cost * 1e3:.2f} ms; "

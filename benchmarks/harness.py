@@ -606,27 +606,63 @@ def child_env(cache: str, paths: Sequence[str] = ()) -> dict[str, str]:
     return env
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it (a gloo group's ranks sit in
+    process groups of their own, so killing the child's group would miss them)."""
+    import signal
+
+    from distshard.stacks import descendants
+
+    for each in reversed(descendants(pid)):
+        with contextlib.suppress(OSError):
+            os.kill(each, signal.SIGKILL)
+
+
 def launch(script: str | Path, func: str, kwargs: dict[str, Any], *, peers: bool = False, timeout: float,
-           grace: float = 120.0, cache: str | None = None, paths: Sequence[str] = ()) -> dict[str, Any]:
+           grace: float = 120.0, cache: str | None = None, paths: Sequence[str] = (),
+           expected: float | None = None) -> dict[str, Any]:
     """``func(**kwargs)`` of ``script`` in a fresh process tree (the peers' venv with
     ``peers``, else this interpreter), through its ``--run`` (see ``child``); what it
     returned, ``{"skipped": ...}`` without the peers' venv, or ``{"errors": [...]}``.
-    ``cache``: its ``$DISTSHARD_CACHE`` (default: an empty one)."""
+    ``cache``: its ``$DISTSHARD_CACHE`` (default: an empty one).
+
+    A watchdog (``distshard.stacks.Watchdog``) dumps the stack of every process of
+    the tree (the child, its ranks, their DataLoader workers) with py-spy when the
+    child runs past ``expected`` seconds (default: no early dump), and again before
+    the tree is killed at ``timeout + grace``; the result's ``"stacks"`` lists the
+    files and its errors name them."""
+    from distshard.stacks import Watchdog
+
     python = peers_python() if peers else Path(sys.executable)
     if python is None:
         return {"skipped": NO_PEERS}
+    limit = timeout + grace
     with tempfile.TemporaryDirectory(prefix="bench-child-") as tmp:
-        spec, out = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec, out, err = Path(tmp) / "spec.json", Path(tmp) / "result.json", Path(tmp) / "stderr"
         spec.write_text(json.dumps({"func": func, "kwargs": kwargs}))
         command = [str(python), str(Path(script).resolve()), "--run", str(spec), "--out", str(out)]
+        with err.open("w") as stderr:
+            proc = subprocess.Popen(command, env=child_env(cache or tmp, paths), stdout=subprocess.DEVNULL,
+                                    stderr=stderr, text=True)
+        watchdog = Watchdog(lambda: [proc.pid], expected if expected is not None and expected < limit else None,
+                            label=f"{Path(script).stem}-{func}")
         try:
-            done = subprocess.run(command, env=child_env(cache or tmp, paths), capture_output=True, text=True,
-                                  timeout=timeout + grace)
+            with watchdog:
+                proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            return {"errors": [f"timed out after {timeout + grace:.0f}s"]}
+            path = watchdog.fire(f"timed out after {limit:.0f}s")
+            kill_tree(proc.pid)  # before the child is reaped: its pid still names the tree
+            proc.wait(timeout=30)
+            return {"errors": [f"timed out after {limit:.0f}s; the stacks of its processes: {path}"],
+                    "stacks": [str(p) for p in watchdog.dumps]}
+        except BaseException:  # Ctrl-C: leave no tree behind
+            kill_tree(proc.pid)
+            proc.wait(timeout=30)
+            raise
+        late = {"stacks": [str(p) for p in watchdog.dumps]} if watchdog.dumps else {}
         if not out.exists():
-            return {"errors": [f"exit {done.returncode}: {done.stderr[-2000:]}"]}
-        return json.loads(out.read_text())
+            return {"errors": [f"exit {proc.returncode}: {err.read_text()[-2000:]}"], **late}
+        return {**json.loads(out.read_text()), **late}
 
 
 def add_child_args(parser: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterator
 import torch.utils.data._utils.worker as worker_module
 from torch.utils.data._utils.worker import WorkerInfo
 
+from distshard.stacks import Watchdog
 from distshard.verify import canonical
 
 
@@ -97,3 +99,21 @@ def child_env(**extra: str) -> dict[str, str]:
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def watched(expected: float, label: str) -> Iterator[Watchdog]:
+    """The block, with a watchdog: if it runs past ``expected`` seconds, the stack of
+    every process of this test (pytest's own, its gloo ranks, their DataLoader
+    workers, any child) is dumped with py-spy into a file named on stderr, which
+    pytest shows with the failure (``run_on_group`` also dumps before it kills at
+    its timeout)."""
+    dog = Watchdog(lambda: [os.getpid()], expected, label=label)
+    try:
+        with dog:
+            yield dog
+    finally:
+        for path in dog.dumps:
+            print(
+                f"watchdog: {label} ran past its expected {expected:g}s; every process's stack: {path}", file=sys.stderr
+            )

@@ -10,8 +10,16 @@ import distshard
 from distshard.verify import run_on_group
 
 from . import builds
+from .helpers import watched
 
 TIMEOUT = 60
+
+
+@pytest.fixture(autouse=True)
+def _watchdog(request):
+    """Every process's stack on file if a test runs past its group's timeout (see helpers.watched)."""
+    with watched(TIMEOUT, request.node.name):
+        yield
 
 
 @pytest.mark.parametrize(

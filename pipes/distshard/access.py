@@ -204,7 +204,7 @@ class UnitCounts:
             mine: Any = dict(zip(share, self(share), strict=True))
         except Exception as exc:  # noqa: BLE001 - raised on every rank below
             mine = exc
-        for answer in _context.gather_objects(mine):
+        for answer in _context.gather_objects(mine, "the sizes of the units (each rank asks for its share)"):
             if isinstance(answer, Exception):
                 raise answer
             self.answers.update(answer)

@@ -32,6 +32,8 @@ import torch.distributed as dist
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
+from .waits import naming_collective_timeouts
+
 SOURCES = ("explicit", "torch.distributed", "pickled", "env", "default")
 
 
@@ -376,8 +378,9 @@ def current_context(
     return ShardContext(r, w, info.id, info.num_workers, source)
 
 
-def gather_objects(obj: object) -> list:
-    """Every rank's ``obj``, on every rank: a collective over the default group.
+def gather_objects(obj: object, what: str) -> list:
+    """Every rank's ``obj``, on every rank: a collective over the default group
+    (``what`` it gathers names it in the error if not every rank joins in time).
 
     Runs on a CPU (gloo) group, so it works whatever backend the job uses (NCCL
     included): the default group when it is gloo, else a gloo group made for the
@@ -387,7 +390,8 @@ def gather_objects(obj: object) -> list:
         group = dist.new_group(backend="gloo")
     try:
         out: list = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj, group=group)
+        with naming_collective_timeouts(f"{what}: all_gather_object over every rank"):
+            dist.all_gather_object(out, obj, group=group)
         return out
     finally:
         if group is not None:

@@ -17,6 +17,8 @@ import numbers
 from datetime import timedelta
 from typing import Any, Generic, Iterable, Iterator, TypeVar
 
+from .waits import naming_collective_timeouts
+
 T = TypeVar("T")
 
 __all__ = ["StopTogether", "check_timeout", "stop_together"]
@@ -90,7 +92,8 @@ class StopTogether(Generic[T]):
         while True:
             item = next(it, _END)
             flag[0] = 0 if item is _END else 1
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+            with naming_collective_timeouts(f"stop_together: the flag of step {self.steps} (all_reduce)"):
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
             if flag[0] == 0:
                 break
             self.steps += 1
@@ -100,7 +103,8 @@ class StopTogether(Generic[T]):
             if item is not _END:
                 left += sum(1 for _ in it)
             counts: list[Any] = [None] * dist.get_world_size(group)
-            dist.all_gather_object(counts, left, group=group)
+            with naming_collective_timeouts("stop_together: the unused counts (all_gather_object)"):
+                dist.all_gather_object(counts, left, group=group)
             self.unused_per_rank = counts
         self.unused = left
 

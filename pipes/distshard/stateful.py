@@ -17,6 +17,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .datapipe import DistShardIterDataPipe, shards_in
 from .state import find_states, merge_states
+from .waits import naming_collective_timeouts
 
 __all__ = ["StatefulPipeline", "gather_states"]
 
@@ -107,7 +108,8 @@ def gather_states(state: Any, group: Any = None) -> dict[str, Any]:
     import torch.distributed as dist
 
     states: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(states, state, group=group)
+    with naming_collective_timeouts("gather_states: all_gather_object of every rank's state"):
+        dist.all_gather_object(states, state, group=group)
     return merge_states(states)
 
 

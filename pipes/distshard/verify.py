@@ -40,6 +40,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import context as _context
+from . import stacks
 from .datapipe import shards_in
 from .guard import check_timeout
 from .keys import canonical, display, key
@@ -189,13 +190,15 @@ def _run(
         got, fatal = _collect(procs, results, deadline, timeout, progress)
         # finished processes get up to 10 s to exit, never past the grace after the deadline;
         # after the factory's own failure the others would only fail alike: stopped at once
-        killed = _stop(procs, time.monotonic() if fatal else min(time.monotonic() + 10.0, deadline + _GRACE))
+        # (a hang's stacks are dumped before the kill, not the factory's failure's)
+        end = time.monotonic() if fatal else min(time.monotonic() + 10.0, deadline + _GRACE)
+        killed, dumped = _stop(procs, end, dump=not fatal)
     finally:
         _stop(procs, time.monotonic())  # after an error (Ctrl-C too): kill at once
         shutil.rmtree(store, ignore_errors=True)
     for who, proc in procs.items():
         if who not in got:
-            got[who] = (None, None if fatal else _no_result(who, proc.exitcode, who in killed, timeout))
+            got[who] = (None, None if fatal else _no_result(who, proc.exitcode, who in killed, timeout, dumped))
     return got
 
 
@@ -225,12 +228,18 @@ def _collect(
     return got, False
 
 
-def _stop(procs: dict[Any, Any], end: float) -> set:
+def _stop(procs: dict[Any, Any], end: float, dump: bool = False) -> tuple[set, str | None]:
     """Wait until ``end`` for the processes to exit, then kill each one still running
-    with its process group (its DataLoader workers); return who was killed."""
+    with its process group (its DataLoader workers); return who was killed and, with
+    ``dump``, the file holding the stacks of every process still running (and of
+    their workers) just before the kill."""
     for proc in procs.values():
         if proc.pid is not None:
             proc.join(timeout=max(0.0, end - time.monotonic()))
+    alive = [proc.pid for proc in procs.values() if proc.pid is not None and proc.is_alive()]
+    dumped = None
+    if dump and alive and stacks.py_spy() is not None:  # without py-spy, a file of no stacks would only litter
+        dumped = str(stacks.dump(alive, title="still running at the timeout"))
     killed = set()
     for who, proc in procs.items():
         if proc.pid is not None and proc.is_alive():
@@ -242,16 +251,18 @@ def _stop(procs: dict[Any, Any], end: float) -> set:
     for proc in procs.values():
         if proc.pid is not None:
             proc.join(timeout=5.0)
-    return killed
+    return killed, dumped
 
 
 def _who(who: Any) -> str:
     return "the reference run" if who == "reference" else f"rank {who}"
 
 
-def _no_result(who: Any, code: int | None, killed: bool, timeout: float) -> str:
+def _no_result(who: Any, code: int | None, killed: bool, timeout: float, dumped: str | None = None) -> str:
     if killed:
         why = f"was still running at the {timeout:g}s timeout (a hang, or too slow) and was killed"
+        if dumped is not None:
+            why += f"; the stacks of every process still running then (DataLoader workers too): {dumped}"
     elif code == 0:
         why = "exited with status 0 before sending a result (os._exit(0), or an unpicklable result)"
     elif code is not None and code > 0:
@@ -289,7 +300,8 @@ def run_on_group(
     value comes back. ``timeout`` (seconds, finite and positive) bounds the whole
     run: the group's collectives time out by then, and ranks still running about 2
     seconds later are killed with their DataLoader workers and reported with an
-    ``error``. ``progress``, if given, is called about every 2 seconds with a
+    ``error``, which names a file holding the stacks of every process still running
+    just before the kill when py-spy is installed (see :mod:`distshard.stacks`). ``progress``, if given, is called about every 2 seconds with a
     short status line.
 
     Example:

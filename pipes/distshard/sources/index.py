@@ -34,18 +34,21 @@ import hashlib
 import json
 import os
 import re
+import socket
 import struct
 import sys
 import tempfile
+import time
 import zlib
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..waits import WaitTimeout
 from .files import FileRef, file_identity, key_of
 
-__all__ = ["FileIndex", "cache_dir", "cache_path", "load_cached", "obtain", "summarize_files"]
+__all__ = ["FileIndex", "IndexLockTimeout", "cache_dir", "cache_path", "load_cached", "obtain", "summarize_files"]
 
 VERSION = 2  # 2: tar drops WebDataset's __bad__ samples, Parquet records column chunk ranges
 MAGIC = b"DSIDX\x00\x01\n"
@@ -244,11 +247,29 @@ def write_entry(path: Path, data: bytes) -> bool:
     return True
 
 
+LOCK_WAIT = 1800.0  # seconds a builder waits for another one's index of a file, then raises
+
+
+class IndexLockTimeout(WaitTimeout):
+    """A builder waited past :data:`LOCK_WAIT` for another one holding a file's index lock."""
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it (``pid N on host``)."""
+    try:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 @contextlib.contextmanager
-def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
+def _locked(path: Path, wait: bool = True, what: str = "") -> Iterator[bool]:
     """An exclusive ``flock`` on ``<path>.lock``: yields whether it is held
     (``wait=False`` gives up at once if another builder holds it); no lock
-    where that is impossible."""
+    where that is impossible. A wait longer than :data:`LOCK_WAIT` raises
+    :class:`IndexLockTimeout` naming the lock, ``what`` it guards and its holder
+    (a lock dies with its holder's process, so a holder that keeps it that long is
+    alive: still indexing, or stuck)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: concurrent builders may build twice, each writes atomically
@@ -261,11 +282,27 @@ def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
         yield True
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
+        started, pause = time.monotonic(), 0.01
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                if not wait:
+                    yield False
+                    return
+                if waited >= LOCK_WAIT:
+                    raise IndexLockTimeout(
+                        f"waited {waited:.0f} s for the index lock {path}.lock{' of ' + what if what else ''}, "
+                        f"held by {_holder(fd)}: that process is still indexing the file or is stuck "
+                        "holding the lock (a lock ends with its process: stop that process and retry)"
+                    ) from None
+                time.sleep(min(pause, LOCK_WAIT - waited))
+                pause = min(pause * 2, 0.5)
+        with contextlib.suppress(OSError):  # who holds it, for a waiter's message
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
         yield True
     finally:
         os.close(fd)  # closing releases the lock
@@ -284,7 +321,7 @@ def obtain(
     if cached is not None:
         return cached, None
     path = cache_path(fmt, ref)
-    with _locked(path, wait) as held:
+    with _locked(path, wait, ref.url) as held:
         if not held:
             return None, None
         cached = load_cached(fmt, ref, header_only)  # another process may have built it meanwhile
@@ -384,6 +421,8 @@ _ERRORS = {
     "PermissionError": PermissionError,
     "TypeError": TypeError,
     "RemoteReadError": OSError,
+    "RemoteReadTimeout": WaitTimeout,
+    "IndexLockTimeout": IndexLockTimeout,
     "OSError": OSError,
 }
 
@@ -425,7 +464,7 @@ def summarize_files(
         mine = [item[:5] + (None,) for item in mine]
     from ..context import gather_objects
 
-    gathered = gather_objects((mine, error))
+    gathered = gather_objects((mine, error), f"indexing {len(urls)} {fmt} files (each rank indexes its share)")
     for _, other_error in gathered:
         if other_error is not None:
             kind, message = other_error

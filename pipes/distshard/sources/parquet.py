@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import os
 import struct
 import threading
 from array import array
@@ -31,6 +32,15 @@ _ROW_GROUPS: LRU[list] = LRU(max_items=4, max_weight=1 << 20)
 _METADATA: LRU[Any] = LRU(max_items=64)
 _DECODES = [0]  # row groups decoded by this process (what the tests count)
 _DECODES_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _DECODES_LOCK
+    _DECODES_LOCK = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def decodes() -> int:

@@ -43,6 +43,7 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
+from ..waits import WaitTimeout
 from .options import ReadOptions
 
 log = logging.getLogger("distshard")
@@ -50,7 +51,15 @@ log = logging.getLogger("distshard")
 #: seconds after which this process's first answer from a store is logged as slow
 SLOW_FIRST_REQUEST = 2.0
 
-__all__ = ["Client", "RemoteReadError", "client_for", "forget_clients", "glob_remote", "remote_identity"]
+__all__ = [
+    "Client",
+    "RemoteReadError",
+    "RemoteReadTimeout",
+    "client_for",
+    "forget_clients",
+    "glob_remote",
+    "remote_identity",
+]
 
 T = TypeVar("T")
 
@@ -59,6 +68,21 @@ _DEFAULT = ReadOptions()
 
 class RemoteReadError(OSError):
     """A remote read that kept failing after its retries (names the URL and range)."""
+
+
+class RemoteReadTimeout(RemoteReadError, WaitTimeout):
+    """A remote request whose answer did not come within its bound (:func:`wait_bound`):
+    the event loop that runs it is stuck or gone (names the URL and range)."""
+
+
+def wait_bound(options: ReadOptions) -> float:
+    """The longest a caller waits for one request's answer: its retries take at
+    most ``retry_seconds`` plus one attempt (``timeout``); twice that, and 30 s
+    more, leaves room for the requests queued before it (``concurrency``)."""
+    return 2 * (options.retry_seconds + options.timeout) + _QUEUE_SLACK
+
+
+_QUEUE_SLACK = 30.0
 
 
 class _Transient(Exception):
@@ -307,13 +331,25 @@ class Client:
     def submit(self, coro: Awaitable[T]) -> "concurrent.futures.Future[T]":
         return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
 
-    def run(self, coro: Awaitable[T]) -> T:
-        return self.submit(coro).result()
+    def run(self, coro: Awaitable[T], what: str = "a request", options: ReadOptions = _DEFAULT) -> T:
+        bound = wait_bound(options)
+        future = self.submit(coro)
+        try:
+            return future.result(bound)
+        except concurrent.futures.TimeoutError:
+            if future.done():  # the request's own error
+                raise
+            future.cancel()
+            raise RemoteReadTimeout(
+                f"{what}: no answer within {bound:g} s (the client's event loop is stuck)"
+            ) from None
 
     # -- identity ------------------------------------------------------------------------------
     def identity(self, url: str, options: ReadOptions = _DEFAULT) -> tuple[int, str]:
         """``(size, stamp)`` of ``url`` now: one metadata request (retried)."""
-        return self.run(self._retrying(url, "metadata", lambda: self._identity(url), options))
+        return self.run(
+            self._retrying(url, "metadata", lambda: self._identity(url), options), f"{url}: metadata", options
+        )
 
     async def _identity(self, url: str) -> tuple[int, str]:
         if self.kind == "http":
@@ -392,7 +428,7 @@ class Client:
             except Exception as exc:  # noqa: BLE001 - raised by _Pending.result
                 return False, exc
 
-        return _Pending(self.submit(limited()))
+        return _Pending(self.submit(limited()), f"{url}: {what}", wait_bound(options))
 
     def read_range(
         self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions = _DEFAULT
@@ -608,13 +644,21 @@ class Client:
 class _Pending:
     """The future of a range read (see ``Client.submit_range``)."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "what", "bound")
 
-    def __init__(self, future: "concurrent.futures.Future[tuple[bool, Any]]") -> None:
-        self.future = future
+    def __init__(self, future: "concurrent.futures.Future[tuple[bool, Any]]", what: str, bound: float) -> None:
+        self.future, self.what, self.bound = future, what, bound
 
     def result(self, timeout: float | None = None) -> bytes:
-        ok, value = self.future.result(timeout)
+        """The bytes; waits at most ``timeout`` (default: the read's bound), then
+        raises :class:`RemoteReadTimeout`."""
+        limit = self.bound if timeout is None else timeout
+        try:
+            ok, value = self.future.result(limit)
+        except concurrent.futures.TimeoutError:
+            raise RemoteReadTimeout(
+                f"{self.what}: no answer within {limit:g} s (the client's event loop is stuck)"
+            ) from None
         if not ok:
             raise value
         return value
