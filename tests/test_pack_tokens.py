@@ -18,6 +18,7 @@ import pytest
 import distshard
 
 from .helpers import as_worker
+from .source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from .test_pack import key, oracle, tokens_of
 from .token_files import sequences_for, write_indexed
 
@@ -77,7 +78,8 @@ def test_every_token_once_over_slots_and_an_elastic_resume(tmp_path, shuffle):
     expected = Counter(t for d in documents for t in d)
 
     def make():
-        return distshard.pack(distshard.tokens(prefixes), 8).dist_shard(shuffle=shuffle, seed=3)
+        # (rank and world size explicit: an earlier test may have left a process group up)
+        return distshard.pack(distshard.tokens(prefixes), 8).dist_shard(shuffle=shuffle, seed=3, rank=0, world_size=1)
 
     read: list = []
     states = []
