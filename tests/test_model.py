@@ -415,8 +415,14 @@ class PersistentUnit:
         self.spec, self.run, self.rank, self.epoch, self.state = spec, run, rank, epoch, state
         self.load_stage = load_stage
         self.pipe = self.loader = None
+        self.base = None  # the state loaded when the workers started (carry keeps its boundaries)
 
     def dry(self):
+        if self.state is None and self.base is not None and self.spec.even == "carry":
+            # an epoch going on in the same workers: its share follows the boundaries the
+            # state loaded at the start moved (the pipe keeps them), so the dry run loads it too
+            run = replace(self.run, kind="sdl2", resume="merged", epoch_first=True)
+            return make_unit(self.spec, run, self.rank, self.epoch, self.base)()
         return make_unit(self.spec, replace(self.run, kind="sdl2"), self.rank, self.epoch, self.state)()
 
     def __call__(self):
@@ -451,6 +457,7 @@ class PersistentUnit:
         return loader, loader.state_dict if stateful else None
 
     def next_epoch(self, epoch: int) -> "PersistentUnit":
+        self.base = self.state if self.state is not None else self.base
         self.epoch, self.state = epoch, None
         return self
 
@@ -814,10 +821,11 @@ def test_every_carry_history_is_exact_or_refused_with_real_workers(spec, data):
 
 # the DataLoader hands its workers a new seed every epoch: carry's epochs, read across an
 # epoch end by persistent workers (fork and spawn), must keep each epoch's own order
-# A defect this test found and that is not fixed yet (docs/contract.md, "Known defect"): a
-# merged state loaded before persistent workers start, then two more epochs in those workers,
-# gave one rank 6 of its 8 elements in the second (tagged, n=14, shuffle, 1x2 -> 2x2, seed=12931)
-@pytest.mark.xfail(reason="even='carry' in persistent workers after an elastic resume: a known defect", strict=False)
+# A defect this test found, not fixed yet (docs/contract.md, "Known defect"): 23 elements,
+# shuffle, seed=214, 1 rank x 2 persistent StatefulDataLoader workers going on into epoch 1
+# and reading it whole; the loader's state taken then, resumed by a new loader (nothing left),
+# whose state merged and resumed on 2 x 2 read epoch 1 again (24 repeated)
+@pytest.mark.xfail(reason="even='carry': a persistent loader's state after an epoch it went on into", strict=False)
 @settings(MODEL_SETTINGS, max_examples=6, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(spec=carry_specs(), data=st.data())
 def test_every_carry_history_with_persistent_workers_is_exact_or_refused(spec, data):
