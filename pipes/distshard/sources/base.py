@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
+from ..waits import WaitTimeout
 from ._lru import LRU
 from .cache import FileCache, range_cache
 from .fetch import ReadAhead, Request
@@ -193,7 +194,7 @@ class _EntryPrefetch:
                 future.result(timeout=self.WAIT)
             except FutureTimeout as exc:
                 url = self.source.refs[f].url
-                raise TimeoutError(f"the stored index entry of {url} did not come in {self.WAIT:.0f} s") from exc
+                raise WaitTimeout(f"the stored index entry of {url} did not come in {self.WAIT:.0f} s") from exc
             except Exception:  # noqa: BLE001 - file_index raises it again, in this thread
                 pass
 
