@@ -20,8 +20,10 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import unquote
+
+import pytest
 
 __all__ = ["RangeServer", "serve"]
 
@@ -277,6 +279,14 @@ class serve:
 
     def __exit__(self, *exc: object) -> None:
         self.server.stop()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[RangeServer]:
+    """A :class:`RangeServer` over the test's ``tmp_path`` for the test's duration
+    (``from tests.range_server import served as server`` makes it a ``server`` fixture)."""
+    with serve(tmp_path) as srv:
+        yield srv
 
 
 def self_signed(folder: Path) -> tuple[str, str] | None:

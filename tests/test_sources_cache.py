@@ -9,25 +9,18 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 import distshard
 from distshard.sources import ReadOptions, fetch, jsonl, webdataset
 from distshard.sources.cache import RangeCache
-from tests.range_server import RangeServer, serve
+from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import sample_key, write_jsonl, write_shards
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
-
-
-@pytest.fixture
-def server(tmp_path) -> Iterator[RangeServer]:
-    with serve(tmp_path) as srv:
-        yield srv
 
 
 def stored_bytes(root: Path) -> int:

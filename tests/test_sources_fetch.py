@@ -11,7 +11,6 @@ import json
 import tarfile
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -19,18 +18,12 @@ import distshard  # noqa: F401  (registers .dist_shard)
 from distshard.sources import ReadOptions, fetch, jsonl, webdataset
 from distshard.sources.fetch import ReadAhead, Request
 from distshard.sources.files import FileAccess, FileRef, file_identity, open_random
-from tests.range_server import RangeServer, serve
+from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import blob
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
-
-
-@pytest.fixture
-def server(tmp_path) -> Iterator[RangeServer]:
-    with serve(tmp_path) as srv:
-        yield srv
 
 
 def tiny_tar(path: Path, samples: int, size: int, big: dict[int, int] | None = None) -> list[str]:

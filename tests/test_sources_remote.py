@@ -14,14 +14,14 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from distshard.sources import ReadOptions, RemoteReadError, jsonl, parquet, webdataset
 from distshard.verify import run_on_group
 from tests import source_factories
-from tests.range_server import RangeServer, self_signed, serve
+from tests.range_server import self_signed, serve
+from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import write_jsonl, write_shards
 
@@ -29,12 +29,6 @@ pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def server(tmp_path) -> Iterator[RangeServer]:
-    with serve(tmp_path) as srv:
-        yield srv
 
 
 def remote_shards(tmp_path, server, shards=4, per_shard=30):

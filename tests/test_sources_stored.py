@@ -11,7 +11,6 @@ import json
 import logging
 import os
 from collections import Counter
-from typing import Iterator
 
 import pytest
 
@@ -19,6 +18,7 @@ import distshard
 from distshard.__main__ import main
 from distshard.sources import ReadOptions, jsonl, webdataset
 from tests.range_server import RangeServer, serve
+from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import write_jsonl, write_shards
 
@@ -29,12 +29,6 @@ SHARDS = 64
 # a budget of about one shard: what the read-ahead plans before the first sample
 # stays within a file or two whatever its ramp (requests before the first sample)
 SMALL = ReadOptions(budget=4 << 10, max_range=4 << 10, max_gap=1 << 10, window=2 << 10)
-
-
-@pytest.fixture
-def server(tmp_path) -> Iterator[RangeServer]:
-    with serve(tmp_path) as srv:
-        yield srv
 
 
 def key(sample: dict) -> str:
