@@ -535,7 +535,9 @@ class Client:
         """The whole object in one request (no metadata request first), retried;
         ``FileNotFoundError`` if there is none. For small files named by
         convention (a stored index's manifest and entries)."""
-        return self.run(self._retrying(url, "the whole file", lambda: self._fetch(url), options))
+        return self.run(
+            self._retrying(url, "the whole file", lambda: self._fetch(url), options), f"{url}: the whole file", options
+        )
 
     async def _fetch(self, url: str) -> bytes:
         if self.kind == "http":
