@@ -200,7 +200,7 @@ class _EntryPrefetch:
 
     def want(self, f: int) -> None:
         source = self.source
-        if f in self.wanted or not source._remote[f] or source.refs[f].stored is None or f in source._known:
+        if f in self.wanted or not source._remote[f] or source.refs[f].stored is None or source.has_index(f):
             return
         if len(self.wanted) >= 4 * _LOOKAHEAD:  # the files read long ago: forget them
             self.wanted = {g: future for g, future in self.wanted.items() if not future.done()}
