@@ -90,7 +90,9 @@ def test_the_pure_arithmetic_imports_nothing_of_torch_or_the_rest():
     for name in ("distshard.plan", "distshard.schedule"):
         text = modules()[name].read_text()
         assert "import torch" not in text and "from torch" not in text, name
-        assert not imports()[name], (name, imports()[name])
+        # only the errors, which import nothing themselves
+        assert imports()[name] <= {"distshard.errors"}, (name, imports()[name])
+    assert not imports()["distshard.errors"]
 
 
 def test_the_packing_arithmetic_imports_no_torch_and_only_the_plan():

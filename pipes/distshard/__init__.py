@@ -13,6 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from .context import ShardContext, UnknownRankError, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch
+from .errors import (
+    DistshardError,
+    OptionError,
+    OptionTypeError,
+    ResumeOrderError,
+    SourceChangedError,
+    SourceMissingError,
+    StateMismatchError,
+    UnsupportedError,
+)
 from .explaining import Explanation, explain
 from .graph import positional
 from .guard import stop_together
@@ -23,11 +33,21 @@ from .sources import ReadOptions, RemoteReadError, jsonl, parquet, tokens, webda
 from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
 from .verify import VerifyReport, verify
+from .waits import WaitTimeout
 
 __all__ = [
     "DistShardIterDataPipe",
     "DistShardNode",
+    "DistshardError",
     "Explanation",
+    "OptionError",
+    "OptionTypeError",
+    "ResumeOrderError",
+    "SourceChangedError",
+    "SourceMissingError",
+    "StateMismatchError",
+    "UnsupportedError",
+    "WaitTimeout",
     "ReadOptions",
     "RemoteReadError",
     "ShardContext",

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
+from .errors import DistshardError
 from .waits import naming_collective_timeouts
 
 SOURCES = ("explicit", "torch.distributed", "pickled", "env", "default")
@@ -111,7 +112,7 @@ def _env_int(environ: Mapping[str, str], name: str) -> int:
         ) from None
 
 
-class UnknownRankError(ValueError):
+class UnknownRankError(DistshardError, ValueError):
     """The environment says how many ranks there are (``WORLD_SIZE``) but not which one
     this process is, for certain: ``RANK`` is unset and ``LOCAL_RANK`` / ``NODE_RANK`` /
     ``LOCAL_WORLD_SIZE`` do not determine it (a multi-node job started without

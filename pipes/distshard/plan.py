@@ -24,6 +24,8 @@ from collections import deque
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 
+from .errors import DistshardError
+
 T = TypeVar("T")
 
 Even = Literal["drop", "pad", "carry"] | None
@@ -137,7 +139,7 @@ def _advance(it: Iterator[T], count: int) -> tuple[int, Any]:
     return consumed, element
 
 
-class StreamTooShort(ValueError):
+class StreamTooShort(DistshardError, ValueError):
     """A resumed slot's state claims more of the stream than the stream holds."""
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+from .errors import DistshardError
+
 __all__ = ["CollectiveTimeout", "WaitTimeout", "naming_collective_timeouts"]
 
 
-class WaitTimeout(TimeoutError):
+class WaitTimeout(DistshardError, TimeoutError):
     """A wait passed its bound; the message says what was waited for, for how long,
     and what to look at (``except TimeoutError`` catches it)."""
 

@@ -43,6 +43,7 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
+from ..errors import DistshardError
 from ..waits import WaitTimeout
 from .options import ReadOptions
 
@@ -66,7 +67,7 @@ T = TypeVar("T")
 _DEFAULT = ReadOptions()
 
 
-class RemoteReadError(OSError):
+class RemoteReadError(DistshardError, OSError):
     """A remote read that kept failing after its retries (names the URL and range)."""
 
 
