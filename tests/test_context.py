@@ -105,7 +105,7 @@ def test_context_is_frozen():
 def test_pickling_without_a_process_group_captures_nothing(no_env):
     pipe = IterableWrapper(range(4)).dist_shard()
     clone = pickle.loads(pickle.dumps(pipe))
-    assert clone._captured is None
+    assert clone.core.captured is None
     assert clone.context().source == "default"
 
 

@@ -24,8 +24,11 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
+from .errors import UnsupportedError
+from .graph import is_positional, random_access
 from .options import carry_refused, random_access_needed
 from .plan import CARRY, Even
+from .protocol import has_sequence, sequence_of, units_of
 from .readers import (
     RandomAccessReader,
     Reader,
@@ -45,6 +48,7 @@ __all__ = [
     "EpochReader",
     "UnitCounts",
     "WholeFiles",
+    "access_of",
     "check_access",
     "mode_of",
     "reader_of",
@@ -68,11 +72,8 @@ def whole_files(source: Any) -> WholeFiles | None:
     ``__distshard_units__``) that has no random access (compressed files), else
     ``None``. Finding out indexes a file source once (its identities then travel to
     DataLoader workers with the pipe)."""
-    units = getattr(type(source), "__distshard_units__", None)
-    if units is None or getattr(source, "__distshard_sequence__", lambda: None)() is not None:
-        return None
-    files, expand = units(source)
-    return WholeFiles(list(files), expand, source.describe())
+    found = units_of(source)
+    return None if found is None else WholeFiles(*found)
 
 
 @dataclass
@@ -97,6 +98,25 @@ class Access:
     @property
     def random(self) -> bool:
         return self.sequence is not None
+
+
+def access_of(source: Any, *, bare: bool = False, whole: bool = True) -> Access | None:
+    """How ``source`` is read when it is not a stream: the one adapter from a source
+    (see :mod:`distshard.protocol`) to its :class:`Access`. Its own positional
+    sequence (``__distshard_sequence__``), an ``IterableWrapper``'s positional
+    iterable (copied as the wrapper copies) or, with ``bare``, ``source`` itself if
+    it is positional (``DistShardNode`` takes sequences as they are); else (unless not
+    ``whole``: units are never read as whole files) the whole files of a compressed
+    file source; else ``None``: ``source`` is a stream."""
+    if bare:
+        sequence = sequence_of(source) if has_sequence(type(source)) else (source if is_positional(source) else None)
+        copy_elements = False
+    else:
+        sequence, copy_elements = random_access(source)
+    if sequence is not None:
+        return Access(sequence=sequence, copy_elements=copy_elements)
+    files = whole_files(source) if whole else None
+    return None if files is None else Access(whole=files)
 
 
 def mode_of(expand: Callable[[Any], Any] | None, sizes: Any, whole: bool = False) -> str:
@@ -127,7 +147,7 @@ def check_access(
     if expand is not None or access.random:
         return
     if access.whole is not None and (even is not None or shuffle):
-        raise ValueError(
+        raise UnsupportedError(
             f"{'shuffle=True' if shuffle else f'even={even!r}'} needs random access, but "
             f"{access.whole.description}. Decompress the files to read them at random, or use even=None and "
             "shuffle=False (end DDP loops with distshard.stop_together(); a .shuffle(buffer) after dist_shard "

@@ -12,8 +12,6 @@ DataLoader is doing around the pipe is read off the call stack by ``loaders.py``
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
 
@@ -31,37 +29,35 @@ from .access import (
     EpochReader,
     UnitCounts,
     WholeFiles,
-    check_access,
-    mode_of,
+    access_of,
     reader_of,
     unwrapped,
     whole_files,
 )
-from .engine import SlotRun, remaining_share
+from .core import PlanModel, ShardCore
+from .engine import SlotRun
+from .errors import OptionTypeError
+from .explaining import explain_model
 from .graph import (
     Pushdown,
     check_no_sharding,
     pipeline_of,
     plan_pushdown,
-    random_access,
     random_pipes,
     upstream_pipes,
 )
-from .mailbox import Mailbox
-from .options import check_epoch, check_flag, check_options
+from .options import ShardOptions, check_epoch, check_flag, check_options
 from .plan import CARRY, Even, mix_seed
+from .protocol import own_identity
 from .readers import RandomAccessReader, Reader, stable_digest
-from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
+from .state import validate_state
+from .tracking import LoaderTrack
 
 T = TypeVar("T")
 
 __all__ = ["DistShardIterDataPipe", "set_epoch", "shards_in"]
 
 _END = object()
-
-#: what ``DistShardIterDataPipe.explain()`` calls: :func:`distshard.explaining.explain_shard`,
-#: set there (that module reads pipes and sits above this one, which never imports it)
-EXPLAINER: Callable[[Any, Any], Any] | None = None
 
 
 @functional_datapipe("dist_shard")
@@ -162,7 +158,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     ) -> None:
         super().__init__()
         if not isinstance(source_datapipe, IterDataPipe):
-            raise TypeError(
+            raise OptionTypeError(
                 f"dist_shard needs an IterDataPipe source, got {type(source_datapipe).__name__}; "
                 "wrap an iterable with torch.utils.data.datapipes.iter.IterableWrapper"
             )
@@ -177,17 +173,13 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             sizes=sizes,
             multiple_of=multiple_of,
         )
-        self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
-        self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
-        self.global_shuffle = options.shuffle  # not "shuffle": that name is the .shuffle() functional
         self.pushdown = check_flag("pushdown", pushdown)
         self._pushdown: Pushdown | None = None  # per process, never pickled
-        self._whole = self._find_whole_files()
-        check_access(
+        self._whole = self._find_whole_files(options)
+        # the options, epoch, loaded state and runs, shared with DistShardNode
+        self.core = ShardCore(options, whole=self._whole is not None)
+        self.core.check_access(
             Access(sequence=None if self.expand is not None else self.read_plan().sequence, whole=self._whole),
-            even=self.even,
-            shuffle=self.global_shuffle,
-            expand=self.expand,
             source=type(source_datapipe).__name__,
             fix="IterableWrapper over a list/range/MapDataPipe with only .map() in between, a distshard "
             "file source or mix, or units with sizes=",
@@ -198,22 +190,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._counts = UnitCounts(self.sizes)  # a sizes callable's answers, asked once per job
         if self.expand is not None and self._counts.computed:
             self._counts.ask_all(list(self.source_datapipe))  # before any DataLoader worker copies the pipe
-        self._epoch = 0
-        self._epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
-        self._mailbox = Mailbox()  # how set_epoch reaches persistent DataLoader workers' copies
-        self._started_in: int | None = None  # pid of a worker that iterated a copy it cannot hear
-        self._resumed_here: int | None = None  # the epoch of a state loaded in this worker's copy
-        self._captured: tuple[int, int] | None = None
-        self._loader_seed: int | None = None
-        self._loader_seed_shared = False
-        self._loader_workers: int | None = None  # workers of the last DataLoader iterating us
-        self._sharding: dict[SHARDING_PRIORITIES, tuple[int, int]] = {}  # apply_sharding overrides
+        self.loader = LoaderTrack()  # what torch's DataLoader did to this pipe
         self._chain: str | None = None  # identity of the upstream graph, computed once
-        self._refusal: str | None = None  # why the loader iterating us would lose data
         self._random_pipes: list | None = None  # per process, never pickled
-        self._resume: dict[str, Any] | None = None  # a loaded state, applied by the next iteration
-        self._carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
-        self._progress: SlotRun | None = None  # the current iteration
         # the walk's results, so that DataLoader workers need not walk again: the
         # random pipes (valid in fork workers; spawn workers find them again) and the
         # identity (pickled with the pipe)
@@ -226,15 +205,40 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         # and the name resolves to the .shuffle() functional, whose partial it printed
         return [name for name in super().__dir__() if name != "shuffle"]
 
-    def _find_whole_files(self) -> WholeFiles | None:
+    def _find_whole_files(self, options: ShardOptions) -> WholeFiles | None:
         """The whole files of a file source below 1:1 maps that cannot be read at
         random (compressed files): they go whole to slots."""
-        if self.expand is not None:
+        if options.expand is not None:
             return None
         base = self.source_datapipe
         while self.pushdown and isinstance(base, MapperIterDataPipe):
             base = base.datapipe
         return whole_files(base)
+
+    # -- the options (frozen in the core; see ShardCore.replace_options) -----------------
+    @property
+    def even(self) -> Even:
+        return self.core.options.even
+
+    @property
+    def seed(self) -> int | None:
+        return self.core.options.seed
+
+    @property
+    def multiple_of(self) -> int:
+        return self.core.options.multiple_of
+
+    @property
+    def expand(self) -> Callable[[Any], Any] | None:
+        return self.core.options.expand
+
+    @property
+    def sizes(self) -> Any:
+        return self.core.options.sizes
+
+    @property
+    def global_shuffle(self) -> bool:  # not "shuffle": that name is the .shuffle() functional
+        return self.core.options.shuffle
 
     @property
     def whole_files(self) -> bool:
@@ -249,9 +253,10 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     # -- who am I ---------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this pipe resolves to in this process."""
-        if self._sharding:
-            return _context.sharded_context(self._sharding, self._explicit, self._captured)
-        return _context.current_context(*(self._explicit or (None, None)), _captured=self._captured)
+        explicit, captured = self.core.options.explicit, self.core.captured
+        if self.loader.sharding:
+            return _context.sharded_context(self.loader.sharding, explicit, captured)
+        return _context.current_context(*(explicit or (None, None)), _captured=captured)
 
     # -- hooks torch's DataLoader calls ----------------------------------------
     def apply_sharding(
@@ -276,11 +281,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 raise TypeError(f"{name}={value!r} must be an int")
         if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
             raise ValueError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
-        if sharding_group == SHARDING_PRIORITIES.DEFAULT and (num_of_instances, instance_id) == loaders.torch_split(
-            self._captured
-        ):
-            return  # the DataLoader's own call: nothing to override
-        self._sharding[sharding_group] = (num_of_instances, instance_id)
+        self.loader.sharded(num_of_instances, instance_id, sharding_group, self.core.captured)
 
     def set_seed(self, seed: int) -> "DistShardIterDataPipe[T]":
         """Called by torch's DataLoader with the seed it shares with all workers.
@@ -289,16 +290,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         and the value is the same on every rank: with ``torch.distributed``
         initialized (the DataLoader broadcasts it) or a single rank.
         """
-        self._loader_seed = int(seed)
-        self._loader_seed_shared = _context.dist_rank_world() is not None or self._captured is not None
-        loader_iter = loaders.iterating_loader()
-        if loader_iter is not None:
-            self._loader_workers = max(1, int(loader_iter._num_workers))
-        if "numpy" in sys.modules and "numpy.random" not in sys.modules and loaders.forking_loader():
-            # every new worker seeds numpy.random, importing it (about 10 ms of CPU a
-            # worker, every epoch) unless the process it forks from already has it
-            import numpy.random  # noqa: F401
-        self._refusal = frameworks.refusal_for_loader()
+        self.loader.seeded(seed, _context.dist_rank_world() is not None or self.core.captured is not None)
         return self
 
     def set_shuffle(self, shuffle: bool = True) -> "DistShardIterDataPipe[T]":
@@ -308,7 +300,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         allows random access (elsewhere upstream ``.shuffle()`` pipes, which the
         DataLoader turns on too, do the shuffling).
         """
-        self.global_shuffle = bool(shuffle) and self._can_shuffle()
+        self.core.replace_options(shuffle=bool(shuffle) and self._can_shuffle())
         return self
 
     def set_epoch(self, epoch: int) -> "DistShardIterDataPipe[T]":
@@ -323,67 +315,26 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         resumes its own epoch only.
         """
         epoch = check_epoch(epoch)
-        self._apply_epoch(epoch)
-        if get_worker_info() is None:
-            self._mailbox.post_epoch(epoch)
-        else:  # set here, in the worker: this copy knows its epoch
-            self._started_in = self._resumed_here = None
+        self.core.set_epoch(epoch)
+        self.loader.epoch_set(epoch)  # posted to the workers, or, in a worker, known here
         return self
 
-    def _apply_epoch(self, epoch: int) -> None:
-        if self._resume is not None and self._resume["epoch"] != epoch:
-            self._resume = None
-        self._epoch, self._epoch_set = epoch, True
-
     def _hear_loader(self, refuse: bool = True) -> None:
-        """When an iterator starts in a DataLoader worker: take the epoch that
-        ``set_epoch`` set in the loader's process since this copy last looked (a
-        persistent worker keeps its copy across epochs); ``refuse``: raise, at the
-        first element, for an epoch this copy cannot get right."""
-        info = get_worker_info()
-        if info is None:
-            return
-        box = self._mailbox
-        if box.own:  # built here, or arrived by an ordinary pickle: nobody else posts to it
-            if refuse and box.by_pickle and self._started_in == os.getpid():
-                raise RuntimeError(
-                    f"this dist_shard reached DataLoader worker {info.id} by an ordinary pickle, not with "
-                    "the worker's start, so set_epoch in the loader's process cannot reach it, and this "
-                    f"persistent worker would run epoch {self._epoch} again: give the DataLoader the "
-                    "pipeline itself (fork, spawn and forkserver workers hear set_epoch), or call "
-                    "set_epoch in the worker before each epoch"
-                )
-            return
-        news = box.news()
-        if news.loads and refuse:
-            raise RuntimeError(
-                f"load_state_dict was called on this pipeline in the DataLoader's process after its "
-                f"persistent workers started (DataLoader worker {info.id} has its own copy, which the "
-                "state cannot reach), so this worker would not resume it. Load the state before the "
-                "DataLoader starts its workers, give the loader's own state to "
-                "StatefulDataLoader.load_state_dict(), or create a new DataLoader"
-            )
-        if news.epoch is not None:
-            self._apply_epoch(news.epoch)
-            self._resumed_here = None
-        if refuse and self._pending() is None and self._epoch in (news.resumed, self._resumed_here):
-            raise RuntimeError(
-                f"a state of epoch {self._epoch} was loaded into this DataLoader's workers, and a new "
-                f"iteration of epoch {self._epoch} started after the one that resumed it (StatefulDataLoader "
-                "starts one by itself after loading a state saved at the end of an epoch); it would run "
-                f"epoch {self._epoch} again: call set_epoch() with the next epoch before iterating the loader"
-            )
+        """When an iterator starts in a DataLoader worker: take the epoch ``set_epoch``
+        set in the loader's process (see :meth:`LoaderTrack.hear`)."""
+        core = self.core
+        self.loader.hear(lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse)
 
     def _new_iterator(self) -> None:
         """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
         what ``state_dict`` reports from now on is that iteration's. Refusals wait for
         the first element (StatefulDataLoader's workers do not survive an error here)."""
         self._hear_loader(refuse=False)
-        self._progress = None
+        self.core.run = None
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self.core.epoch
 
     def base_seed(self, ctx: _context.ShardContext | None = None) -> int:
         """The base seed of upstream randomness this copy uses (see ``seed``)."""
@@ -394,18 +345,15 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             # tail in the next epoch, a resume, an elastic resume) must order them by the
             # same seed, and the DataLoader hands over a new one every epoch
             return 0
-        if self._loader_seed is not None:
-            ctx = ctx or self.context()
-            if self._loader_seed_shared or ctx.world_size == 1:
-                return self._loader_seed
-        return 0
+        shared = self.loader.shared_seed(lambda: (ctx or self.context()).world_size)
+        return 0 if shared is None else shared
 
     def _seed_upstream(self, base: int, epoch: int | None = None) -> None:
         """Seed the upstream random pipes for ``epoch`` (this pipe's by default)."""
         if self._random_pipes is None:
             self._random_pipes = random_pipes(self.source_datapipe)
         salt = stable_digest(self.chain_identity())
-        epoch = self._epoch if epoch is None else epoch
+        epoch = self.core.epoch if epoch is None else epoch
         for index, pipe in enumerate(self._random_pipes):
             pipe.set_seed(mix_seed(base, epoch, index, int(salt, 16)))
 
@@ -416,7 +364,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         sources' passes lazily). The running epoch is fixed here, when the iteration
         starts: a ``set_epoch`` during it takes effect at the next iteration only."""
         made: dict[int, RandomAccessReader] = {}
-        running = self._epoch
+        running = self.core.epoch
 
         def reader_for(epoch: int) -> RandomAccessReader:
             if epoch not in made:
@@ -443,7 +391,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     @property
     def mode(self) -> str:
         """``element``, ``units`` (expand without sizes, or whole files) or ``sized_units``."""
-        return mode_of(self.expand, self.sizes, self._whole is not None)
+        return self.core.mode
 
     def chain_identity(self, upstream: list | None = None) -> str:
         """A process-independent identity of the upstream graph: the pipes' types
@@ -452,9 +400,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             parts = []
             for pipe in upstream_pipes(self.source_datapipe) if upstream is None else upstream:
                 part = type(pipe).__qualname__
-                own = getattr(type(pipe), "distshard_identity", None)  # mix, weighted_sample: seeds, weights
-                if callable(own):
-                    part += f"({own(pipe)})"
+                own = own_identity(pipe)  # mix, weighted_sample: seeds, weights
+                if own is not None:
+                    part += f"({own})"
                 elif isinstance(pipe, IterableWrapperIterDataPipe):
                     data: Any = pipe.iterable
                     size = len(data) if hasattr(data, "__len__") else None
@@ -474,7 +422,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             return Access(stream=lambda: self.source_datapipe, identity=self.chain_identity())
         plan = self.read_plan()
         if plan.sequence is not None:
-            return Access(sequence=random_access(plan.base)[0], copy_elements=plan.copy_elements)
+            fresh = access_of(plan.base)
+            assert fresh is not None and fresh.random, "a base with random access keeps it"
+            return fresh
         if self._whole is not None:
             return Access(whole=self._whole, identity=self.chain_identity())
         base = plan.base
@@ -485,64 +435,32 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         return reader_of(self.access(), self.expand, self.sizes, self._counts)
 
     # -- iteration ---------------------------------------------------------------
-    def _pending(self) -> dict[str, Any] | None:
-        """The loaded state the next iteration resumes, if it is of this epoch."""
-        resume = self._resume
-        return resume if resume is not None and resume["epoch"] == self._epoch else None
-
     def __iter__(self) -> Iterator[T]:
-        refusal = self._refusal or frameworks.refusal_for_iteration()
+        refusal = self.loader.refusal or frameworks.refusal_for_iteration()
         if refusal is not None:
             raise RuntimeError(refusal)
         self._hear_loader()
-        if self._mailbox.by_pickle and self._mailbox.own and get_worker_info() is not None:
-            self._started_in = os.getpid()
+        self.loader.iteration_started()
+        core = self.core
         ctx = self.context()
-        resume = self._pending()
-        seed = self._run_seed(ctx, resume)
+        resume = core.pending
+        seed = core.run_seed(resume, self.base_seed(ctx))
         self._seed_upstream(seed)
         reader = self.reader()
         if resume is not None:
-            self._check_against(resume, reader)
+            core.check_against(resume, reader)
         # raises before anything is consumed if the state is for another slot
-        run = self._slot_run(reader, ctx, seed, resume, self._epoch_readers(seed) if self.even == CARRY else None)
-        self._progress = run
+        run = core.start(reader, ctx, seed, resume, self._epoch_readers(seed) if self.even == CARRY else None)
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
         # the loaded state stays pending until the run shows it fits (a stream shorter
         # than the state claims raises at the first element, every time)
         first = next(elements, _END)
-        self._resume = None
+        core.resume = None
         if first is _END:
             return
         yield cast(T, first)
         yield from elements
-
-    def _run_seed(self, ctx: _context.ShardContext, resume: dict[str, Any] | None) -> int:
-        """The seed of a run: the resumed state's, else this epoch's for ``ctx``."""
-        return resume["seed"] if resume is not None and resume["seed"] is not None else self.base_seed(ctx)
-
-    def _slot_run(
-        self,
-        reader: Reader,
-        ctx: _context.ShardContext,
-        seed: int,
-        resume: dict[str, Any] | None,
-        epoch_reader: Callable[[int], RandomAccessReader] | None = None,
-    ) -> SlotRun:
-        """This pipe's run of ``reader`` for the slot ``ctx`` in its current epoch."""
-        return SlotRun(
-            reader,
-            ctx=ctx,
-            even=self.even,
-            shuffle=self.global_shuffle,
-            epoch=self._epoch,
-            seed=seed,
-            resume=resume,
-            multiple=self.multiple_of,
-            carry=self._carry,
-            epoch_reader=epoch_reader,
-        )
 
     # -- state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -552,18 +470,13 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         last element this one yielded. States of all slots can be merged with
         :func:`distshard.merge_states` to resume with other ranks or workers.
         """
-        progress = self._progress
-        if progress is not None and progress.epoch == self._epoch:
-            return progress.state()
-        pending = self._pending()
-        if self.even == CARRY and (pending is None or pending["slot"] is None) and self._cheap_reader():
-            # under carry a state says where its run's epoch ends (that depends on the slot count), so
-            # one taken before the first element is that of the run this copy would start here
+        core = self.core
+
+        def fresh_run(pending: dict[str, Any] | None) -> SlotRun:
             ctx = self.context()
-            return self._slot_run(self.reader(), ctx, self._run_seed(ctx, pending), pending).state()
-        if pending is not None:
-            return dict(pending)
-        return fresh_state(self._epoch, self.mode, self.even, self._carry)
+            return core.slot_run(self.reader(), ctx, core.run_seed(pending, self.base_seed(ctx)), pending)
+
+        return core.state(fresh_run if self._cheap_reader() else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (a slot's or a merged state).
@@ -578,50 +491,21 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         (other options, other data), leaving this pipe exactly as it was.
         """
         found = validate_state(state)
-        self._check_against(found, self.reader() if self._cheap_reader() else None)
-        if self.even == CARRY:
-            check_carry_load(found, self._carry, get_worker_info() is not None)
-            if not (self._epoch_set and found["epoch"] > self._epoch):
-                self._carry = carry_base_after(found)
-        if self._epoch_set and found["epoch"] != self._epoch:
-            return  # a state of another epoch than the one set: void (see set_epoch)
-        self._epoch, self._resume, self._progress = found["epoch"], found, None
-        if get_worker_info() is None:
-            self._mailbox.post_load()  # persistent workers started before cannot take it: they refuse
-        elif not self._mailbox.own:  # a worker: StatefulDataLoader resumes it here
-            self._resumed_here = found["epoch"]
-            self._mailbox.post_resumed(found["epoch"])  # workers started after this one do not have it
+        if self.core.load(found, self.reader() if self._cheap_reader() else None, get_worker_info() is not None):
+            self.core.run = None
+            self.loader.state_loaded(self.core.epoch)
 
     def load_carry_base(self, states: Sequence[dict[str, Any]]) -> None:
         """``even="carry"``: keep where the epochs after ``states``' begin, from the slot
         states of one run that a DataLoader's workers will resume (this process does
         not iterate them): the workers' copies and every later epoch's then know the
         boundaries an elastic resume moved. ``ValueError`` if they are not one run's."""
-        found = [validate_state(state) for state in states]
-        runs = {(s["epoch"], repr(s["remaining"]), s["carry_from"], s["num_slots"], s["multiple_of"]) for s in found}
-        if self.even != CARRY or len(runs) != 1 or any(s["slot"] is None for s in found):
-            raise ValueError("load_carry_base takes the slot states of one run of a dist_shard(even='carry')")
-        for state in found:
-            self._check_against(state, None)
-        self._carry = carry_base_after(found[0])
+        self.core.load_carry_base(states)
 
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,
         which is cheap too unless sizes are computed from the files)."""
         return not (self.mode == "sized_units" and self._counts.computed)
-
-    def _check_against(self, found: dict[str, Any], reader: Reader | None) -> None:
-        """Raise ``ValueError`` if ``found`` does not come from a pipe like this one."""
-        check_fits(
-            found,
-            mode=self.mode,
-            shuffle=self.global_shuffle,
-            even=self.even,
-            multiple_of=self.multiple_of,
-            seed=0 if self.seed is None and self.even == CARRY else self.seed,
-            length=reader.length() if reader is not None else None,
-            source=reader.identity() if reader is not None else None,
-        )
 
     # -- length ------------------------------------------------------------------------
     def _total(self) -> int:
@@ -659,21 +543,15 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             raise RuntimeError(refusal)
         total = self._total()
         ctx = self.context()
-        resume = self._pending()
-        if get_worker_info() is not None or self._sharding:
-            return self._share(total, resume, ctx.slot, ctx.num_slots)
-        workers = _context.loader_num_workers() or self._loader_workers or 1
+        if get_worker_info() is not None or self.loader.sharding:
+            return self.core.share(total, ctx.slot, ctx.num_slots)
+        workers = _context.loader_num_workers() or self.loader.workers or 1
         num_slots = ctx.world_size * workers
         first = ctx.rank * workers
-        counts = [self._share(total, resume, s, num_slots) for s in range(first, first + workers)]
+        counts = [self.core.share(total, s, num_slots) for s in range(first, first + workers)]
         if workers > 1:
             loaders.check_batched_length(counts, DistShardIterDataPipe)
         return sum(counts)
-
-    def _share(self, total: int, resume: dict | None, slot: int, num_slots: int) -> int:
-        if resume is not None and resume["slot"] is not None and resume["slot"] != slot:
-            resume = None  # another slot's state: that copy will refuse it when iterated
-        return remaining_share(total, resume, slot, num_slots, self.even, self.multiple_of, self._carry, self._epoch)
 
     # -- seeing it -------------------------------------------------------------------
     def explain(self, pipeline: IterDataPipe | None = None) -> Any:
@@ -688,39 +566,44 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         Example:
             >>> print(IterableWrapper(range(10)).dist_shard(rank=0, world_size=2).explain())  # doctest: +SKIP
         """
-        assert EXPLAINER is not None, "distshard.explaining sets EXPLAINER when the package is imported"
-        return EXPLAINER(self, pipeline)
+        return explain_model(self.plan_model(), pipeline)
+
+    def plan_model(self) -> PlanModel:
+        """What this pipe will do here, as ``explain()`` reads it (see :class:`distshard.core.PlanModel`)."""
+        ctx = self.context()
+        try:
+            total: int | None = self._total()
+        except TypeError:
+            total = None
+        randoms = self._random_pipes if self._random_pipes is not None else random_pipes(self.source_datapipe)
+        return self.core.model(
+            context=ctx,
+            seed=self.base_seed(ctx),
+            total=total,
+            pushdown=self.pushdown,
+            read_plan=self.read_plan(),
+            reader=self.reader,
+            random_pipes=randoms,
+            source=self.source_datapipe,
+            pipe=self,
+            label=repr(self),
+        )
 
     def _repr_html_(self) -> str:
         return self.explain()._repr_html_()
 
     def __repr__(self) -> str:
-        options = [f"even={self.even!r}"]
-        if self._explicit is not None:
-            options.append(f"rank={self._explicit[0]}, world_size={self._explicit[1]}")
-        if self.seed is not None:
-            options.append(f"seed={self.seed}")
-        if self.global_shuffle:
-            options.append("shuffle=True")
-        if self.expand is not None:
-            options.append(f"expand={getattr(self.expand, '__name__', self.expand)!r}")
-            options.append(f"sizes={'given' if self.sizes is not None else None}")
-        if not self.pushdown:
-            options.append("pushdown=False")
-        if self.multiple_of != 1:
-            options.append(f"multiple_of={self.multiple_of}")
-        return f"{type(self).__name__}({type(self.source_datapipe).__name__}, {', '.join(options)})"
+        extra = [] if self.pushdown else ["pushdown=False"]
+        return self.core.describe(type(self).__name__, type(self.source_datapipe).__name__, extra)
 
     __str__ = __repr__
 
     # -- pickling ------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        # per-process caches, and the progress of an iteration that ran here, not in the copy
-        state["_random_pipes"] = state["_pushdown"] = state["_progress"] = None
-        found = _context.dist_rank_world()
-        if found is not None:
-            state["_captured"] = found
+        # per-process caches (the core leaves out the progress of an iteration that ran
+        # here, not in the copy, and captures the rank: ShardCore.__getstate__)
+        state["_random_pipes"] = state["_pushdown"] = None
         if IterDataPipe.getstate_hook is not None:  # torch is walking the graph (graph.traverse_dps)
             if loaders.walk_for_seeds_or_sharding():
                 # The DataLoader walks the graph to seed random pipes and apply sharding
@@ -735,8 +618,6 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self._captured is not None:
-            _context.note_captured(self._captured)
 
 
 def shards_in(pipeline: Any) -> list[DistShardIterDataPipe]:

@@ -17,16 +17,16 @@ from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.graph import DataPipeGraph
 from torch.utils.data.graph_settings import _is_sharding_datapipe
 
-from . import datapipe as _datapipe
 from .context import ShardContext
-from .datapipe import DistShardIterDataPipe, shards_in
+from .core import PlanModel
 from .engine import SlotRun, carry_run_base, layout_of, shuffle_order
-from .graph import pipe_graph, pipeline_of, random_pipes
+from .graph import pipe_graph, pipeline_of, upstream_pipes
 from .pack import PackIterDataPipe
 from .plan import block_range, carry_summary, dropped_count, pad_position, padded_count, slot_count
+from .protocol import IdentifiedSource
 from .readers import RandomAccessReader, Reader, StreamReader
 
-__all__ = ["Explanation", "explain", "explain_shard"]
+__all__ = ["Explanation", "explain", "explain_model", "explain_shard"]
 
 _SOURCES = {
     "explicit": "the rank= / world_size= arguments",
@@ -158,7 +158,7 @@ def explain(pipeline: Any) -> Explanation:
     """
 
     top = _pipeline_of(pipeline)
-    shards = shards_in(top)
+    shards = _shards_in(top)
     if not shards:
         raise ValueError(
             f"explain() found no dist_shard in {type(top).__name__}; add .dist_shard() to the "
@@ -174,6 +174,11 @@ def explain(pipeline: Any) -> Explanation:
         whole.sections.extend((f"{label}: {title}", lines) for title, lines in part.sections)
         whole.warnings.extend(f"{label}: {warning}" for warning in part.warnings)
     return whole
+
+
+def _shards_in(pipeline: IterDataPipe) -> list[Any]:
+    """The ``dist_shard`` pipes of ``pipeline``: those that offer a :class:`PlanModel`."""
+    return [p for p in upstream_pipes(pipeline) if callable(getattr(type(p), "plan_model", None))]
 
 
 _SHOWN_SLOTS, _SHOWN_POSITIONS = 16, 8
@@ -199,11 +204,11 @@ class _Positions(RandomAccessReader):
         return iter(positions)
 
 
-def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Explanation) -> list[str]:
+def _plan(model: PlanModel, ctx: ShardContext, total: int, out: Explanation) -> list[str]:
     """The plan of an epoch of ``total`` positions: counts, what ``even`` leaves out or
     repeats, the layout, and the first positions of every slot, as the engine runs them."""
-    S, even, multiple, shuffled = ctx.num_slots, pipe.even, pipe.multiple_of, pipe.global_shuffle
-    reader: Reader = pipe.reader()
+    S, even, multiple, shuffled = ctx.num_slots, model.even, model.multiple_of, model.shuffle
+    reader: Reader = model.reader()
     positions: Reader = (
         _Positions(reader)
         if isinstance(reader, RandomAccessReader)
@@ -222,8 +227,8 @@ def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Exp
             if out.left_out
             else f"even='drop'{whole} leaves nothing out: N is a multiple of the slot count"
         )
-    seed = pipe.base_seed(ctx)
-    permute = shuffle_order(reader, seed, pipe.epoch) if shuffled else (lambda v: v)  # type: ignore[arg-type]
+    seed = model.seed
+    permute = shuffle_order(reader, seed, model.epoch) if shuffled else (lambda v: v)  # type: ignore[arg-type]
     if even == "pad":
         if layout == "blocks":
             start, stop = block_range(ctx.slot, S, total, even)
@@ -258,7 +263,7 @@ def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Exp
             ctx=ShardContext(rank, ctx.world_size, worker, K, ctx.source),
             even=even,
             shuffle=shuffled,
-            epoch=pipe.epoch,
+            epoch=model.epoch,
             seed=seed,
             multiple=multiple,
         )
@@ -273,11 +278,11 @@ def _plan(pipe: "DistShardIterDataPipe", ctx: ShardContext, total: int, out: Exp
     return lines
 
 
-def _carry_lines(pipe: "DistShardIterDataPipe", total: int, S: int, out: Explanation) -> list[str]:
+def _carry_lines(model: PlanModel, total: int, S: int, out: Explanation) -> list[str]:
     """What ``even="carry"`` takes from the epochs before this one and leaves to the next."""
 
-    epoch, unit = pipe.epoch, S * pipe.multiple_of
-    base, first = carry_run_base(pipe._pending(), pipe._carry, epoch)
+    epoch, unit = model.epoch, S * model.multiple_of
+    base, first = carry_run_base(model.pending, model.carry, epoch)
     if first > epoch:
         return [f"even='carry': the loaded state was taken after epoch {epoch} ended: nothing left of it here"]
     count, earlier, left = carry_summary(base, first, epoch, total, unit)
@@ -285,7 +290,7 @@ def _carry_lines(pipe: "DistShardIterDataPipe", total: int, S: int, out: Explana
     taken = ", ".join(f"{n} from the tail of epoch {e}" for e, n in sorted(earlier.items())) or "nothing earlier"
     lines = [
         f"N = {total} positions an epoch; even='carry': the epochs form one stream, cut into whole rounds of "
-        f"{unit} ({S} slots x multiple_of {pipe.multiple_of}); epoch {epoch} takes {count} positions of it, "
+        f"{unit} ({S} slots x multiple_of {model.multiple_of}); epoch {epoch} takes {count} positions of it, "
         f"{count // S} per slot, nothing dropped or repeated",
         f"epoch {epoch} opens with {taken}, and leaves {left} of epoch {epoch}'s elements to epoch {epoch + 1}",
     ]
@@ -342,13 +347,29 @@ def _packing_lines(packed: PackIterDataPipe, out: Explanation, ctx: ShardContext
     return lines
 
 
-def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None = None) -> Explanation:
+def explain_shard(pipe: Any, pipeline: IterDataPipe | None = None) -> Explanation:
     """The :class:`Explanation` of one ``dist_shard`` pipe; ``pipeline``, if given,
     is the whole pipeline, whose pipes after ``pipe`` are checked too (see
     ``DistShardIterDataPipe.explain``)."""
-    ctx = pipe.context()
-    out = Explanation(ctx)
-    S = ctx.num_slots
+    return explain_model(pipe.plan_model(), pipeline)
+
+
+def explain_model(model: PlanModel, pipeline: IterDataPipe | None = None) -> Explanation:
+    """The :class:`Explanation` of one shard from its :class:`~distshard.core.PlanModel`:
+    where it runs, its plan, what it reads how often, its upstream randomness and,
+    given the whole ``pipeline``, what the pipes after it undo."""
+    out = Explanation(model.context)
+    _context_section(model.context, out)
+    _plan_section(model, out)
+    _reads_section(model, out)
+    _randomness_section(model, out)
+    if pipeline is not None:
+        _after_shard_warnings(pipeline, model.pipe, out)
+    return out
+
+
+def _context_section(ctx: ShardContext, out: Explanation) -> None:
+    """Where this process sits (rank, worker, slot) and where that came from."""
     out.sections.append(
         (
             "context",
@@ -360,7 +381,7 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
                     if ctx.num_workers > 1 or ctx.worker_id
                     else "(no DataLoader worker here: inside a DataLoader with K workers there are K slots per rank)"
                 ),
-                f"slot {ctx.slot} of {S} (slot = rank * num_workers + worker_id)",
+                f"slot {ctx.slot} of {ctx.num_slots} (slot = rank * num_workers + worker_id)",
             ],
         )
     )
@@ -370,18 +391,20 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
             "everything. Initialize torch.distributed, run under torchrun, or pass rank=/world_size=."
         )
 
-    try:
-        total = pipe._total()
-    except TypeError:
-        total = None
+
+def _plan_section(model: PlanModel, out: Explanation) -> None:
+    """The options, and how positions go to slots: whole files, a stream of unknown
+    length, the carry's stream of epochs or the plan of a known length."""
+    S, total = model.context.num_slots, model.total
     out.total = total
+    seed = f"given: {model.options.seed}" if model.options.seed is not None else None
     plan_lines = [
-        f"mode: {pipe.mode}; even={pipe.even!r}; "
-        + (f"multiple_of={pipe.multiple_of}; " if pipe.multiple_of > 1 else "")
-        + f"shuffle={pipe.global_shuffle}; "
-        f"epoch={pipe.epoch}; seed={'given: ' + str(pipe.seed) if pipe.seed is not None else 'None (0, or the DataLoader shared seed when synced)'}"
+        f"mode: {model.mode}; even={model.even!r}; "
+        + (f"multiple_of={model.multiple_of}; " if model.multiple_of > 1 else "")
+        + f"shuffle={model.shuffle}; "
+        f"epoch={model.epoch}; seed={seed or 'None (0, or the DataLoader shared seed when synced)'}"
     ]
-    if total is None and pipe.whole_files:
+    if total is None and model.whole_files:
         plan_lines.append(
             f"whole files: file k goes to slot k mod {S}; a slot's count is known once its files "
             "are read (counts differ)"
@@ -394,52 +417,26 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
                 "drop": f"every slot yields N // {S}, the last N % {S} are dropped",
                 "pad": f"every slot yields ceil(N / {S}), repeating fewer than {S} elements",
                 "carry": "even='carry' needs the length (it reads at positions)",
-            }[pipe.even]
+            }[model.even]
         )
-    elif pipe.even == "carry":
-        plan_lines += _carry_lines(pipe, total, S, out)
+    elif model.even == "carry":
+        plan_lines += _carry_lines(model, total, S, out)
     else:
-        plan_lines.extend(_plan(pipe, ctx, total, out))
+        plan_lines.extend(_plan(model, model.context, total, out))
     out.sections.append(("plan", plan_lines))
 
-    reads: list[str] = []
-    read_plan = pipe.read_plan()
-    below = _chain(read_plan.base)
-    maps_below = [p for p in below if isinstance(p, MapperIterDataPipe)]
-    if pipe.whole_files:  # a compressed file source: whole files, each read once
-        reads.append(pipe.reader().describe())
-        out.reads_per_element = out.decodes_per_element = 1.0
-    elif pipe.mode != "element":
-        if pipe.sizes is None:
-            reads.append(
-                "units go whole to slots as far as they go round; each leftover unit is "
-                f"read by at most ceil({S} / leftover) slots"
-            )
-        else:
-            reads.append(
-                "each slot reads only the units (or unit ranges) of its block: about 1 read "
-                "per element with a sequence-returning expand; an iterator-returning expand "
-                "decodes what it skips inside a unit"
-            )
-        out.reads_per_element = out.decodes_per_element = 1.0 if pipe.sizes is not None else None
-    elif read_plan.sequence is not None:
-        reads.append(
-            f"fast path: random access into {type(read_plan.sequence).__name__}; "
-            "each slot indexes its own positions: 1 read per element cluster-wide"
-        )
-        out.reads_per_element = 1.0
-    else:
-        reads.append(
-            f"stream: every slot walks the stream of {_name(read_plan.base)}: "
-            f"{S} read{'s' if S > 1 else ''} per element of it (no random access)"
-        )
-        out.reads_per_element = float(S)
+
+def _reads_section(model: PlanModel, out: Explanation) -> None:
+    """How the source is read, how often each element is read, and the source's own lines
+    (files, a mixture, packing)."""
+    S, read_plan = model.context.num_slots, model.read_plan
+    reads = _read_lines(model, out)
     if read_plan.sequence is not None and hasattr(read_plan.base, "stored_hint"):  # a file source
         reads.append(f"files: {read_plan.base.describe()}")
     mixture = getattr(type(read_plan.base), "describe", None)
     if isinstance(read_plan.base, PackIterDataPipe):
-        out.sections.append(("packing", _packing_lines(read_plan.base, out, ctx)))
-    elif mixture is not None and hasattr(type(read_plan.base), "distshard_identity"):  # a mix, a weighted_sample
+        out.sections.append(("packing", _packing_lines(read_plan.base, out, model.context)))
+    elif mixture is not None and issubclass(type(read_plan.base), IdentifiedSource):  # a mix, a weighted_sample
         reads.append(f"mixture: {mixture(read_plan.base)}")
     if read_plan.maps:
         reads.append(
@@ -447,29 +444,70 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
             + ", ".join(_name(m) for m in read_plan.maps)
             + " run on this slot's elements only: once per element cluster-wide"
         )
-    if pipe.mode == "element" and read_plan.sequence is None:
-        if maps_below:
-            what = ", ".join(_name(m) for m in maps_below)
-            out.warnings.append(
-                f"{what} sits below {_name(read_plan.base)}, which dist_shard cannot select through, "
-                f"so it runs on every slot ({S}x per element): move expensive work after dist_shard, "
-                "or make the source random-access"
-            )
-            out.decodes_per_element = float(S)
-        else:
-            out.decodes_per_element = 1.0
-    elif pipe.mode == "element":
-        out.decodes_per_element = 1.0
-    if not pipe.pushdown and isinstance(pipe.source_datapipe, MapperIterDataPipe):
+    _decodes(model, out)
+    if not model.pushdown and isinstance(model.source, MapperIterDataPipe):
         out.warnings.append(
-            f"pushdown=False: {_name(pipe.source_datapipe)} runs on every slot ({S}x per element); "
+            f"pushdown=False: {_name(model.source)} runs on every slot ({S}x per element); "
             "keep it only for maps with side effects"
         )
     out.sections.append(("reads", reads))
 
-    randoms = pipe._random_pipes if pipe._random_pipes is not None else None
-    if randoms is None:
-        randoms = random_pipes(pipe.source_datapipe)
+
+def _read_lines(model: PlanModel, out: Explanation) -> list[str]:
+    """How a slot reads (whole files, units, random access or the stream) and the reads
+    per element that makes."""
+    S, read_plan = model.context.num_slots, model.read_plan
+    if model.whole_files:  # a compressed file source: whole files, each read once
+        out.reads_per_element = out.decodes_per_element = 1.0
+        return [model.reader().describe()]
+    if model.mode != "element":
+        out.reads_per_element = out.decodes_per_element = 1.0 if model.sizes is not None else None
+        if model.sizes is None:
+            return [
+                "units go whole to slots as far as they go round; each leftover unit is "
+                f"read by at most ceil({S} / leftover) slots"
+            ]
+        return [
+            "each slot reads only the units (or unit ranges) of its block: about 1 read "
+            "per element with a sequence-returning expand; an iterator-returning expand "
+            "decodes what it skips inside a unit"
+        ]
+    if read_plan.sequence is not None:
+        out.reads_per_element = 1.0
+        return [
+            f"fast path: random access into {type(read_plan.sequence).__name__}; "
+            "each slot indexes its own positions: 1 read per element cluster-wide"
+        ]
+    out.reads_per_element = float(S)
+    return [
+        f"stream: every slot walks the stream of {_name(read_plan.base)}: "
+        f"{S} read{'s' if S > 1 else ''} per element of it (no random access)"
+    ]
+
+
+def _decodes(model: PlanModel, out: Explanation) -> None:
+    """How often each element is decoded: maps below a stream dist_shard cannot select
+    through run on every slot."""
+    if model.mode != "element":
+        return
+    read_plan = model.read_plan
+    maps_below = [] if read_plan.sequence is not None else _chain(read_plan.base)
+    maps_below = [p for p in maps_below if isinstance(p, MapperIterDataPipe)]
+    if maps_below:
+        what = ", ".join(_name(m) for m in maps_below)
+        out.warnings.append(
+            f"{what} sits below {_name(read_plan.base)}, which dist_shard cannot select through, "
+            f"so it runs on every slot ({model.context.num_slots}x per element): move expensive work after "
+            "dist_shard, or make the source random-access"
+        )
+        out.decodes_per_element = float(model.context.num_slots)
+    else:
+        out.decodes_per_element = 1.0
+
+
+def _randomness_section(model: PlanModel, out: Explanation) -> None:
+    """The upstream random pipes dist_shard seeds."""
+    randoms = model.random_pipes
     if randoms:
         out.sections.append(
             (
@@ -481,23 +519,22 @@ def explain_shard(pipe: "DistShardIterDataPipe", pipeline: IterDataPipe | None =
             )
         )
 
-    if pipeline is not None:
-        for p in _path(pipe_graph(pipeline), pipe) or []:
-            if _is_sharding_datapipe(p) and p is not pipe:
-                out.warnings.append(
-                    f"{_name(p)} after dist_shard shards a second time (torch's DataLoader will raise); remove it"
-                )
-            if type(p).__name__ in _UNBALANCING:
-                out.warnings.append(
-                    f"{_name(p)} after dist_shard yields a data-dependent number of elements per slot, "
-                    "so even= cannot keep ranks in step: end DDP loops with distshard.stop_together()"
-                )
-            if type(p).__name__ == "ShufflerIterDataPipe":
-                out.warnings.append(
-                    "shuffle() after dist_shard holds a buffer that a checkpoint does not cover (a resume "
-                    "skips it): shuffle before dist_shard or use dist_shard(shuffle=True)"
-                )
-    return out
 
-
-_datapipe.EXPLAINER = explain_shard
+def _after_shard_warnings(pipeline: IterDataPipe, pipe: Any, out: Explanation) -> None:
+    """What the pipes between ``pipe`` and the top of ``pipeline`` undo: a second
+    sharding, data-dependent counts, a shuffle buffer no checkpoint covers."""
+    for p in _path(pipe_graph(pipeline), pipe) or []:
+        if _is_sharding_datapipe(p) and p is not pipe:
+            out.warnings.append(
+                f"{_name(p)} after dist_shard shards a second time (torch's DataLoader will raise); remove it"
+            )
+        if type(p).__name__ in _UNBALANCING:
+            out.warnings.append(
+                f"{_name(p)} after dist_shard yields a data-dependent number of elements per slot, "
+                "so even= cannot keep ranks in step: end DDP loops with distshard.stop_together()"
+            )
+        if type(p).__name__ == "ShufflerIterDataPipe":
+            out.warnings.append(
+                "shuffle() after dist_shard holds a buffer that a checkpoint does not cover (a resume "
+                "skips it): shuffle before dist_shard or use dist_shard(shuffle=True)"
+            )

@@ -32,6 +32,8 @@ from torch.utils.data.graph_settings import (
     get_all_graph_pipes,
 )
 
+from .protocol import declares_positional, has_sequence, sequence_of
+
 __all__ = [
     "Positional",
     "Pushdown",
@@ -206,7 +208,7 @@ def is_positional(obj: object) -> bool:
     ``__len__``, ``__getitem__`` or ``__iter__`` of a known type are not known.
     """
     cls = type(obj)
-    if getattr(cls, "__distshard_positional__", False) is True:
+    if declares_positional(cls):
         return True
     for base in (list, tuple, range, array.array):
         if isinstance(obj, base):
@@ -269,15 +271,8 @@ def random_access(pipe: IterDataPipe) -> tuple[Any, bool]:
     else, such as a container whose ``[]`` is not what its iteration yields (a
     pandas-like Series with its own index, ``mmap``, a mapping), is streamed.
     """
-    hook = getattr(type(pipe), "__distshard_sequence__", None)
-    if hook is not None:
-        sequence = hook(pipe)
-        if sequence is not None and not (hasattr(sequence, "__len__") and hasattr(sequence, "__getitem__")):
-            raise TypeError(
-                f"{type(pipe).__name__}.__distshard_sequence__() returned {type(sequence).__name__}, "
-                "which lacks __len__ or __getitem__; return a positional sequence or None"
-            )
-        return sequence, False
+    if has_sequence(type(pipe)):
+        return sequence_of(pipe), False
     if type(pipe) is IterableWrapperIterDataPipe and is_positional(pipe.iterable):
         return pipe.iterable, bool(pipe.deepcopy)
     return None, False

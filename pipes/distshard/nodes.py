@@ -18,22 +18,13 @@ from torch.utils.data import get_worker_info
 from torchdata.nodes.base_node import BaseNode
 
 from . import context as _context
-from .access import Access, WholeFiles, check_access, mode_of, reader_of, whole_files
-from .engine import SlotRun
-from .graph import is_positional
+from .access import Access, WholeFiles, access_of, reader_of
+from .core import ShardCore, first_node_source, node_source_of, with_node_source
+from .errors import OptionTypeError, StateMismatchError
 from .options import carry_refused, check_epoch, check_options
 from .plan import CARRY, Even
 from .readers import Reader
-from .state import (
-    KEY,
-    carry_base_after,
-    check_carry_load,
-    check_fits,
-    check_slot,
-    find_states,
-    merge_states,
-    validate_state,
-)
+from .state import KEY, check_slot, find_states, merge_states, validate_state
 
 T = TypeVar("T")
 
@@ -115,11 +106,11 @@ class DistShardNode(BaseNode[T]):
         self._sequence: Any = None
         self._whole: Optional[WholeFiles] = None  # a file source read as whole files (compressed)
         if not isinstance(source, BaseNode):
-            self._sequence = _random_access(source)
-            if self._sequence is None and expand is None:
-                self._whole = whole_files(source)
+            found = access_of(source, bare=True, whole=expand is None)
+            if found is not None:
+                self._sequence, self._whole = found.sequence, found.whole
             if self._sequence is None and self._whole is None:
-                raise TypeError(
+                raise OptionTypeError(
                     f"DistShardNode needs a torchdata.nodes.BaseNode or a random-access sequence, got "
                     f"{type(source).__name__}; wrap an iterable with torchdata.nodes.IterableWrapper, "
                     "or a sequence whose [] is positional with distshard.positional()"
@@ -135,15 +126,11 @@ class DistShardNode(BaseNode[T]):
             sizes=sizes,
             multiple_of=multiple_of,
         )
-        self._explicit, self.even, self.seed = options.explicit, options.even, options.seed
-        self.multiple_of, self.expand, self.sizes = options.multiple_of, options.expand, options.sizes
-        self.shuffle = options.shuffle
+        # the options, epoch, loaded state and runs, shared with the DataPipe
+        self.core = ShardCore(options, whole=self._whole is not None, what="node")
         fix = "a random-access sequence (a list, range, tensor, distshard.positional(...), a distshard file source)"
-        check_access(
+        self.core.check_access(
             self.access(),
-            even=self.even,
-            shuffle=self.shuffle,
-            expand=self.expand,
             source=type(source).__name__,
             fix=f"{fix} instead of a node, or units with sizes=",
             shuffle_fix="",
@@ -153,36 +140,52 @@ class DistShardNode(BaseNode[T]):
                 f"units from a node ({type(source).__name__})",
                 "Pass the units in a list, with sizes=, or use even='drop' / 'pad'",
             )
-        self._captured: Optional[tuple] = None  # (rank, world_size) of the pickling process
-        self._epoch = 0
-        self._epoch_set = False
         self._started = False
-        self._pending: Optional[Dict[str, Any]] = None  # a state loaded with load_state_dict
         self._source_start: Any = None
         self._source_fresh = False  # the source was just reset for this epoch
-        self._run: Optional[SlotRun] = None
-        self._carry: Optional[tuple] = None  # even="carry": the base a loaded state moved epochs to
         self._it: Optional[Iterator[T]] = None
 
     # -- who am I -----------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this node resolves to right now."""
-        return _context.current_context(*(self._explicit or (None, None)), _captured=self._captured)
+        return _context.current_context(*(self.core.options.explicit or (None, None)), _captured=self.core.captured)
+
+    # -- the options (frozen in the core) -------------------------------------------
+    @property
+    def even(self) -> Even:
+        return self.core.options.even
+
+    @property
+    def seed(self) -> Optional[int]:
+        return self.core.options.seed
+
+    @property
+    def shuffle(self) -> bool:
+        return self.core.options.shuffle
+
+    @property
+    def multiple_of(self) -> int:
+        return self.core.options.multiple_of
+
+    @property
+    def expand(self) -> Optional[Callable[[Any], Any]]:
+        return self.core.options.expand
+
+    @property
+    def sizes(self) -> Any:
+        return self.core.options.sizes
 
     @property
     def mode(self) -> str:
-        return mode_of(self.expand, self.sizes, self._whole is not None)
+        return self.core.mode
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self.core.epoch
 
     def set_epoch(self, epoch: int) -> "DistShardNode[T]":
         """Set the epoch the next :meth:`reset` starts (same value on every rank)."""
-        epoch = check_epoch(epoch)
-        if self._pending is not None and self._pending["epoch"] != epoch:
-            self._pending = None
-        self._epoch, self._epoch_set = epoch, True
+        self.core.set_epoch(check_epoch(epoch))
         return self
 
     # -- BaseNode -----------------------------------------------------------------
@@ -192,64 +195,52 @@ class DistShardNode(BaseNode[T]):
 
         A malformed state, or one from another pipeline or slot, raises
         ``ValueError`` before the node or its source is touched."""
+        core = self.core
         ctx = self.context()
         resume = None
         if initial_state is not None:
             resume = self._parse(initial_state)
-        elif self._pending is not None and self._pending["epoch"] == self._epoch:
-            resume = self._pending
-        elif self._started and not self._epoch_set:
-            self._epoch += 1
+        elif core.pending is not None:
+            resume = core.pending
+        elif self._started and not core.epoch_set:
+            core.next_epoch()
         if resume is not None:
-            self._check(resume)
+            core.check_against(resume, None)
             check_slot(
                 resume,
                 ctx.slot,
                 ctx.num_slots,
                 f"rank {ctx.rank} of {ctx.world_size}, worker {ctx.worker_id} of {ctx.num_workers}",
             )
-            if self.even == CARRY and initial_state is not None:
-                check_carry_load(resume, self._carry, get_worker_info() is not None)
+            if initial_state is not None:
+                core.check_carry(resume, get_worker_info() is not None)
         listing = self.mode == "sized_units" and isinstance(self.source, BaseNode)  # reads the source
         if resume is not None and not listing:
-            self._check(resume, self._reader())
+            core.check_against(resume, self.reader())
         super().reset(initial_state)
         if resume is not None:
-            self._epoch = resume["epoch"]
-            if self.even == CARRY:
-                self._carry = carry_base_after(resume)
-        self._pending, self._epoch_set, self._started = None, False, True
+            core.resumed(resume)
+        core.resume, core.epoch_set, self._started = None, False, True
         if isinstance(self.source, BaseNode):
-            if resume is not None and "node_source" in resume:
-                self._source_start, self._source_fresh = copy.deepcopy(resume["node_source"]), False
+            present, start = node_source_of(resume) if resume is not None else (False, None)
+            if present:
+                self._source_start, self._source_fresh = copy.deepcopy(start), False
             else:
                 self.source.reset(None)
                 self._source_start, self._source_fresh = _node_state(self.source), True
-        seed = resume["seed"] if resume is not None and resume["seed"] is not None else (self.seed or 0)
-        reader = self._reader()
+        seed = core.run_seed(resume, self.seed or 0)
+        reader = self.reader()
         if resume is not None and listing:
-            self._check(resume, reader)
-        self._run = SlotRun(
-            reader,
-            ctx=ctx,
-            even=self.even,
-            shuffle=self.shuffle,
-            epoch=self._epoch,
-            seed=seed,
-            resume=resume,
-            multiple=self.multiple_of,
-            carry=self._carry,
-        )
-        self._it = iter(self._run)
+            core.check_against(resume, reader)
+        self._it = iter(core.start(reader, ctx, seed, resume))
 
     def next(self) -> T:
         return next(self._it)  # type: ignore[arg-type]
 
     def get_state(self) -> Dict[str, Any]:
-        assert self._run is not None  # BaseNode.state_dict() resets first
-        shard = self._run.state()
+        shard = self.core.run_state()  # BaseNode.state_dict() resets first
         if isinstance(self.source, BaseNode):
-            shard["node_source"] = copy.deepcopy(self._source_start)
+            with_node_source(shard, self._source_start)
         return {self.STATE_KEY: self.VERSION, "shard": shard}
 
     def load_state_dict(self, state: Any) -> None:
@@ -259,18 +250,11 @@ class DistShardNode(BaseNode[T]):
         ``ValueError`` and leaves the node unchanged if it does not fit."""
         found = find_states(state)
         if not found:
-            raise ValueError("no distshard state found in what was passed to load_state_dict")
+            raise StateMismatchError("no distshard state found in what was passed to load_state_dict")
         merged = found[0] if len(found) == 1 else merge_states(found)
         if len(found) > 1 and isinstance(self.source, BaseNode):
-            merged.setdefault("node_source", next((s["node_source"] for s in found if "node_source" in s), None))
-        self._check(merged)
-        if self.even == CARRY:
-            check_carry_load(merged, self._carry, get_worker_info() is not None)
-            if not (self._epoch_set and merged["epoch"] > self._epoch):
-                self._carry = carry_base_after(merged)
-        if self._epoch_set and merged["epoch"] != self._epoch:
-            return
-        self._epoch, self._pending = merged["epoch"], merged
+            first_node_source(merged, found)
+        self.core.load(merged, None, get_worker_info() is not None)
 
     # -- helpers ------------------------------------------------------------------
     def _stream(self) -> Iterator[Any]:
@@ -293,14 +277,15 @@ class DistShardNode(BaseNode[T]):
         stream = self._stream if isinstance(self.source, BaseNode) else (lambda: iter(self.source))
         return Access(stream=stream, name=name, identity=f"node:{name}")
 
-    def _reader(self) -> Reader:
+    def reader(self) -> Reader:
+        """The reader of this epoch's source (lists the units in unit mode)."""
         return reader_of(self.access(), self.expand, self.sizes)
 
     def _parse(self, state: object) -> Dict[str, Any]:
         if isinstance(state, Mapping) and self.STATE_KEY in state:
             version = state[self.STATE_KEY]
             if isinstance(version, bool) or version != self.VERSION:
-                raise ValueError(f"not a valid DistShardNode state: version {version!r} is not {self.VERSION}")
+                raise StateMismatchError(f"not a valid DistShardNode state: version {version!r} is not {self.VERSION}")
             return validate_state(state.get("shard"))
         if isinstance(state, Mapping) and KEY in state:
             return validate_state(state)
@@ -308,58 +293,21 @@ class DistShardNode(BaseNode[T]):
         if isinstance(state, Mapping) and "root" in state:
             hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
         keys = sorted(map(str, state))[:8] if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(
+        raise StateMismatchError(
             f"not a valid DistShardNode state: no {self.STATE_KEY!r} key (got {keys}); pass what "
             f"this node's state_dict() returned{hint}"
-        )
-
-    def _check(self, found: Dict[str, Any], reader: Optional[Reader] = None) -> None:
-        check_fits(
-            found,
-            mode=self.mode,
-            shuffle=self.shuffle,
-            even=self.even,
-            multiple_of=self.multiple_of,
-            seed=0 if self.seed is None and self.even == CARRY else self.seed,
-            length=reader.length() if reader is not None else None,
-            source=reader.identity() if reader is not None else None,
-            what="node",
         )
 
     # -- pickling -----------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
         # Like dist_shard: DataLoader workers started with spawn / forkserver get the
-        # node by pickle and have no process group; remember the rank it had here.
+        # node by pickle and have no process group; the core remembers the rank it had here.
         state = dict(self.__dict__)
-        state["_it"] = state["_run"] = None
-        found = _context.dist_rank_world()
-        if found is not None:
-            state["_captured"] = found
+        state["_it"] = None
         return state
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if self._captured is not None:
-            _context.note_captured(self._captured)
-
     def __repr__(self) -> str:
-        options = [f"even={self.even!r}"]
-        if self._explicit is not None:
-            options.append(f"rank={self._explicit[0]}, world_size={self._explicit[1]}")
-        if self.shuffle:
-            options.append("shuffle=True")
-        if self.expand is not None:
-            options.append(f"expand={getattr(self.expand, '__name__', self.expand)!r}")
-        return f"{type(self).__name__}({type(self.source).__name__}, {', '.join(options)})"
-
-
-def _random_access(source: Any) -> Any:
-    """``source`` itself if its ``[]`` is positional, a distshard file source's
-    sequence, or ``None``."""
-    hook = getattr(type(source), "__distshard_sequence__", None)
-    if hook is not None:
-        return hook(source)
-    return source if is_positional(source) else None
+        return self.core.describe(type(self).__name__, type(self.source).__name__)
 
 
 def _node_state(node: BaseNode) -> Optional[Dict[str, Any]]:

@@ -485,7 +485,7 @@ def _reference(
         even = shards[0].even if shards else None
         multiple = shards[0].multiple_of if shards else 1
         for shard in shards:  # one slot of whole batches would leave out N % multiple_of: the whole stream
-            shard.multiple_of = 1
+            shard.core.replace_options(multiple_of=1)
         reads = _estimated_reads(shards, num_slots)
         counters = []
         names: dict[str, str] = {}

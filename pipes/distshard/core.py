@@ -1,0 +1,369 @@
+"""The core below both front-ends: one shard's options, epoch, loaded state and runs.
+
+``datapipe.py`` (``DistShardIterDataPipe``) and ``nodes.py`` (``DistShardNode``) only
+translate their protocols (torch's DataPipe hooks and iteration; ``torchdata.nodes``'
+``next`` / ``get_state`` / ``reset``) onto a :class:`ShardCore`, which owns what they
+share: the checked options (a frozen :class:`~distshard.options.ShardOptions`, replaced
+whole, never changed), the epoch and whether it was set, the loaded state waiting for
+its epoch, ``even="carry"``'s base, the checks of a state against this shard, building
+a slot's :class:`~distshard.engine.SlotRun`, the state it reports, the rank captured
+when it is pickled, and its ``repr``. :class:`PlanModel` is what ``explain()`` reads.
+
+Every read of a state's fields by name in the front-ends is here (``_epoch_of`` and
+friends), so the state format is read in one place above ``state.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from . import context as _context
+from .access import Access, check_access, mode_of
+from .engine import SlotRun, remaining_share
+from .errors import StateMismatchError
+from .graph import Pushdown
+from .options import ShardOptions, check_flag, check_seed
+from .plan import CARRY, check_multiple
+from .readers import RandomAccessReader, Reader
+from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
+
+__all__ = ["PlanModel", "ShardCore"]
+
+State = dict[str, Any]
+
+# -- the state's fields the front-ends read (one place) -----------------------------
+
+
+def _epoch_of(state: State) -> int:
+    return int(state["epoch"])
+
+
+def _seed_of(state: State) -> int | None:
+    seed: int | None = state["seed"]
+    return seed
+
+
+def _slot_of(state: State) -> int | None:
+    slot: int | None = state["slot"]
+    return slot
+
+
+def _run_of(state: State) -> tuple[Any, ...]:
+    """What every slot state of one run shares (``load_carry_base``)."""
+    return (state["epoch"], repr(state["remaining"]), state["carry_from"], state["num_slots"], state["multiple_of"])
+
+
+_NODE_SOURCE = "node_source"  # DistShardNode: the source node's state at the start of the epoch
+
+
+def node_source_of(state: State) -> tuple[bool, Any]:
+    """``(present, value)`` of the source node's state a node state holds."""
+    return (_NODE_SOURCE in state, state.get(_NODE_SOURCE))
+
+
+def with_node_source(state: State, value: Any) -> State:
+    """``state`` holding ``value`` as the source node's state at the start of the epoch."""
+    state[_NODE_SOURCE] = copy.deepcopy(value)
+    return state
+
+
+def first_node_source(merged: State, found: Sequence[State]) -> None:
+    """A merged node state keeps the source node's start state of the first slot state that has one."""
+    merged.setdefault(_NODE_SOURCE, next((s[_NODE_SOURCE] for s in found if _NODE_SOURCE in s), None))
+
+
+# -- what explain() reads ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    """What a shard will do here, as ``explain()`` reads it: the resolved context, the
+    options, the epoch, the state loaded for it and ``even="carry"``'s base, the
+    number of positions (``None`` when unknown), how the source is read (``read_plan``,
+    ``reader``), the upstream random pipes and the seed they get (``seed``: the base
+    seed of this epoch's run, ``options.seed`` the one given)."""
+
+    context: _context.ShardContext
+    options: ShardOptions
+    mode: str
+    epoch: int
+    seed: int
+    total: int | None
+    pending: State | None
+    carry: tuple[list, int] | None
+    whole_files: bool
+    pushdown: bool
+    read_plan: Pushdown
+    reader: Callable[[], Reader]
+    random_pipes: list
+    source: Any
+    pipe: Any  # the front-end this model describes
+    label: str
+
+    @property
+    def even(self) -> Any:
+        return self.options.even
+
+    @property
+    def shuffle(self) -> bool:
+        return self.options.shuffle
+
+    @property
+    def multiple_of(self) -> int:
+        return self.options.multiple_of
+
+    @property
+    def sizes(self) -> Any:
+        return self.options.sizes
+
+
+# -- the core ------------------------------------------------------------------------
+
+
+class ShardCore:
+    """One shard's options, epoch, loaded state and runs (see the module doc).
+    ``whole``: the source is read as whole files; ``what`` names the front-end in
+    the errors of a state that does not fit."""
+
+    def __init__(self, options: ShardOptions, *, whole: bool = False, what: str = "dist_shard") -> None:
+        self.options = options
+        self.whole = whole
+        self.what = what
+        self.epoch = 0
+        self.epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
+        self.resume: State | None = None  # a loaded state, for its epoch's next run
+        self.carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
+        self.run: SlotRun | None = None  # the current run, never pickled
+        self.captured: tuple[int, int] | None = None  # (rank, world_size) of the pickling process
+
+    # -- options ----------------------------------------------------------------------
+    def replace_options(self, **changes: Any) -> ShardOptions:
+        """Swap in a copy of the options with ``changes`` (``shuffle``, ``multiple_of``,
+        ``seed``), checked as at construction; the options object itself never changes."""
+        checked: dict[str, Any] = {}
+        for name, value in changes.items():
+            if name == "shuffle":
+                checked[name] = check_flag("shuffle", value)
+            elif name == "multiple_of":
+                checked[name] = check_multiple(value, self.options.even)
+            elif name == "seed":
+                checked[name] = check_seed(value)
+            else:
+                raise TypeError(f"replace_options() cannot change {name!r}: build a new shard instead")
+        self.options = dataclasses.replace(self.options, **checked)
+        return self.options
+
+    @property
+    def mode(self) -> str:
+        """``element``, ``units`` (expand without sizes, or whole files) or ``sized_units``."""
+        return mode_of(self.options.expand, self.options.sizes, self.whole)
+
+    @property
+    def state_seed(self) -> int | None:
+        """The seed a state of this shard records (under ``even="carry"`` ``None`` is 0)."""
+        options = self.options
+        return 0 if options.seed is None and options.even == CARRY else options.seed
+
+    def check_access(self, access: Access, *, source: str, fix: str, shuffle_fix: str) -> None:
+        """Refuse options the source cannot be read for (see ``access.check_access``)."""
+        options = self.options
+        check_access(
+            access,
+            even=options.even,
+            shuffle=options.shuffle,
+            expand=options.expand,
+            source=source,
+            fix=fix,
+            shuffle_fix=shuffle_fix,
+        )
+
+    # -- epoch and loaded state -----------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch (checked); a loaded state of another epoch is discarded."""
+        if self.resume is not None and _epoch_of(self.resume) != epoch:
+            self.resume = None
+        self.epoch, self.epoch_set = epoch, True
+
+    @property
+    def pending(self) -> State | None:
+        """The loaded state the next run resumes, if it is of this epoch."""
+        resume = self.resume
+        return resume if resume is not None and _epoch_of(resume) == self.epoch else None
+
+    def check_against(self, found: State, reader: Reader | None) -> None:
+        """Raise ``ValueError`` if ``found`` does not come from a shard like this one
+        (and, given ``reader``, from its data)."""
+        options = self.options
+        check_fits(
+            found,
+            mode=self.mode,
+            shuffle=options.shuffle,
+            even=options.even,
+            multiple_of=options.multiple_of,
+            seed=self.state_seed,
+            length=reader.length() if reader is not None else None,
+            source=reader.identity() if reader is not None else None,
+            what=self.what,
+        )
+
+    def check_carry(self, found: State, in_worker: bool) -> None:
+        """``even="carry"``: refuse a state whose epoch boundaries this shard lacks."""
+        if self.options.even == CARRY:
+            check_carry_load(found, self.carry, in_worker)
+
+    def load(self, found: State, reader: Reader | None, in_worker: bool) -> bool:
+        """Load the validated state ``found`` (checked against ``reader`` when given)
+        for its epoch's next run; ``False`` if it is void (``set_epoch`` set another
+        epoch). Under carry, the epoch boundaries it holds stay, unless set_epoch
+        already moved past its epoch. Raises, leaving the core unchanged, if it does
+        not fit."""
+        self.check_against(found, reader)
+        self.check_carry(found, in_worker)
+        if self.options.even == CARRY and not (self.epoch_set and _epoch_of(found) > self.epoch):
+            self.carry = carry_base_after(found)
+        if self.epoch_set and _epoch_of(found) != self.epoch:
+            return False  # a state of another epoch than the one set: void
+        self.epoch, self.resume = _epoch_of(found), found
+        return True
+
+    def load_carry_base(self, states: Sequence[State]) -> None:
+        """``even="carry"``: keep where the epochs after ``states``' begin (the slot
+        states of one run). ``ValueError`` if they are not one run's."""
+        found = [validate_state(state) for state in states]
+        runs = {_run_of(s) for s in found}
+        if self.options.even != CARRY or len(runs) != 1 or any(_slot_of(s) is None for s in found):
+            raise StateMismatchError("load_carry_base takes the slot states of one run of a dist_shard(even='carry')")
+        for state in found:
+            self.check_against(state, None)
+        self.carry = carry_base_after(found[0])
+
+    def resumed(self, state: State) -> None:
+        """A run resumed ``state``: take its epoch, and under carry its epoch boundaries."""
+        self.epoch = _epoch_of(state)
+        if self.options.even == CARRY:
+            self.carry = carry_base_after(state)
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+
+    # -- runs -----------------------------------------------------------------------------
+    def run_seed(self, resume: State | None, base: int) -> int:
+        """The seed of a run: the resumed state's, else ``base``."""
+        seed = _seed_of(resume) if resume is not None else None
+        return seed if seed is not None else base
+
+    def slot_run(
+        self,
+        reader: Reader,
+        ctx: _context.ShardContext,
+        seed: int,
+        resume: State | None,
+        epoch_reader: Callable[[int], RandomAccessReader] | None = None,
+    ) -> SlotRun:
+        """The run of ``reader`` for the slot ``ctx`` in the current epoch."""
+        options = self.options
+        return SlotRun(
+            reader,
+            ctx=ctx,
+            even=options.even,
+            shuffle=options.shuffle,
+            epoch=self.epoch,
+            seed=seed,
+            resume=resume,
+            multiple=options.multiple_of,
+            carry=self.carry,
+            epoch_reader=epoch_reader,
+        )
+
+    def start(
+        self,
+        reader: Reader,
+        ctx: _context.ShardContext,
+        seed: int,
+        resume: State | None,
+        epoch_reader: Callable[[int], RandomAccessReader] | None = None,
+    ) -> SlotRun:
+        """:meth:`slot_run`, which the state reports from now on."""
+        self.run = self.slot_run(reader, ctx, seed, resume, epoch_reader)
+        return self.run
+
+    def run_state(self) -> State:
+        """The state of the current run."""
+        assert self.run is not None, "a run was started"
+        return self.run.state()
+
+    def state(self, fresh_run: Callable[[State | None], SlotRun] | None) -> State:
+        """Where this shard is: its current run's state if of this epoch; else, under
+        carry, that of the run ``fresh_run`` would start here (a state says where its
+        run's epoch ends, which depends on the slot count; ``None``: building it would
+        read data); else the loaded state, or a fresh one."""
+        run = self.run
+        if run is not None and run.epoch == self.epoch:
+            return run.state()
+        pending = self.pending
+        if self.options.even == CARRY and (pending is None or _slot_of(pending) is None) and fresh_run is not None:
+            return fresh_run(pending).state()
+        if pending is not None:
+            return dict(pending)
+        return fresh_state(self.epoch, self.mode, self.options.even, self.carry)
+
+    def share(self, total: int, slot: int, num_slots: int) -> int:
+        """What ``slot`` of ``num_slots`` yields of ``total`` positions this epoch,
+        after the loaded state (another slot's state counts as none: that copy
+        refuses it when iterated)."""
+        resume = self.pending
+        if resume is not None and _slot_of(resume) is not None and _slot_of(resume) != slot:
+            resume = None
+        options = self.options
+        return remaining_share(
+            total, resume, slot, num_slots, options.even, options.multiple_of, self.carry, self.epoch
+        )
+
+    def model(self, **found: Any) -> PlanModel:
+        """The :class:`PlanModel` of this shard, with what its front-end ``found``."""
+        return PlanModel(
+            options=self.options,
+            mode=self.mode,
+            epoch=self.epoch,
+            pending=self.pending,
+            carry=self.carry,
+            whole_files=self.whole,
+            **found,
+        )
+
+    # -- pickling and repr ----------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # the progress of a run that went on here, not in the copy; and the rank of
+        # this process, which DataLoader workers started by spawn / forkserver lack
+        state = dict(self.__dict__)
+        state["run"] = None
+        found = _context.dist_rank_world()
+        if found is not None:
+            state["captured"] = found
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.captured is not None:
+            _context.note_captured(self.captured)
+
+    def describe(self, front: str, source: str, extra: Sequence[str] = ()) -> str:
+        """The ``repr`` of a front-end ``front`` over ``source``: the options given."""
+        options = self.options
+        shown = [f"even={options.even!r}"]
+        if options.explicit is not None:
+            shown.append(f"rank={options.explicit[0]}, world_size={options.explicit[1]}")
+        if options.seed is not None:
+            shown.append(f"seed={options.seed}")
+        if options.shuffle:
+            shown.append("shuffle=True")
+        if options.expand is not None:
+            shown.append(f"expand={getattr(options.expand, '__name__', options.expand)!r}")
+            shown.append(f"sizes={'given' if options.sizes is not None else None}")
+        shown.extend(extra)
+        if options.multiple_of != 1:
+            shown.append(f"multiple_of={options.multiple_of}")
+        return f"{front}({source}, {', '.join(shown)})"

@@ -1,0 +1,130 @@
+"""The source contract: every hook by which a source tells ``dist_shard`` how to read it.
+
+A source (a pipe below ``dist_shard``, or what ``DistShardNode`` is given) may declare:
+
+* ``__distshard_positional__ = True`` (class attribute): ``obj[i]`` is the ``i``-th
+  element iteration yields (:func:`distshard.positional` sets it);
+* ``__distshard_sequence__()``: a positional sequence of its stream (``len`` and
+  ``[]``), or ``None`` when it has none (a mix of streams, compressed files);
+* ``__distshard_units__()``: ``(files, expand)``, its whole files and how one file
+  streams its samples, for a file source that cannot be read at random; its
+  ``describe()`` is its line in ``explain()``;
+* ``distshard_identity()``: what it is, the same in every process (seeds, weights,
+  files), part of every state's source identity.
+
+The sequence it returns may declare, for the reader (``readers/sequence.py``):
+
+* ``distshard_read(positions, shuffled)``: read many positions at once (read-ahead);
+* ``distshard_order(seed)``: the permutation ``shuffle=True`` visits;
+* ``distshard_shuffle_kind``: what that permutation is, for ``explain()``;
+* ``distshard_blocks``: neighbours share a file, so slots take contiguous blocks;
+* ``distshard_identity()``: as above.
+
+The protocols below name them (``isinstance`` works with the runtime-checkable ones);
+the functions are the one place that asks a source for them. How a source becomes an
+``Access`` (what a front-end reads) is :func:`distshard.access.access_of`, built on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "IdentifiedSource",
+    "PositionalSource",
+    "ReadableSequence",
+    "UnitSource",
+    "declares_positional",
+    "has_sequence",
+    "own_identity",
+    "reads_many",
+    "sequence_of",
+    "units_of",
+]
+
+
+@runtime_checkable
+class PositionalSource(Protocol):
+    """A source with random access to its own stream (a file source, a mix, ``pack``)."""
+
+    def __distshard_sequence__(self) -> Sequence[Any] | None: ...
+
+
+@runtime_checkable
+class UnitSource(Protocol):
+    """A file source that can also be read as whole files (compressed files)."""
+
+    def __distshard_units__(self) -> tuple[Sequence[str], Callable[[Any], Iterable[Any]]]: ...
+
+    def describe(self) -> str: ...
+
+
+@runtime_checkable
+class IdentifiedSource(Protocol):
+    """A source (or its sequence) that says what it is, the same in every process."""
+
+    def distshard_identity(self) -> str: ...
+
+
+class ReadableSequence(Protocol):
+    """What ``__distshard_sequence__()`` returns, with the optional hooks the reader asks for."""
+
+    distshard_blocks: bool
+    distshard_shuffle_kind: str
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+    def distshard_read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]: ...
+
+    def distshard_order(self, seed: int) -> Callable[[int], int]: ...
+
+    def distshard_identity(self) -> str: ...
+
+
+def declares_positional(cls: type) -> bool:
+    """Whether the class says ``obj[i]`` is its ``i``-th element."""
+    return getattr(cls, "__distshard_positional__", False) is True
+
+
+def has_sequence(cls: type) -> bool:
+    """Whether the class has a ``__distshard_sequence__`` hook (asking it may build an index)."""
+    return getattr(cls, "__distshard_sequence__", None) is not None
+
+
+def sequence_of(source: Any) -> Any:
+    """The positional sequence ``source``'s hook returns, or ``None`` (no hook, or no
+    random access). ``TypeError`` for a hook that returns something without ``len``
+    and ``[]``."""
+    hook = getattr(type(source), "__distshard_sequence__", None)
+    if hook is None:
+        return None
+    sequence = hook(source)
+    if sequence is not None and not (hasattr(sequence, "__len__") and hasattr(sequence, "__getitem__")):
+        raise TypeError(
+            f"{type(source).__name__}.__distshard_sequence__() returned {type(sequence).__name__}, "
+            "which lacks __len__ or __getitem__; return a positional sequence or None"
+        )
+    return sequence
+
+
+def units_of(source: Any) -> tuple[list[str], Callable[[Any], Iterable[Any]], str] | None:
+    """``(files, expand, description)`` of a file source that has no random access
+    (compressed files), else ``None``."""
+    units = getattr(type(source), "__distshard_units__", None)
+    if units is None or sequence_of(source) is not None:
+        return None
+    files, expand = units(source)
+    return list(files), expand, source.describe()
+
+
+def own_identity(obj: Any) -> str | None:
+    """What ``obj``'s class says it is (``distshard_identity()``), or ``None``."""
+    own = getattr(type(obj), "distshard_identity", None)
+    return str(own(obj)) if callable(own) else None
+
+
+def reads_many(sequence: Any) -> bool:
+    """Whether ``sequence`` reads many positions at once (``distshard_read``)."""
+    return callable(getattr(sequence, "distshard_read", None))
