@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from . import context as _context
 from .access import Access, check_access, mode_of
 from .engine import SlotRun, remaining_share
-from .errors import StateMismatchError
+from .errors import OptionTypeError, StateMismatchError
 from .graph import Pushdown
 from .options import ShardOptions, check_flag, check_seed
 from .plan import CARRY, check_multiple
@@ -152,7 +152,7 @@ class ShardCore:
             elif name == "seed":
                 checked[name] = check_seed(value)
             else:
-                raise TypeError(f"replace_options() cannot change {name!r}: build a new shard instead")
+                raise OptionTypeError(f"replace_options() cannot change {name!r}: build a new shard instead")
         self.options = dataclasses.replace(self.options, **checked)
         return self.options
 

@@ -44,6 +44,7 @@ from torch.utils.data.graph_settings import _is_random_datapipe
 
 from .graph import plan_pushdown, random_pipes
 from .plan import mix_seed
+from .protocol import has_sequence, reads_many
 from .readers import SequenceReader
 from .readers.sequence import ElementCopier
 from .schedule import CostSchedule, integer_weights, make_schedule
@@ -593,7 +594,7 @@ def _has_random_pipes(source: IterDataPipe, plan: Any) -> bool:
     none, and walking its graph would pickle the list."""
     if (
         not any(_is_random_datapipe(pipe) for pipe in plan.maps)
-        and getattr(type(plan.base), "__distshard_sequence__", None) is None
+        and not has_sequence(type(plan.base))
     ):
         return False
     return bool(random_pipes(source))
@@ -619,7 +620,7 @@ class MixSequence:
         # sources that read many positions at once (distshard's file sources: read ahead
         # in large ranges, a round trip per range instead of per element on object storage)
         self.many = [
-            not random and callable(getattr(sequence, "distshard_read", None))
+            not random and reads_many(sequence)
             for sequence, random in zip(self.sequences, self.random, strict=True)
         ]
         self.length = length

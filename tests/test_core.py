@@ -1,0 +1,96 @@
+"""The core below both front-ends (``distshard.core``), the source contract
+(``distshard.protocol``) and its one adapter (``access.access_of``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+
+import pytest
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+import distshard
+from distshard import context as _context
+from distshard import datapipe as datapipe_module
+from distshard.access import access_of
+from distshard.core import PlanModel, ShardCore
+from distshard.explaining import explain_model
+from distshard.protocol import IdentifiedSource, PositionalSource, UnitSource, sequence_of
+
+
+def test_options_are_frozen_and_replaced_whole():
+    pipe = IterableWrapper(range(10)).dist_shard(rank=0, world_size=2, even="drop", multiple_of=2)
+    before = pipe.core.options
+    with pytest.raises(AttributeError):
+        pipe.multiple_of = 1  # type: ignore[misc]
+    after = pipe.core.replace_options(multiple_of=1)
+    assert (before.multiple_of, after.multiple_of, pipe.multiple_of) == (2, 1, 1)
+    assert list(pipe) == [0, 2, 4, 6, 8]
+    with pytest.raises(ValueError, match="multiple_of=0"):
+        pipe.core.replace_options(multiple_of=0)
+    with pytest.raises(TypeError, match="cannot change 'even'"):
+        pipe.core.replace_options(even="pad")
+    assert pipe.core.options is after  # a refused change leaves the options as they were
+
+
+def test_set_shuffle_swaps_the_options_the_front_end_reports():
+    pipe = IterableWrapper(list(range(8))).dist_shard(rank=0, world_size=1, shuffle=True)
+    pipe.set_shuffle(False)
+    assert (pipe.global_shuffle, pipe.core.options.shuffle, list(pipe)) == (False, False, list(range(8)))
+
+
+def test_both_front_ends_share_the_core_and_its_repr():
+    from distshard.nodes import DistShardNode
+
+    pipe = IterableWrapper(list(range(6))).dist_shard(rank=1, world_size=2, even="drop", seed=3)
+    node = DistShardNode(list(range(6)), rank=1, world_size=2, even="drop", seed=3)
+    assert isinstance(pipe.core, ShardCore) and isinstance(node.core, ShardCore)
+    assert repr(pipe) == "DistShardIterDataPipe(IterableWrapperIterDataPipe, even='drop', rank=1, world_size=2, seed=3)"
+    assert repr(node) == "DistShardNode(list, even='drop', rank=1, world_size=2, seed=3)"
+
+
+def test_the_core_carries_the_captured_rank_through_pickling(monkeypatch):
+    pipe = IterableWrapper(range(4)).dist_shard()
+    monkeypatch.setattr(_context, "dist_rank_world", lambda: (1, 2))
+    blob = pickle.dumps(pipe)
+    assert pipe.core.captured is None  # captured in the copy, not here
+    clone = pickle.loads(blob)
+    assert clone.core.captured == (1, 2)
+
+
+def test_explain_reads_the_plan_model():
+    pipe = IterableWrapper(list(range(10))).shuffle().dist_shard(rank=0, world_size=2, even="pad")
+    model = pipe.plan_model()
+    assert isinstance(model, PlanModel)
+    assert (model.total, model.epoch, model.even, model.pending, len(model.random_pipes)) == (10, 0, "pad", None, 1)
+    assert str(explain_model(model)) == str(pipe.explain())
+    assert not hasattr(datapipe_module, "EXPLAINER")
+
+
+def test_the_protocol_names_what_file_sources_declare(tmp_path):
+    plain = tmp_path / "a.jsonl"
+    plain.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(5)))
+    packed = tmp_path / "b.jsonl.gz"
+    with gzip.open(packed, "wt") as out:
+        out.write("".join(json.dumps({"i": i}) + "\n" for i in range(5)))
+    source = distshard.jsonl([str(plain)])
+    assert isinstance(source, PositionalSource)
+    found = access_of(source)
+    assert found is not None and found.random and len(found.sequence) == 5
+    assert isinstance(found.sequence, IdentifiedSource)  # its sequence says which files, as they are
+    assert [found.sequence[i]["i"] for i in range(5)] == list(range(5))
+    compressed = distshard.jsonl([str(packed)])
+    assert isinstance(compressed, UnitSource) and sequence_of(compressed) is None
+    whole = access_of(compressed)
+    assert whole is not None and whole.whole is not None and whole.whole.files == [str(packed)]
+    assert access_of(compressed, whole=False) is None
+
+
+def test_access_of_a_wrapper_and_of_a_bare_sequence():
+    wrapped = access_of(IterableWrapper([1, 2, 3]))
+    assert wrapped is not None and (wrapped.sequence, wrapped.copy_elements) == ([1, 2, 3], True)
+    assert access_of([1, 2, 3]) is None  # a DataPipe's base is a pipe, never a bare list
+    bare = access_of([1, 2, 3], bare=True)
+    assert bare is not None and (bare.sequence, bare.copy_elements) == ([1, 2, 3], False)
+    assert access_of(iter([1, 2]), bare=True) is None  # a stream
