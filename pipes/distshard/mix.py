@@ -592,10 +592,7 @@ def _has_random_pipes(source: IterDataPipe, plan: Any) -> bool:
     pass). Only a base with a ``__distshard_sequence__`` of its own (a mix, a
     ``weighted_sample``) or a random map can: an ``IterableWrapper`` over a list has
     none, and walking its graph would pickle the list."""
-    if (
-        not any(_is_random_datapipe(pipe) for pipe in plan.maps)
-        and not has_sequence(type(plan.base))
-    ):
+    if not any(_is_random_datapipe(pipe) for pipe in plan.maps) and not has_sequence(type(plan.base)):
         return False
     return bool(random_pipes(source))
 
@@ -620,8 +617,7 @@ class MixSequence:
         # sources that read many positions at once (distshard's file sources: read ahead
         # in large ranges, a round trip per range instead of per element on object storage)
         self.many = [
-            not random and reads_many(sequence)
-            for sequence, random in zip(self.sequences, self.random, strict=True)
+            not random and reads_many(sequence) for sequence, random in zip(self.sequences, self.random, strict=True)
         ]
         self.length = length
         self._identity = f"{mix.distshard_identity()} length={length} sources=" + ",".join(
