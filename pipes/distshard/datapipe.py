@@ -3,11 +3,14 @@
 It keeps what torch's DataPipe protocol needs: the hooks torch's DataLoader calls
 (``apply_sharding``, ``set_seed``, ``set_shuffle``), ``set_epoch`` and how it reaches
 workers (``mailbox.py``), iteration, ``state_dict`` / ``load_state_dict``, ``len`` and
-pickling. What it shares with the ``torchdata.nodes`` front-end lives below both:
-the arguments (``options.py``), how a source is read (``access.py``: it says what the
-pipe graph holds, ``graph.py`` finds it), the slot (``context.py``), the run of an
-epoch (``engine.py`` over ``readers/``) and the state (``state.py``). What torch's
-DataLoader is doing around the pipe is read off the call stack by ``loaders.py``.
+pickling. What it shares with the ``torchdata.nodes`` front-end lives below both, in
+a :class:`~distshard.core.ShardCore` (``core.py``: the checked options, the epoch, the
+loaded state, the state checks, the slot's run and the state it reports), over how a
+source is read (``access.py``: it says what the pipe graph holds, ``graph.py`` finds
+it), the slot (``context.py``), the run of an epoch (``engine.py`` over ``readers/``)
+and the state (``state.py``). What torch's DataLoader did to the pipe is kept by a
+:class:`~distshard.tracking.LoaderTrack` (``tracking.py``); what it is doing around
+the pipe is read off the call stack by ``loaders.py``.
 """
 
 from __future__ import annotations

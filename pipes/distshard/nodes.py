@@ -5,7 +5,8 @@ The same plan as the DataPipe, executed by the same engine over the same readers
 ``p % num_slots`` (or a block / whole units), with the same ``even`` modes, the same
 ``shuffle=True``, read once from random-access sources and units, the same state
 format (``merge_states`` and elastic resume work across front-ends), and the same
-rank / world size resolution and argument checks as ``.dist_shard()``.
+rank / world size resolution and argument checks as ``.dist_shard()``: both
+translate their protocol onto the same :class:`~distshard.core.ShardCore`.
 """
 
 from __future__ import annotations
