@@ -193,7 +193,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._counts = UnitCounts(self.sizes)  # a sizes callable's answers, asked once per job
         if self.expand is not None and self._counts.computed:
             self._counts.ask_all(list(self.source_datapipe))  # before any DataLoader worker copies the pipe
-        self.loader = LoaderTrack()  # what torch's DataLoader did to this pipe
+        self.loader_track = LoaderTrack()  # what torch's DataLoader did to this pipe
         self._chain: str | None = None  # identity of the upstream graph, computed once
         self._random_pipes: list | None = None  # per process, never pickled
         # the walk's results, so that DataLoader workers need not walk again: the
@@ -257,8 +257,8 @@ class DistShardIterDataPipe(IterDataPipe[T]):
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this pipe resolves to in this process."""
         explicit, captured = self.core.options.explicit, self.core.captured
-        if self.loader.sharding:
-            return _context.sharded_context(self.loader.sharding, explicit, captured)
+        if self.loader_track.sharding:
+            return _context.sharded_context(self.loader_track.sharding, explicit, captured)
         return _context.current_context(*(explicit or (None, None)), _captured=captured)
 
     # -- hooks torch's DataLoader calls ----------------------------------------
@@ -284,7 +284,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                 raise TypeError(f"{name}={value!r} must be an int")
         if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
             raise ValueError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
-        self.loader.sharded(num_of_instances, instance_id, sharding_group, self.core.captured)
+        self.loader_track.sharded(num_of_instances, instance_id, sharding_group, self.core.captured)
 
     def set_seed(self, seed: int) -> "DistShardIterDataPipe[T]":
         """Called by torch's DataLoader with the seed it shares with all workers.
@@ -293,7 +293,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         and the value is the same on every rank: with ``torch.distributed``
         initialized (the DataLoader broadcasts it) or a single rank.
         """
-        self.loader.seeded(seed, _context.dist_rank_world() is not None or self.core.captured is not None)
+        self.loader_track.seeded(seed, _context.dist_rank_world() is not None or self.core.captured is not None)
         return self
 
     def set_shuffle(self, shuffle: bool = True) -> "DistShardIterDataPipe[T]":
@@ -319,14 +319,14 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         """
         epoch = check_epoch(epoch)
         self.core.set_epoch(epoch)
-        self.loader.epoch_set(epoch)  # posted to the workers, or, in a worker, known here
+        self.loader_track.epoch_set(epoch)  # posted to the workers, or, in a worker, known here
         return self
 
     def _hear_loader(self, refuse: bool = True) -> None:
         """When an iterator starts in a DataLoader worker: take the epoch ``set_epoch``
         set in the loader's process (see :meth:`LoaderTrack.hear`)."""
         core = self.core
-        self.loader.hear(lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse)
+        self.loader_track.hear(lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse)
 
     def _new_iterator(self) -> None:
         """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
@@ -348,7 +348,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             # tail in the next epoch, a resume, an elastic resume) must order them by the
             # same seed, and the DataLoader hands over a new one every epoch
             return 0
-        shared = self.loader.shared_seed(lambda: (ctx or self.context()).world_size)
+        shared = self.loader_track.shared_seed(lambda: (ctx or self.context()).world_size)
         return 0 if shared is None else shared
 
     def _seed_upstream(self, base: int, epoch: int | None = None) -> None:
@@ -439,11 +439,11 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     # -- iteration ---------------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
-        refusal = self.loader.refusal or frameworks.refusal_for_iteration()
+        refusal = self.loader_track.refusal or frameworks.refusal_for_iteration()
         if refusal is not None:
             raise RuntimeError(refusal)
         self._hear_loader()
-        self.loader.iteration_started()
+        self.loader_track.iteration_started()
         core = self.core
         ctx = self.context()
         resume = core.pending
@@ -496,7 +496,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         found = validate_state(state)
         if self.core.load(found, self.reader() if self._cheap_reader() else None, get_worker_info() is not None):
             self.core.run = None
-            self.loader.state_loaded(self.core.epoch)
+            self.loader_track.state_loaded(self.core.epoch)
 
     def load_carry_base(self, states: Sequence[dict[str, Any]]) -> None:
         """``even="carry"``: keep where the epochs after ``states``' begin, from the slot
@@ -546,9 +546,9 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             raise RuntimeError(refusal)
         total = self._total()
         ctx = self.context()
-        if get_worker_info() is not None or self.loader.sharding:
+        if get_worker_info() is not None or self.loader_track.sharding:
             return self.core.share(total, ctx.slot, ctx.num_slots)
-        workers = _context.loader_num_workers() or self.loader.workers or 1
+        workers = _context.loader_num_workers() or self.loader_track.workers or 1
         num_slots = ctx.world_size * workers
         first = ctx.rank * workers
         counts = [self.core.share(total, s, num_slots) for s in range(first, first + workers)]
