@@ -23,7 +23,7 @@ def test_options_are_frozen_and_replaced_whole():
     pipe = IterableWrapper(range(10)).dist_shard(rank=0, world_size=2, even="drop", multiple_of=2)
     before = pipe.core.options
     with pytest.raises(AttributeError):
-        pipe.multiple_of = 1  # type: ignore[misc]
+        pipe.multiple_of = 1
     after = pipe.core.replace_options(multiple_of=1)
     assert (before.multiple_of, after.multiple_of, pipe.multiple_of) == (2, 1, 1)
     assert list(pipe) == [0, 2, 4, 6, 8]

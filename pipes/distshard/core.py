@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -28,7 +29,7 @@ from .graph import Pushdown
 from .options import ShardOptions, check_flag, check_seed
 from .plan import CARRY, check_multiple
 from .readers import RandomAccessReader, Reader
-from .state import carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
+from .state import KEY, carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
 
 __all__ = ["PlanModel", "ShardCore"]
 
@@ -73,6 +74,30 @@ def with_node_source(state: State, value: Any) -> State:
 def first_node_source(merged: State, found: Sequence[State]) -> None:
     """A merged node state keeps the source node's start state of the first slot state that has one."""
     merged.setdefault(_NODE_SOURCE, next((s[_NODE_SOURCE] for s in found if _NODE_SOURCE in s), None))
+
+
+def node_state(shard: State, key: str, version: int) -> State:
+    """A ``DistShardNode``'s state: its marker ``key`` with the format ``version``, and the shard's state."""
+    return {key: version, "shard": shard}
+
+
+def shard_of_node_state(state: object, key: str, version: int) -> State:
+    """The validated shard state inside a ``DistShardNode`` state (or a bare shard state)."""
+    if isinstance(state, Mapping) and key in state:
+        found = state[key]
+        if isinstance(found, bool) or found != version:
+            raise StateMismatchError(f"not a valid DistShardNode state: version {found!r} is not {version}")
+        return validate_state(state.get("shard"))
+    if isinstance(state, Mapping) and KEY in state:
+        return validate_state(state)
+    hint = ""
+    if isinstance(state, Mapping) and "root" in state:
+        hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
+    keys = sorted(map(str, state))[:8] if isinstance(state, Mapping) else type(state).__name__
+    raise StateMismatchError(
+        f"not a valid DistShardNode state: no {key!r} key (got {keys}); pass what "
+        f"this node's state_dict() returned{hint}"
+    )
 
 
 # -- what explain() reads ------------------------------------------------------------

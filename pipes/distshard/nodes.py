@@ -20,12 +20,19 @@ from torchdata.nodes.base_node import BaseNode
 
 from . import context as _context
 from .access import Access, WholeFiles, access_of, reader_of
-from .core import ShardCore, first_node_source, node_source_of, with_node_source
+from .core import (
+    ShardCore,
+    first_node_source,
+    node_source_of,
+    node_state,
+    shard_of_node_state,
+    with_node_source,
+)
 from .errors import OptionTypeError, StateMismatchError
 from .options import carry_refused, check_epoch, check_options
 from .plan import CARRY, Even
 from .readers import Reader
-from .state import KEY, check_slot, find_states, merge_states, validate_state
+from .state import check_slot, find_states, merge_states
 
 T = TypeVar("T")
 
@@ -200,7 +207,7 @@ class DistShardNode(BaseNode[T]):
         ctx = self.context()
         resume = None
         if initial_state is not None:
-            resume = self._parse(initial_state)
+            resume = shard_of_node_state(initial_state, self.STATE_KEY, self.VERSION)
         elif core.pending is not None:
             resume = core.pending
         elif self._started and not core.epoch_set:
@@ -242,7 +249,7 @@ class DistShardNode(BaseNode[T]):
         shard = self.core.run_state()  # BaseNode.state_dict() resets first
         if isinstance(self.source, BaseNode):
             with_node_source(shard, self._source_start)
-        return {self.STATE_KEY: self.VERSION, "shard": shard}
+        return node_state(shard, self.STATE_KEY, self.VERSION)
 
     def load_state_dict(self, state: Any) -> None:
         """Continue from ``state`` at the next :meth:`reset` without a state: this
@@ -281,23 +288,6 @@ class DistShardNode(BaseNode[T]):
     def reader(self) -> Reader:
         """The reader of this epoch's source (lists the units in unit mode)."""
         return reader_of(self.access(), self.expand, self.sizes)
-
-    def _parse(self, state: object) -> Dict[str, Any]:
-        if isinstance(state, Mapping) and self.STATE_KEY in state:
-            version = state[self.STATE_KEY]
-            if isinstance(version, bool) or version != self.VERSION:
-                raise StateMismatchError(f"not a valid DistShardNode state: version {version!r} is not {self.VERSION}")
-            return validate_state(state.get("shard"))
-        if isinstance(state, Mapping) and KEY in state:
-            return validate_state(state)
-        hint = ""
-        if isinstance(state, Mapping) and "root" in state:
-            hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
-        keys = sorted(map(str, state))[:8] if isinstance(state, Mapping) else type(state).__name__
-        raise StateMismatchError(
-            f"not a valid DistShardNode state: no {self.STATE_KEY!r} key (got {keys}); pass what "
-            f"this node's state_dict() returned{hint}"
-        )
 
     # -- pickling -----------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
