@@ -31,7 +31,7 @@ from .plan import CARRY, check_multiple
 from .readers import RandomAccessReader, Reader
 from .state import KEY, carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
 
-__all__ = ["PlanModel", "ShardCore"]
+__all__ = ["OptionsView", "PlanModel", "ShardCore"]
 
 State = dict[str, Any]
 
@@ -106,13 +106,17 @@ def shard_of_node_state(state: object, key: str, version: int) -> State:
 @dataclass(frozen=True)
 class PlanModel:
     """What a shard will do here, as ``explain()`` reads it: the resolved context, the
-    options, the epoch, the state loaded for it and ``even="carry"``'s base, the
-    number of positions (``None`` when unknown), how the source is read (``read_plan``,
-    ``reader``), the upstream random pipes and the seed they get (``seed``: the base
-    seed of this epoch's run, ``options.seed`` the one given)."""
+    options (``given_seed``: the ``seed=`` given), the epoch, the state loaded for it
+    and ``even="carry"``'s base, the number of positions (``None`` when unknown), how
+    the source is read (``read_plan``, ``reader``), the upstream random pipes and the
+    seed of this epoch's run (``seed``)."""
 
     context: _context.ShardContext
-    options: ShardOptions
+    even: Any
+    shuffle: bool
+    multiple_of: int
+    sizes: Any
+    given_seed: int | None
     mode: str
     epoch: int
     seed: int
@@ -128,21 +132,41 @@ class PlanModel:
     pipe: Any  # the front-end this model describes
     label: str
 
-    @property
-    def even(self) -> Any:
-        return self.options.even
+
+class OptionsView:
+    """The options and epoch a front-end shows, read from its ``core`` (frozen there:
+    see :meth:`ShardCore.replace_options`)."""
+
+    core: ShardCore
 
     @property
-    def shuffle(self) -> bool:
-        return self.options.shuffle
+    def even(self) -> Any:
+        return self.core.options.even
+
+    @property
+    def seed(self) -> int | None:
+        return self.core.options.seed
 
     @property
     def multiple_of(self) -> int:
-        return self.options.multiple_of
+        return self.core.options.multiple_of
+
+    @property
+    def expand(self) -> Callable[[Any], Any] | None:
+        return self.core.options.expand
 
     @property
     def sizes(self) -> Any:
-        return self.options.sizes
+        return self.core.options.sizes
+
+    @property
+    def mode(self) -> str:
+        """``element``, ``units`` (expand without sizes, or whole files) or ``sized_units``."""
+        return self.core.mode
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
 
 
 # -- the core ------------------------------------------------------------------------
@@ -349,8 +373,13 @@ class ShardCore:
 
     def model(self, **found: Any) -> PlanModel:
         """The :class:`PlanModel` of this shard, with what its front-end ``found``."""
+        options = self.options
         return PlanModel(
-            options=self.options,
+            even=options.even,
+            shuffle=options.shuffle,
+            multiple_of=options.multiple_of,
+            sizes=options.sizes,
+            given_seed=options.seed,
             mode=self.mode,
             epoch=self.epoch,
             pending=self.pending,

@@ -37,7 +37,7 @@ from .access import (
     unwrapped,
     whole_files,
 )
-from .core import PlanModel, ShardCore
+from .core import OptionsView, PlanModel, ShardCore
 from .engine import SlotRun
 from .errors import OptionTypeError
 from .explaining import explain_model
@@ -64,7 +64,7 @@ _END = object()
 
 
 @functional_datapipe("dist_shard")
-class DistShardIterDataPipe(IterDataPipe[T]):
+class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
     r"""Shard a stream exactly once over ranks × DataLoader workers (functional name: ``dist_shard``).
 
     Every copy of the pipeline (a *slot*: ``slot = rank * num_workers + worker_id``
@@ -220,26 +220,6 @@ class DistShardIterDataPipe(IterDataPipe[T]):
 
     # -- the options (frozen in the core; see ShardCore.replace_options) -----------------
     @property
-    def even(self) -> Even:
-        return self.core.options.even
-
-    @property
-    def seed(self) -> int | None:
-        return self.core.options.seed
-
-    @property
-    def multiple_of(self) -> int:
-        return self.core.options.multiple_of
-
-    @property
-    def expand(self) -> Callable[[Any], Any] | None:
-        return self.core.options.expand
-
-    @property
-    def sizes(self) -> Any:
-        return self.core.options.sizes
-
-    @property
     def global_shuffle(self) -> bool:  # not "shuffle": that name is the .shuffle() functional
         return self.core.options.shuffle
 
@@ -335,10 +315,6 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._hear_loader(refuse=False)
         self.core.run = None
 
-    @property
-    def epoch(self) -> int:
-        return self.core.epoch
-
     def base_seed(self, ctx: _context.ShardContext | None = None) -> int:
         """The base seed of upstream randomness this copy uses (see ``seed``)."""
         if self.seed is not None:
@@ -390,11 +366,6 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if self._pushdown is None:
             self._pushdown = plan_pushdown(self.source_datapipe, self.pushdown and self.expand is None)
         return self._pushdown
-
-    @property
-    def mode(self) -> str:
-        """``element``, ``units`` (expand without sizes, or whole files) or ``sized_units``."""
-        return self.core.mode
 
     def chain_identity(self, upstream: list | None = None) -> str:
         """A process-independent identity of the upstream graph: the pipes' types

@@ -397,7 +397,7 @@ def _plan_section(model: PlanModel, out: Explanation) -> None:
     length, the carry's stream of epochs or the plan of a known length."""
     S, total = model.context.num_slots, model.total
     out.total = total
-    seed = f"given: {model.options.seed}" if model.options.seed is not None else None
+    seed = f"given: {model.given_seed}" if model.given_seed is not None else None
     plan_lines = [
         f"mode: {model.mode}; even={model.even!r}; "
         + (f"multiple_of={model.multiple_of}; " if model.multiple_of > 1 else "")

@@ -21,6 +21,7 @@ from torchdata.nodes.base_node import BaseNode
 from . import context as _context
 from .access import Access, WholeFiles, access_of, reader_of
 from .core import (
+    OptionsView,
     ShardCore,
     first_node_source,
     node_source_of,
@@ -39,7 +40,7 @@ T = TypeVar("T")
 __all__ = ["DistShardNode"]
 
 
-class DistShardNode(BaseNode[T]):
+class DistShardNode(OptionsView, BaseNode[T]):
     r"""Shard a ``torchdata.nodes`` source exactly once over ranks × workers.
 
     ``source`` is either a :class:`torchdata.nodes.BaseNode`, whose stream every
@@ -160,14 +161,6 @@ class DistShardNode(BaseNode[T]):
 
     # -- the options (frozen in the core) -------------------------------------------
     @property
-    def even(self) -> Even:
-        return self.core.options.even
-
-    @property
-    def seed(self) -> Optional[int]:
-        return self.core.options.seed
-
-    @property
     def shuffle(self) -> bool:
         return self.core.options.shuffle
 
@@ -182,14 +175,6 @@ class DistShardNode(BaseNode[T]):
     @property
     def sizes(self) -> Any:
         return self.core.options.sizes
-
-    @property
-    def mode(self) -> str:
-        return self.core.mode
-
-    @property
-    def epoch(self) -> int:
-        return self.core.epoch
 
     def set_epoch(self, epoch: int) -> "DistShardNode[T]":
         """Set the epoch the next :meth:`reset` starts (same value on every rank)."""
