@@ -311,10 +311,13 @@ class ShardCore:
         seed: int,
         resume: State | None,
         epoch_reader: Callable[[int], RandomAccessReader] | None = None,
+        *,
+        keep: bool = False,
     ) -> SlotRun:
-        """The run of ``reader`` for the slot ``ctx`` in the current epoch."""
+        """The run of ``reader`` for the slot ``ctx`` in the current epoch; ``keep``: the
+        current run, which the state reports from now on."""
         options = self.options
-        return SlotRun(
+        run = SlotRun(
             reader,
             ctx=ctx,
             even=options.even,
@@ -326,18 +329,9 @@ class ShardCore:
             carry=self.carry,
             epoch_reader=epoch_reader,
         )
-
-    def start(
-        self,
-        reader: Reader,
-        ctx: _context.ShardContext,
-        seed: int,
-        resume: State | None,
-        epoch_reader: Callable[[int], RandomAccessReader] | None = None,
-    ) -> SlotRun:
-        """:meth:`slot_run`, which the state reports from now on."""
-        self.run = self.slot_run(reader, ctx, seed, resume, epoch_reader)
-        return self.run
+        if keep:
+            self.run = run
+        return run
 
     def run_state(self) -> State:
         """The state of the current run."""

@@ -424,7 +424,9 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         if resume is not None:
             core.check_against(resume, reader)
         # raises before anything is consumed if the state is for another slot
-        run = core.start(reader, ctx, seed, resume, self._epoch_readers(seed) if self.even == CARRY else None)
+        run = core.slot_run(
+            reader, ctx, seed, resume, self._epoch_readers(seed) if self.even == CARRY else None, keep=True
+        )
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
         # the loaded state stays pending until the run shows it fits (a stream shorter

@@ -225,7 +225,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
         reader = self.reader()
         if resume is not None and listing:
             core.check_against(resume, reader)
-        self._it = iter(core.start(reader, ctx, seed, resume))
+        self._it = iter(core.slot_run(reader, ctx, seed, resume, keep=True))
 
     def next(self) -> T:
         return next(self._it)  # type: ignore[arg-type]
