@@ -86,6 +86,18 @@ def test_a_state_of_today_round_trips_unchanged(case):
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_the_states_written_now_are_todays_exactly(case):
+    """What a slot reports now is, key for key, what the code before the typed state
+    reported at the same point: code of either side reads the other's states."""
+    for rank, wire in enumerate(case["states"]):
+        pipe = build(case["kind"], case["even"], rank, 3)
+        it = iter(pipe)
+        for _ in range(rank + 1):
+            next(it)
+        assert pipe.state_dict() == wire
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_a_state_of_today_resumes_where_it_stopped(case):
     for rank, (wire, rest) in enumerate(zip(case["states"], case["rests"], strict=True)):
         pipe = build(case["kind"], case["even"], rank, 3)

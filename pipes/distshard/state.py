@@ -20,6 +20,13 @@ Under ``even="carry"`` the epochs form one stream, and a state's ``remaining`` i
 epoch ``carry_from``: the part of the concatenated stream not consumed yet, ending in
 an open interval. Everything else is as above; ``carry_from`` is ``None`` for the
 other modes, so a state of a carry run and one of another run never fit each other.
+
+In the code a state is a :class:`State` (typed; ``State.from_dict`` checks the wire
+format, ``to_dict`` writes it); the functions taking a state take it typed or as the
+validated dict the front-ends keep, and return dicts where a user sees the result.
+Errors: a malformed state is an ``OptionError``, a state of another run (or states that
+do not merge) a ``StateMismatchError``, a merge that cannot be exact an
+``UnsupportedError``; each a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -153,12 +160,12 @@ class State:
     def from_dict(cls, state: object) -> "State":
         """Check a state's structure (``ValueError`` naming the first problem) and
         return it typed."""
-        wire = _check_wire(state)
+        wire, remaining = _check_wire(state)
         layout = None if wire["layout"] is None else layout_named(wire["layout"])
         found = cls(
             **{f.name: wire[f.name] for f in fields(cls) if f.name in _WIRE_AS_IS},
             layout=layout,
-            remaining=_remaining(wire["remaining"]),
+            remaining=remaining,
             whole_files=_is_whole_files(wire["source"]),
             extra={k: v for k, v in wire.items() if k not in _WIRE_KEYS},
         )
@@ -213,8 +220,9 @@ def validate_state(state: object) -> dict[str, Any]:
     return State.from_dict(state).to_dict()
 
 
-def _check_wire(state: object) -> Mapping[str, Any]:
-    """The wire format's checks, in the order their messages name the first problem."""
+def _check_wire(state: object) -> tuple[Mapping[str, Any], Remaining]:
+    """The wire format's checks, in the order their messages name the first problem;
+    the state and its ``remaining``."""
     if not isinstance(state, Mapping):
         raise _fail(f"expected a dict, got {type(state).__name__}")
     if KEY not in state:
@@ -249,7 +257,7 @@ def _check_wire(state: object) -> Mapping[str, Any]:
         raise _fail(f"even={state['even']!r} is not one of {ALL_EVEN_MODES}")
     if not isinstance(state["finished"], bool):
         raise _fail(f"finished={state['finished']!r} must be True or False")
-    _check_remaining(state["remaining"])
+    remaining = _check_remaining(state["remaining"])
     if state["slot"] is None and state["taken"]:
         raise _fail("a merged state (no slot) must have taken=0")
     if state["slot"] is not None and state["layout"] is None:
@@ -258,7 +266,7 @@ def _check_wire(state: object) -> Mapping[str, Any]:
         raise _fail(f"carry_from={state['carry_from']!r} must be an int with even='carry' and None otherwise")
     if state["even"] == CARRY:
         _int(state, "carry_from")
-    return state
+    return state, remaining
 
 
 def _check_slot_keys(state: Mapping[str, Any]) -> None:
@@ -270,7 +278,7 @@ def _check_slot_keys(state: Mapping[str, Any]) -> None:
         raise _fail(f"slot={slot} is outside [0, num_slots={num_slots})")
 
 
-def _check_remaining(remaining: object) -> None:
+def _check_remaining(remaining: object) -> Remaining:
     if not isinstance(remaining, list) or not all(
         isinstance(pair, (list, tuple))
         and len(pair) == 2
@@ -282,7 +290,7 @@ def _check_remaining(remaining: object) -> None:
     empty = [pair for pair in remaining if pair[1] is not None and pair[1] <= pair[0]]
     if empty:
         raise _fail(f"remaining has an empty or inverted interval {list(empty[0])}")
-    _remaining(remaining)
+    return _remaining(remaining)
 
 
 def _check_carry(state: State) -> None:
