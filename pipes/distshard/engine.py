@@ -85,8 +85,7 @@ def carry_run_base(resume: Resume | None, carry: tuple[list, int] | None, epoch:
         found = as_state(resume)
         assert found.carry_from is not None, "a carry state's"
         return found.remaining, found.carry_from
-    else:
-        pairs, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
+    pairs, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
     return Remaining((a, b) for a, b in pairs), first
 
 
@@ -155,14 +154,14 @@ class SlotRun:
         self.finished = False
         self.count: int | None = None  # visit indices this run splits, when known
         self.carry_from: int | None = None
-        if resume is not None:
-            found = as_state(resume)
+        found = None if resume is None else as_state(resume)
+        if found is not None:
             self.remaining = found.remaining
             if found.is_slot:
                 check_slot(found, ctx.slot, ctx.num_slots, _where(ctx))
                 self.taken, self.finished = found.taken, found.finished
         if even == CARRY:
-            self.remaining, self.carry_from = carry_run_base(resume, carry, epoch)
+            self.remaining, self.carry_from = carry_run_base(found, carry, epoch)
             if self.carry_from > epoch:  # a state taken once its epoch was over: nothing left of it
                 self.finished = True
             elif self.length is not None:
