@@ -26,29 +26,27 @@ builds a reader seeded for another epoch) and in that epoch's shuffle order.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from .context import ShardContext
+from .errors import StateMismatchError, UnsupportedError
+from .layouts import Layout, choose
 from .plan import (
     CARRY,
     Even,
     Remaining,
-    block_positions,
     carry_reads,
     carry_share,
     carry_window,
-    chunk_positions,
     mix_seed,
-    select_chunks,
-    select_stream,
     slot_count,
-    slot_positions,
-    slot_runs,
 )
 from .readers import RandomAccessReader, Reader, StreamReader, WholeFilesReader, WholeUnitsReader
-from .state import FRESH_CARRY, check_slot, fresh_state
+from .state import FRESH_CARRY, State, as_state, check_slot
 
-__all__ = ["SlotRun", "carry_run_base", "layout_of", "salt_of", "shuffle_order", "remaining_share"]
+Resume = State | Mapping[str, Any]  # a validated state, typed or on the wire
+
+__all__ = ["SlotRun", "carry_run_base", "layout_for", "layout_of", "salt_of", "shuffle_order", "remaining_share"]
 
 EpochReader = Callable[[int], RandomAccessReader]  # the reader of another epoch's stream (carry)
 
@@ -64,33 +62,36 @@ def shuffle_order(reader: RandomAccessReader, seed: int, epoch: int) -> Callable
     return reader.order(mix_seed(seed, epoch, 0x5EED, salt_of(reader)))
 
 
+def layout_for(reader: Reader, multiple: int = 1) -> Layout:
+    """How a run lays its positions out over slots (``layouts.choose``): ``units``
+    (whole units), ``blocks`` (readers whose neighbours share a unit or a file:
+    contiguous blocks, shuffled or not, so a merged state stays one interval per
+    slot), ``chunks`` (``multiple_of`` > 1: whole batches in the order the DataLoader
+    takes them, see ``plan.chunk_slot``), ``stride``."""
+    blocks = isinstance(reader, RandomAccessReader) and reader.prefers_blocks
+    return choose(isinstance(reader, WholeUnitsReader), blocks, multiple)
+
+
 def layout_of(reader: Reader, shuffle: bool, multiple: int = 1) -> str:
-    """How a run lays its positions out over slots: ``units`` (whole units),
-    ``blocks`` (readers whose neighbours share a unit or a file: contiguous blocks,
-    shuffled or not, so a merged state stays one interval per slot), ``chunks``
-    (``multiple_of`` > 1: whole batches in the order the DataLoader takes them, see
-    ``plan.chunk_slot``), ``stride``."""
-    if isinstance(reader, WholeUnitsReader):
-        return "units"
-    if isinstance(reader, RandomAccessReader) and reader.prefers_blocks:
-        return "blocks"
-    return "chunks" if multiple > 1 else "stride"
+    """The name of :func:`layout_for`'s layout (what a state records)."""
+    return layout_for(reader, multiple).name
 
 
-def carry_run_base(resume: dict | None, carry: tuple[list, int] | None, epoch: int) -> tuple[Remaining, int]:
+def carry_run_base(resume: Resume | None, carry: tuple[list, int] | None, epoch: int) -> tuple[Remaining, int]:
     """The base a carry run of ``epoch`` splits: the resumed state's, else the one the
     pipe keeps (``carry``, from an earlier state), else the fresh one; a base that
     opens a later epoch than ``epoch`` does not apply to it (then: fresh)."""
     if resume is not None:
-        pairs, first = resume["remaining"], resume["carry_from"]
-    else:
-        pairs, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
+        found = as_state(resume)
+        assert found.carry_from is not None, "a carry state's"
+        return found.remaining, found.carry_from
+    pairs, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
     return Remaining((a, b) for a, b in pairs), first
 
 
 def remaining_share(
     reader_length: int | None,
-    resume: dict | None,
+    resume: Resume | None,
     slot: int,
     num_slots: int,
     even: Even,
@@ -113,7 +114,7 @@ def remaining_share(
         return 0 if first > epoch else carry_share(base, first, epoch, reader_length, num_slots, multiple)
     count: int | None = reader_length
     if resume is not None:
-        count = Remaining((a, b) for a, b in resume["remaining"]).clip(reader_length).length()
+        count = as_state(resume).remaining.clip(reader_length).length()
     assert count is not None  # clipped to the length: finite
     return slot_count(slot, num_slots, count, even, multiple)
 
@@ -136,7 +137,7 @@ class SlotRun:
         shuffle: bool,
         epoch: int,
         seed: int,
-        resume: dict[str, Any] | None = None,
+        resume: Resume | None = None,
         multiple: int = 1,
         carry: tuple[list, int] | None = None,
         epoch_reader: EpochReader | None = None,
@@ -145,7 +146,7 @@ class SlotRun:
         self.epoch_reader = epoch_reader
         self.multiple = multiple
         self.epoch, self.seed = epoch, seed
-        self.layout = layout_of(reader, shuffle, multiple)
+        self.layout = layout_for(reader, multiple)
         self.length = reader.length()
         self.identity = reader.identity()
         self.remaining = Remaining()
@@ -153,13 +154,14 @@ class SlotRun:
         self.finished = False
         self.count: int | None = None  # visit indices this run splits, when known
         self.carry_from: int | None = None
-        if resume is not None:
-            self.remaining = Remaining((a, b) for a, b in resume["remaining"])
-            if resume["slot"] is not None:
-                check_slot(resume, ctx.slot, ctx.num_slots, _where(ctx))
-                self.taken, self.finished = resume["taken"], resume["finished"]
+        found = None if resume is None else as_state(resume)
+        if found is not None:
+            self.remaining = found.remaining
+            if found.is_slot:
+                check_slot(found, ctx.slot, ctx.num_slots, _where(ctx))
+                self.taken, self.finished = found.taken, found.finished
         if even == CARRY:
-            self.remaining, self.carry_from = carry_run_base(resume, carry, epoch)
+            self.remaining, self.carry_from = carry_run_base(found, carry, epoch)
             if self.carry_from > epoch:  # a state taken once its epoch was over: nothing left of it
                 self.finished = True
             elif self.length is not None:
@@ -169,14 +171,21 @@ class SlotRun:
             self.count = self.remaining.clip(self.length).length()
 
     def state(self) -> dict[str, Any]:
-        state = fresh_state(self.epoch, self.reader.mode, self.even)
-        state.update(
+        """Where the run is, on the wire (what ``state_dict()`` reports)."""
+        return self.snapshot().to_dict()
+
+    def snapshot(self) -> State:
+        """Where the run is, typed."""
+        return State(
+            epoch=self.epoch,
+            mode=self.reader.mode,
+            even=self.even,
             seed=self.seed,
             layout=self.layout,
             shuffle=self.shuffle,
             length=self.length,
             source=self.identity,
-            remaining=self.remaining.to_list(),
+            remaining=self.remaining,
             total=self.count,
             multiple_of=self.multiple,
             workers=self.ctx.num_workers,
@@ -185,8 +194,8 @@ class SlotRun:
             taken=self.taken,
             finished=self.finished,
             carry_from=self.carry_from,
+            whole_files=isinstance(self.reader, WholeFilesReader),
         )
-        return state
 
     def __iter__(self) -> Iterator[Any]:
         if not self.finished:
@@ -199,29 +208,21 @@ class SlotRun:
     def _select(self) -> Iterator[Any]:
         ctx, reader = self.ctx, self.reader
         if isinstance(reader, WholeUnitsReader):
-            if not self.remaining.is_full:
-                if isinstance(reader, WholeFilesReader):
-                    raise ValueError(
-                        "a merged state cannot be resumed over compressed files (each streamed whole): "
-                        "resume with the same ranks and workers, or decompress the files"
-                    )
-                raise ValueError("a merged state cannot be resumed in unit mode without sizes=")
+            refusal = self.layout.refuse_resume(isinstance(reader, WholeFilesReader))
+            if not self.remaining.is_full and refusal is not None:
+                raise refusal
             return reader.select(ctx.slot, ctx.num_slots, self.taken)
         if isinstance(reader, RandomAccessReader):
             return self._read_carry(reader) if self.even == CARRY else self._read_positions(reader)
         assert isinstance(reader, StreamReader)
         stream = self.remaining.stream(reader.stream())
-        if self.layout == "chunks":
-            return select_chunks(
-                stream, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, self.multiple, self.taken
-            )
-        return select_stream(stream, ctx.slot, ctx.num_slots, self.even, self.taken)
+        return self.layout.select(stream, ctx, self.even, self.multiple, self.taken)
 
     def _read_positions(self, reader: RandomAccessReader) -> Iterator[Any]:
         ctx, length = self.ctx, reader.length()
         for start, stop in self.remaining.intervals:
             if (stop if stop is not None else start) > length:
-                raise ValueError(
+                raise StateMismatchError(
                     f"the loaded state's remaining positions reach {stop if stop is not None else start}, "
                     f"beyond this epoch's {length} elements: it comes from other data or was altered"
                 )
@@ -231,19 +232,12 @@ class SlotRun:
         self.count = count
         share = slot_count(ctx.slot, ctx.num_slots, count, self.even, self.multiple)
         if self.taken > share:
-            raise ValueError(
+            raise StateMismatchError(
                 f"the loaded state says slot {ctx.slot} of {ctx.num_slots} yielded {self.taken} "
                 f"elements, but its share of the {count} remaining is {share}: it comes from other "
                 "data or was altered"
             )
-        positions: Iterator[int]
-        if self.layout == "chunks":
-            positions = chunk_positions(
-                ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, count, self.multiple, self.taken
-            )
-        else:
-            layout = block_positions if self.layout == "blocks" else slot_positions
-            positions = layout(ctx.slot, ctx.num_slots, count, self.even, self.taken, self.multiple)
+        positions = self.layout.positions(ctx, count, self.even, self.multiple, self.taken)
         if remaining != Remaining([(0, length)]):
             positions = map(remaining.indexer(), positions)
         if self.shuffle:
@@ -262,21 +256,19 @@ class SlotRun:
         lo, hi = carry_window(self.remaining, self.carry_from, self.epoch, length, ctx.num_slots * self.multiple)
         share = (hi - lo) // ctx.num_slots
         if self.taken > share:
-            raise ValueError(
+            raise StateMismatchError(
                 f"the loaded state says slot {ctx.slot} of {ctx.num_slots} yielded {self.taken} elements, but "
                 f"every slot's share of epoch {self.epoch} is {share}: it comes from other data or was altered"
             )
         window = self.remaining.compose(Remaining([(lo, hi)]))
-        runs = slot_runs(
-            self.layout, ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers, hi - lo, self.multiple, self.taken
-        )
+        runs = self.layout.runs(ctx, hi - lo, self.multiple, self.taken)
         check = getattr(reader, "check_empty_units", None)
         if check is not None and ctx.slot == 0 and self.taken == 0:
             check()
         for epoch, positions in carry_reads(window, length, runs):
             source = reader if epoch == self.epoch or self.epoch_reader is None else self.epoch_reader(epoch)
             if source.length() != length:
-                raise ValueError(
+                raise UnsupportedError(
                     f"epoch {epoch}'s stream has {source.length()} elements and epoch "
                     f"{self.epoch}'s {length}: even='carry' needs the same length every epoch"
                 )

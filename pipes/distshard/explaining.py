@@ -19,10 +19,10 @@ from torch.utils.data.graph_settings import _is_sharding_datapipe
 
 from .context import ShardContext
 from .core import PlanModel
-from .engine import SlotRun, carry_run_base, layout_of, shuffle_order
+from .engine import SlotRun, carry_run_base, layout_for, shuffle_order
 from .graph import pipe_graph, pipeline_of, upstream_pipes
 from .pack import PackIterDataPipe
-from .plan import block_range, carry_summary, dropped_count, pad_position, padded_count, slot_count
+from .plan import carry_summary, dropped_count, padded_count, slot_count
 from .protocol import IdentifiedSource
 from .readers import RandomAccessReader, Reader, StreamReader
 
@@ -214,7 +214,8 @@ def _plan(model: PlanModel, ctx: ShardContext, total: int, out: Explanation) -> 
         if isinstance(reader, RandomAccessReader)
         else StreamReader(lambda: range(total), "positions", reader.identity())
     )
-    layout = out.layout = layout_of(positions, shuffled, multiple)
+    layout = layout_for(positions, multiple)
+    out.layout = layout.name
     counts = out.per_slot = [slot_count(s, S, total, even, multiple) for s in range(S)]
     shown = counts if S <= _SHOWN_SLOTS else counts[:_SHOWN_SLOTS] + ["..."]
     lines = [f"N = {total} positions over {S} slots; per slot: {shown}; this slot: {counts[ctx.slot]}"]
@@ -230,32 +231,13 @@ def _plan(model: PlanModel, ctx: ShardContext, total: int, out: Explanation) -> 
     seed = model.seed
     permute = shuffle_order(reader, seed, model.epoch) if shuffled else (lambda v: v)  # type: ignore[arg-type]
     if even == "pad":
-        if layout == "blocks":
-            start, stop = block_range(ctx.slot, S, total, even)
-            pad = (
-                None
-                if not total or total % S == 0 or ctx.slot < total % S
-                else (start if stop > start else ctx.slot % total)
-            )
-        else:
-            pad = pad_position(ctx.slot, S, total)
+        pad = layout.pad_position(ctx.slot, S, total)
         lines.append(
             f"even='pad' repeats {out.repeated} elements in all"
             + (f"; this slot repeats position {permute(pad)}" if pad is not None else "; none in this slot")
         )
     K = ctx.num_workers
-    lines.append(
-        {
-            "stride": f"layout: stride: the j-th position{order} goes to slot j % {S}",
-            "chunks": f"layout: whole batches of {multiple}: chunk c (the positions{order} [c*{multiple}, "
-            f"(c+1)*{multiple})) goes to rank c % {ctx.world_size}, worker (c // {ctx.world_size}) % {K}, "
-            "so the ranks' batches of one step are consecutive positions",
-            "blocks": "layout: a contiguous block per slot" + (" of the permuted order" if shuffled else ""),
-        }[layout]
-    )
-    if layout == "blocks":
-        start, stop = block_range(ctx.slot, S, total, even, multiple)
-        lines.append(f"this slot reads the contiguous {'visit' if shuffled else 'element'} block [{start}, {stop})")
+    lines.extend(layout.explain(ctx, total, even, multiple, shuffled))
     for slot in range(min(S, _SHOWN_SLOTS)):
         rank, worker = divmod(slot, K)
         run = SlotRun(

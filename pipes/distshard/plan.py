@@ -24,7 +24,7 @@ from collections import deque
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 
-from .errors import DistshardError
+from .errors import DistshardError, OptionError, OptionTypeError, StateMismatchError
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ def check_even(even: object) -> Even:
     """Return ``even`` if it is a known mode, else raise ``ValueError`` naming it."""
     if even is None or (isinstance(even, str) and even in ("drop", "pad", CARRY)):
         return even  # type: ignore[return-value]
-    raise ValueError(
+    raise OptionError(
         f"even={even!r} is not a known mode; use even=None (keep every element, slot "
         "counts differ by at most 1), even='drop' (every slot yields N // S, the last "
         "N % S elements are dropped), even='pad' (every slot yields ceil(N / S), "
@@ -53,11 +53,11 @@ def check_multiple(multiple_of: object, even: Even) -> int:
     """Validate ``multiple_of`` (an int >= 1; above 1 only with ``even="drop"`` or
     ``"carry"``)."""
     if isinstance(multiple_of, bool) or not isinstance(multiple_of, int):
-        raise TypeError(f"multiple_of={multiple_of!r} must be an int (the batch size after the shard)")
+        raise OptionTypeError(f"multiple_of={multiple_of!r} must be an int (the batch size after the shard)")
     if multiple_of < 1:
-        raise ValueError(f"multiple_of={multiple_of} must be at least 1")
+        raise OptionError(f"multiple_of={multiple_of} must be at least 1")
     if multiple_of > 1 and even not in ("drop", CARRY):
-        raise ValueError(
+        raise OptionError(
             f"multiple_of={multiple_of} needs even='drop' or even='carry' (got even={even!r}): it makes "
             "every slot's count a multiple of the batch size, dropping the rest ('drop') or carrying it "
             "into the next epoch ('carry')"
@@ -331,7 +331,7 @@ def left_after_chunks(
     dropped tail stays left)."""
     num_slots = world_size * num_workers
     if len(taken) != num_slots:
-        raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
+        raise OptionError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
     chunks = None if total is None else total // multiple // num_slots
     done = [0] * num_slots  # per chunk-slot: consumed positions
     for slot, count in enumerate(taken):
@@ -342,7 +342,7 @@ def left_after_chunks(
     if chunks is not None:
         high = min(chunks, high)
     if (high - low) * num_slots > MAX_BAND:
-        raise ValueError(
+        raise StateMismatchError(
             f"the slots' counts differ by too much to merge ({high - low} rounds of chunks between the "
             "slowest and the fastest slot): such states do not come from one run of one pipeline"
         )
@@ -423,7 +423,7 @@ class Permutation:
 
     def __init__(self, n: int, seed: int) -> None:
         if n < 0:
-            raise ValueError(f"n={n} must be non-negative")
+            raise OptionError(f"n={n} must be non-negative")
         self.n = n
         bits = max(2, (max(n - 1, 1)).bit_length())
         bits += bits % 2
@@ -515,12 +515,12 @@ class Remaining:
             if merged:
                 last_start, last_stop = merged[-1]
                 if last_stop is None or start < last_stop:
-                    raise ValueError(f"intervals overlap or are out of order at [{start}, {stop})")
+                    raise OptionError(f"intervals overlap or are out of order at [{start}, {stop})")
                 if start == last_stop:
                     merged[-1] = (last_start, stop)
                     continue
             if start < 0:
-                raise ValueError(f"interval [{start}, {stop}) starts below 0")
+                raise OptionError(f"interval [{start}, {stop}) starts below 0")
             merged.append((start, stop))
         self.intervals = merged
 
@@ -616,11 +616,11 @@ def left_after_round_robin(taken: Sequence[int], num_slots: int) -> Remaining:
     """What is left when slot ``s`` of a round-robin split consumed its first
     ``taken[s]`` positions (counted within the set being split)."""
     if len(taken) != num_slots:
-        raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
+        raise OptionError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
     low, high = min(taken), max(taken)
     spread = sum(high - count for count in taken)
     if spread > MAX_BAND:
-        raise ValueError(
+        raise StateMismatchError(
             f"the slots' counts differ by too much to merge ({spread} positions between the slowest "
             f"slot at {low} and the fastest at {high}): such states do not come from one run of one "
             "pipeline; merge the states every slot saved at the same step"
@@ -633,7 +633,7 @@ def left_after_blocks(taken: Sequence[int], num_slots: int, total: int, even: Ev
     """What is left when slot ``s`` of a block split of ``total`` positions consumed
     the first ``taken[s]`` positions of its block (``drop``'s tail stays left)."""
     if len(taken) != num_slots:
-        raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
+        raise OptionError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
     pieces = []
     for slot, count in enumerate(taken):
         start, stop = block_range(slot, num_slots, total, even, multiple)
@@ -662,7 +662,7 @@ def carry_consumed(base: Remaining) -> int:
     ``j``-th position for ``j >= len(finite part)`` is ``Q + j``."""
     start, stop = base.intervals[-1] if base.intervals else (0, 0)
     if stop is not None:
-        raise ValueError(f"a carry base must end in an open interval, got {base}")
+        raise OptionError(f"a carry base must end in an open interval, got {base}")
     return start - sum(b - a for a, b in base.intervals[:-1] if b is not None)
 
 
@@ -678,7 +678,7 @@ def carry_window(base: Remaining, first: int, epoch: int, length: int, unit: int
     Defined by the epoch alone: the epoch the base opens starts at index 0, every later
     one where the one before it ends, in O(1)."""
     if epoch < first:
-        raise ValueError(f"epoch {epoch} comes before epoch {first}, where this carry base starts")
+        raise OptionError(f"epoch {epoch} comes before epoch {first}, where this carry base starts")
     lo = 0 if epoch == first else carry_end(base, epoch - 1, length, unit)
     return lo, max(lo, carry_end(base, epoch, length, unit))
 
@@ -695,6 +695,30 @@ def carry_after(base: Remaining, first: int, epoch: int, length: int, unit: int)
     return base.compose(Remaining([(hi, None)]))
 
 
+def stride_runs(
+    rank: int, world_size: int, worker_id: int, num_workers: int, total: int, multiple: int = 1, skip: int = 0
+) -> Iterator[range]:
+    """The positions of ``[0, total)`` a slot yields under ``even="drop"`` in stride
+    layout (every ``num_slots``-th), as one range, skipping the first ``skip``."""
+    num_slots = world_size * num_workers
+    slot = rank * num_workers + worker_id
+    own = slot_count(slot, num_slots, total, "drop", multiple)
+    yield range(slot, slot + own * num_slots, num_slots)[skip:]
+
+
+def block_runs(
+    rank: int, world_size: int, worker_id: int, num_workers: int, total: int, multiple: int = 1, skip: int = 0
+) -> Iterator[range]:
+    """The positions of ``[0, total)`` a slot yields under ``even="drop"`` in block
+    layout (its contiguous block), as one range, skipping the first ``skip``."""
+    start, stop = block_range(rank * num_workers + worker_id, world_size * num_workers, total, "drop", multiple)
+    yield range(start + skip, stop)
+
+
+RunsOf = Callable[[int, int, int, int, int, int, int], Iterator[range]]
+LeftAfter = Callable[[Sequence[int], int], "Remaining"]  # (taken per slot, positions split) -> what is left
+
+
 def slot_runs(
     layout: str,
     rank: int,
@@ -707,17 +731,10 @@ def slot_runs(
 ) -> Iterator[range]:
     """The positions of ``[0, total)`` a slot yields under ``even="drop"`` in
     ``layout`` (``stride``, ``blocks`` or ``chunks``), as increasing ranges, skipping
-    the first ``skip`` in O(1)."""
-    num_slots = world_size * num_workers
-    slot = rank * num_workers + worker_id
-    if layout == "chunks":
-        yield from chunk_runs(rank, world_size, worker_id, num_workers, total, multiple, skip)
-    elif layout == "blocks":
-        start, stop = block_range(slot, num_slots, total, "drop", multiple)
-        yield range(start + skip, stop)
-    else:
-        own = slot_count(slot, num_slots, total, "drop", multiple)
-        yield range(slot, slot + own * num_slots, num_slots)[skip:]
+    the first ``skip`` in O(1). (By name, for the property tests: the package asks
+    the layout's object in ``layouts.py``.)"""
+    runs: RunsOf = _RUNS_BY_NAME.get(layout, stride_runs)
+    yield from runs(rank, world_size, worker_id, num_workers, total, multiple, skip)
 
 
 def carry_reads(window: Remaining, length: int, runs: Iterable[range]) -> Iterator[tuple[int, Iterator[int]]]:
@@ -734,7 +751,7 @@ def carry_reads(window: Remaining, length: int, runs: Iterable[range]) -> Iterat
     j = 0
     for start, stop in window.intervals:
         if stop is None:
-            raise ValueError("a carry window is finite")
+            raise OptionError("a carry window is finite")
         pieces.append((j, start, stop))
         j += stop - start
     firsts = [first for first, _, _ in pieces]
@@ -766,7 +783,7 @@ def carry_left(
     first: int,
     epoch: int,
     length: int,
-    layout: str,
+    layout: str | LeftAfter,
     taken: Sequence[int],
     world_size: int,
     num_workers: int,
@@ -775,6 +792,8 @@ def carry_left(
     """What is left when slot ``rank * num_workers + worker`` of a carry run of
     ``epoch`` over ``base`` consumed its first ``taken[slot]`` positions.
 
+    ``layout`` says what a run leaves: a function of ``(taken, positions split)`` (the
+    layout's ``left_after``), or its name (``stride``, ``blocks`` or ``chunks``).
     Returns ``(base, first, finished)``: when every slot yielded its whole share the
     epoch is over and the result is the base opening ``epoch + 1`` (the tail it
     carries included); otherwise a base opening ``epoch`` that holds the positions
@@ -782,7 +801,7 @@ def carry_left(
     layout, takes as many whole rounds of its own as fit before the epoch's end)."""
     num_slots = world_size * num_workers
     if len(taken) != num_slots:
-        raise ValueError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
+        raise OptionError(f"need one count per slot: {len(taken)} counts for {num_slots} slots")
     if first > epoch:  # a run of a state taken after its epoch ended: nothing was left to take
         return base, first, True
     unit = num_slots * multiple
@@ -791,20 +810,26 @@ def carry_left(
     share = count // num_slots
     over = [slot for slot, took in enumerate(taken) if took > share]
     if over:
-        raise ValueError(
+        raise StateMismatchError(
             f"slot {over[0]}'s state says it yielded {taken[over[0]]} elements, but every slot's share of "
             f"epoch {epoch} is {share}: the state was altered or comes from another run"
         )
     if all(took == share for took in taken):
         return base.compose(Remaining([(hi, None)])), epoch + 1, True
-    if layout == "blocks":
-        inner = left_after_blocks(taken, num_slots, count, "drop", multiple)
-    elif layout == "chunks":
-        inner = left_after_chunks(taken, world_size, num_workers, count, multiple)
-    else:
-        inner = left_after_round_robin(taken, num_slots)
+    left_after = _left_by_name(layout, world_size, num_workers, multiple) if isinstance(layout, str) else layout
+    inner = left_after(taken, count)
     pieces = [(lo + a, lo + b) for a, b in inner.clip(count).intervals]  # type: ignore[operator]
     return base.compose(Remaining([*pieces, (hi, None)])), epoch, False
+
+
+def _left_by_name(layout: str, world_size: int, num_workers: int, multiple: int) -> LeftAfter:
+    """What a carry run (``even="drop"`` rounds) in the layout named ``layout`` leaves."""
+    num_slots = world_size * num_workers
+    by_name: dict[str, LeftAfter] = {
+        "blocks": lambda taken, count: left_after_blocks(taken, num_slots, count, "drop", multiple),
+        "chunks": lambda taken, count: left_after_chunks(taken, world_size, num_workers, count, multiple),
+    }
+    return by_name.get(layout, lambda taken, count: left_after_round_robin(taken, num_slots))
 
 
 def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: int) -> tuple[int, dict[int, int], int]:
@@ -821,3 +846,6 @@ def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: in
                 earlier[e] = earlier.get(e, 0) + inside
     below_end = (epoch + 1) * length - carry_consumed(base)  # base positions before the epoch's end
     return hi - lo, earlier, max(0, below_end - hi)
+
+
+_RUNS_BY_NAME: dict[str, RunsOf] = {"chunks": chunk_runs, "blocks": block_runs, "stride": stride_runs}

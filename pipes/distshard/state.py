@@ -20,35 +20,46 @@ Under ``even="carry"`` the epochs form one stream, and a state's ``remaining`` i
 epoch ``carry_from``: the part of the concatenated stream not consumed yet, ending in
 an open interval. Everything else is as above; ``carry_from`` is ``None`` for the
 other modes, so a state of a carry run and one of another run never fit each other.
+
+In the code a state is a :class:`State` (typed; ``State.from_dict`` checks the wire
+format, ``to_dict`` writes it); the functions taking a state take it typed or as the
+validated dict the front-ends keep, and return dicts where a user sees the result.
+Errors: a malformed state is an ``OptionError``, a state of another run (or states that
+do not merge) a ``StateMismatchError``, a merge that cannot be exact an
+``UnsupportedError``; each a ``ValueError``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Mapping
 
+from .errors import OptionError, StateMismatchError, UnsupportedError
+from .layouts import LAYOUTS as _REGISTRY
+from .layouts import Layout, invalid_state, layout_named
 from .plan import (
     ALL_EVEN_MODES,
     CARRY,
+    Even,
     Remaining,
     carry_after,
     carry_left,
     carry_window,
-    left_after_blocks,
-    left_after_chunks,
-    left_after_round_robin,
     slot_count,
 )
 
 VERSION = 3  # 3: carry_from (even="carry")
 KEY = "distshard"  # the marker (and version) key of a slot or merged state
-# how the source identity of whole files (compressed, each streamed to one slot) begins:
-# their states cannot be merged for another layout
+# how the source identity of whole files (compressed, each streamed to one slot) begins: on the
+# wire, State.whole_files is this prefix (so states stay readable by older code both ways)
 WHOLE_FILES_SOURCE = "files:"
 MODES = ("element", "units", "sized_units")  # what the positions are
-LAYOUTS = ("stride", "blocks", "units", "chunks")  # how a run laid its positions out over slots
+LAYOUTS = tuple(_REGISTRY)  # how a run laid its positions out over slots (layouts.py)
 
 __all__ = [
     "VERSION",
+    "State",
+    "as_state",
     "carry_base_after",
     "check_carry_load",
     "check_fits",
@@ -62,37 +73,134 @@ __all__ = [
 FRESH_CARRY: tuple[list, int] = ([[0, None]], 0)  # the base of a carry pipe no state moved: epoch 0 at 0
 
 
+@dataclass(frozen=True)
+class State:
+    """A slot state (``slot`` set: one copy's run, where it is) or a merged one
+    (``slot`` ``None``: what is left of the epoch, for any ranks and workers), typed.
+
+    ``to_dict`` / ``from_dict`` convert to and from the JSON wire format (version
+    :data:`VERSION`, unchanged): ``layout`` travels as its name, ``remaining`` as a list
+    of ``[start, stop]`` pairs, and ``whole_files`` as the prefix
+    :data:`WHOLE_FILES_SOURCE` of ``source``. Keys a front-end adds (``node_source``)
+    are kept in ``extra``."""
+
+    epoch: int
+    mode: str  # what the positions are: element, units, sized_units
+    even: Even
+    seed: int | None = None
+    layout: Layout | None = None  # how the run laid its positions out (a slot's state always says)
+    shuffle: bool | None = None
+    length: int | None = None  # the epoch's element count, when known before reading
+    source: str | None = None  # a short identity of the data
+    multiple_of: int = 1
+    workers: int | None = None  # the run's workers per rank
+    remaining: Remaining = field(default_factory=Remaining)  # the visit indices the run splits (carry: a base)
+    total: int | None = None  # how many of them, when known
+    num_slots: int | None = None
+    slot: int | None = None
+    taken: int = 0  # elements this slot yielded of its share
+    finished: bool = False
+    carry_from: int | None = None  # even="carry": the epoch the base opens, else None
+    whole_files: bool = False  # whole compressed files, each streamed to one slot: no merge for another layout
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.whole_files != _is_whole_files(self.source):
+            raise OptionError(
+                f"whole_files={self.whole_files} but source={self.source!r}: the identity of whole files "
+                f"begins with {WHOLE_FILES_SOURCE!r}"
+            )
+
+    @property
+    def is_slot(self) -> bool:
+        """A slot's own state (else a merged or a fresh one)."""
+        return self.slot is not None
+
+    @property
+    def is_carry(self) -> bool:
+        return self.even == CARRY
+
+    @classmethod
+    def fresh(cls, epoch: int, mode: str, even: Any, carry: tuple[list, int] | None = None) -> "State":
+        """The state of an epoch nobody has consumed anything of yet; under
+        ``even="carry"`` with the base (``remaining``, ``carry_from``) the pipe counts
+        from (``carry``)."""
+        if even != CARRY:
+            base, first = [[0, None]], None
+        else:  # a base opening a later epoch does not apply to this one
+            base, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
+        return cls(epoch=epoch, mode=mode, even=even, remaining=_remaining(base), carry_from=first)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire format: plain JSON, the keys of version :data:`VERSION`."""
+        out: dict[str, Any] = {
+            KEY: VERSION,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "mode": self.mode,
+            "even": self.even,
+            "layout": None if self.layout is None else self.layout.name,
+            "shuffle": self.shuffle,
+            "length": self.length,
+            "source": self.source,
+            "multiple_of": self.multiple_of,
+            "workers": self.workers,
+            "remaining": self.remaining.to_list(),
+            "total": self.total,
+            "num_slots": self.num_slots,
+            "slot": self.slot,
+            "taken": self.taken,
+            "finished": self.finished,
+            "carry_from": self.carry_from,
+        }
+        out.update((k, v) for k, v in self.extra.items() if k not in out)
+        return out
+
+    @classmethod
+    def from_dict(cls, state: object) -> "State":
+        """Check a state's structure (``ValueError`` naming the first problem) and
+        return it typed."""
+        wire, remaining = _check_wire(state)
+        layout = None if wire["layout"] is None else layout_named(wire["layout"])
+        found = cls(
+            **{f.name: wire[f.name] for f in fields(cls) if f.name in _WIRE_AS_IS},
+            layout=layout,
+            remaining=remaining,
+            whole_files=_is_whole_files(wire["source"]),
+            extra={k: v for k, v in wire.items() if k not in _WIRE_KEYS},
+        )
+        if found.is_carry:
+            _check_carry(found)
+        return found
+
+
+def _is_whole_files(source: str | None) -> bool:
+    return source is not None and source.startswith(WHOLE_FILES_SOURCE)
+
+
+def _remaining(pairs: Iterable[Any]) -> Remaining:
+    try:
+        return Remaining((a, b) for a, b in pairs)
+    except ValueError as exc:
+        raise _fail(f"remaining: {exc}") from None
+
+
+_WIRE_KEYS = frozenset(State.fresh(0, "element", None).to_dict())
+_WIRE_AS_IS = frozenset(_WIRE_KEYS - {KEY, "layout", "remaining"})
+
+
+def as_state(state: "State | Mapping[str, Any]") -> State:
+    """``state`` typed: a :class:`State` as it is, a dict checked and converted."""
+    return state if isinstance(state, State) else State.from_dict(state)
+
+
 def fresh_state(epoch: int, mode: str, even: Any, carry: tuple[list, int] | None = None) -> dict[str, Any]:
-    """The state of an epoch nobody has consumed anything of yet; under ``even="carry"``
-    with the base (``remaining``, ``carry_from``) the pipe counts from (``carry``)."""
-    if even != CARRY:
-        base, first = [[0, None]], None
-    else:  # a base opening a later epoch does not apply to this one
-        base, first = carry if carry is not None and carry[1] <= epoch else FRESH_CARRY
-    return {
-        KEY: VERSION,
-        "epoch": epoch,
-        "seed": None,
-        "mode": mode,
-        "even": even,
-        "layout": None,
-        "shuffle": None,
-        "length": None,
-        "source": None,
-        "multiple_of": 1,
-        "workers": None,
-        "remaining": [list(pair) for pair in base],
-        "total": None,
-        "num_slots": None,
-        "slot": None,
-        "taken": 0,
-        "finished": False,
-        "carry_from": first,
-    }
+    """:meth:`State.fresh` on the wire."""
+    return State.fresh(epoch, mode, even, carry).to_dict()
 
 
-def _fail(why: str) -> ValueError:
-    return ValueError(f"not a valid distshard state: {why}")
+def _fail(why: str) -> OptionError:
+    return invalid_state(why)
 
 
 def _int(state: Mapping, key: str, *, minimum: int = 0, optional: bool = False) -> int | None:
@@ -109,6 +217,12 @@ def _int(state: Mapping, key: str, *, minimum: int = 0, optional: bool = False) 
 def validate_state(state: object) -> dict[str, Any]:
     """Check a state's structure and return a normalised copy; ``ValueError``
     naming the first problem otherwise."""
+    return State.from_dict(state).to_dict()
+
+
+def _check_wire(state: object) -> tuple[Mapping[str, Any], Remaining]:
+    """The wire format's checks, in the order their messages name the first problem;
+    the state and its ``remaining``."""
     if not isinstance(state, Mapping):
         raise _fail(f"expected a dict, got {type(state).__name__}")
     if KEY not in state:
@@ -124,34 +238,47 @@ def validate_state(state: object) -> dict[str, Any]:
     missing = [k for k in fresh_state(0, "element", None) if k not in state]
     if missing:
         raise _fail(f"missing keys {missing}")
-    _int(state, "epoch")
-    _int(state, "seed", optional=True)
-    _int(state, "total", optional=True)
-    _int(state, "taken")
-    _int(state, "length", optional=True)
+    for key in ("epoch", "seed", "total", "taken", "length"):
+        _int(state, key, optional=key in ("seed", "total", "length"))
     _int(state, "multiple_of", minimum=1)
     _int(state, "workers", minimum=1, optional=True)
-    if state["layout"] == "chunks" and state["workers"] is None:
-        raise _fail("a state in chunk layout must say how many workers its run had")
     if state["layout"] is not None and state["layout"] not in LAYOUTS:
         raise _fail(f"layout={state['layout']!r} is not one of {LAYOUTS}")
+    if state["layout"] is not None and layout_named(state["layout"]).needs_workers and state["workers"] is None:
+        raise _fail(f"a state in {layout_named(state['layout']).noun} layout must say how many workers its run had")
     if state["shuffle"] is not None and not isinstance(state["shuffle"], bool):
         raise _fail(f"shuffle={state['shuffle']!r} must be True, False or None")
     if state["source"] is not None and not isinstance(state["source"], str):
         raise _fail(f"source={state['source']!r} must be a string or None")
-    num_slots = _int(state, "num_slots", minimum=1, optional=True)
-    slot = _int(state, "slot", optional=True)
-    if (num_slots is None) != (slot is None):
-        raise _fail("num_slots and slot must both be set (a slot's state) or both None (merged)")
-    if slot is not None and slot >= num_slots:  # type: ignore[operator]
-        raise _fail(f"slot={slot} is outside [0, num_slots={num_slots})")
+    _check_slot_keys(state)
     if state["mode"] not in MODES:
         raise _fail(f"mode={state['mode']!r} is not one of {MODES}")
     if state["even"] not in ALL_EVEN_MODES:
         raise _fail(f"even={state['even']!r} is not one of {ALL_EVEN_MODES}")
     if not isinstance(state["finished"], bool):
         raise _fail(f"finished={state['finished']!r} must be True or False")
-    remaining = state["remaining"]
+    remaining = _check_remaining(state["remaining"])
+    if state["slot"] is None and state["taken"]:
+        raise _fail("a merged state (no slot) must have taken=0")
+    if state["slot"] is not None and state["layout"] is None:
+        raise _fail("a slot's state must say its layout")
+    if (state["even"] == CARRY) != (state["carry_from"] is not None):
+        raise _fail(f"carry_from={state['carry_from']!r} must be an int with even='carry' and None otherwise")
+    if state["even"] == CARRY:
+        _int(state, "carry_from")
+    return state, remaining
+
+
+def _check_slot_keys(state: Mapping[str, Any]) -> None:
+    num_slots = _int(state, "num_slots", minimum=1, optional=True)
+    slot = _int(state, "slot", optional=True)
+    if (num_slots is None) != (slot is None):
+        raise _fail("num_slots and slot must both be set (a slot's state) or both None (merged)")
+    if slot is not None and slot >= num_slots:  # type: ignore[operator]
+        raise _fail(f"slot={slot} is outside [0, num_slots={num_slots})")
+
+
+def _check_remaining(remaining: object) -> Remaining:
     if not isinstance(remaining, list) or not all(
         isinstance(pair, (list, tuple))
         and len(pair) == 2
@@ -163,45 +290,31 @@ def validate_state(state: object) -> dict[str, Any]:
     empty = [pair for pair in remaining if pair[1] is not None and pair[1] <= pair[0]]
     if empty:
         raise _fail(f"remaining has an empty or inverted interval {list(empty[0])}")
-    try:
-        intervals = Remaining((a, b) for a, b in remaining)
-    except ValueError as exc:
-        raise _fail(f"remaining: {exc}") from None
-    if slot is None and state["taken"]:
-        raise _fail("a merged state (no slot) must have taken=0")
-    if slot is not None and state["layout"] is None:
-        raise _fail("a slot's state must say its layout")
-    if (state["even"] == CARRY) != (state["carry_from"] is not None):
-        raise _fail(f"carry_from={state['carry_from']!r} must be an int with even='carry' and None otherwise")
-    if state["even"] == CARRY:
-        _check_carry(state, intervals)
-    out = dict(state)
-    out["remaining"] = intervals.to_list()
-    return out
+    return _remaining(remaining)
 
 
-def _check_carry(state: Mapping, base: Remaining) -> None:
+def _check_carry(state: State) -> None:
     """A carry state's base: open-ended, opening an epoch no later than the one after
     the state's, never past the end of that epoch's own stream."""
-    first = _int(state, "carry_from")
-    assert first is not None  # not optional
-    if first > state["epoch"] + 1:
-        raise _fail(f"carry_from={first} is after the epoch after the state's ({state['epoch']})")
+    first, base = state.carry_from, state.remaining
+    assert first is not None  # checked on the wire
+    if first > state.epoch + 1:
+        raise _fail(f"carry_from={first} is after the epoch after the state's ({state.epoch})")
     if not base.intervals or base.intervals[-1][1] is not None:
         raise _fail("under even='carry' remaining must end in an open interval [start, None]")
-    if state["layout"] == "units":
-        raise _fail("even='carry' has no units layout")
-    if state["slot"] is not None and state["length"] is None:
+    if state.layout is not None and not state.layout.carries:
+        raise _fail(f"even='carry' has no {state.layout.name} layout")
+    if state.is_slot and state.length is None:
         raise _fail("a carry slot state must record its epoch's length")
-    if state["length"] is not None and base.intervals[-1][0] > (first + 1) * state["length"]:
+    if state.length is not None and base.intervals[-1][0] > (first + 1) * state.length:
         raise _fail(
             f"remaining starts its open end at {base.intervals[-1][0]}, past the end of epoch {first}'s "
-            f"stream ({(first + 1) * state['length']}): it was altered or comes from other data"
+            f"stream ({(first + 1) * state.length}): it was altered or comes from other data"
         )
 
 
 def check_fits(
-    found: Mapping[str, Any],
+    state: State | Mapping[str, Any],
     *,
     mode: str,
     shuffle: bool,
@@ -212,63 +325,72 @@ def check_fits(
     source: str | None = None,
     what: str = "dist_shard",
 ) -> None:
-    """Raise ``ValueError`` if the validated state ``found`` does not come from a
-    pipeline with these options (``length`` and ``source``, the reader's, when known).
+    """Raise ``StateMismatchError`` (a ``ValueError``) if the validated state does not
+    come from a pipeline with these options (``length`` and ``source``, the reader's,
+    when known).
 
     What a slot's state records of its own run (``even``, ``multiple_of``) is checked
     only for slot states: a merged state starts a new run with the loader's options."""
+    found = as_state(state)
 
-    def refuse(key: str, theirs: Any, ours: Any) -> ValueError:
-        return ValueError(
+    def refuse(key: str, theirs: Any, ours: Any) -> StateMismatchError:
+        return StateMismatchError(
             f"the state was saved with {key}={theirs!r} but this {what} has {key}={ours!r}: "
             "it comes from another pipeline or other data; load it into the pipeline that saved it"
         )
 
-    if found["mode"] != mode:
-        raise refuse("mode", found["mode"], mode)
-    if (found["even"] == CARRY) != (even == CARRY):  # one stream of epochs or each epoch to itself
-        raise ValueError(
-            f"the state was saved with even={found['even']!r} but this {what} has even={even!r}: under "
+    if found.mode != mode:
+        raise refuse("mode", found.mode, mode)
+    if found.is_carry != (even == CARRY):  # one stream of epochs or each epoch to itself
+        raise StateMismatchError(
+            f"the state was saved with even={found.even!r} but this {what} has even={even!r}: under "
             "even='carry' positions count through the epochs as one stream, otherwise within each epoch, so "
             "neither state means anything to the other; load it into a pipeline with the even it was saved with"
         )
-    if found["shuffle"] is not None and found["shuffle"] != shuffle:
-        raise refuse("shuffle", found["shuffle"], shuffle)
-    if found["slot"] is not None and found["even"] != even:
-        raise refuse("even", found["even"], even)
-    if found["slot"] is not None and found["multiple_of"] != multiple_of:
-        raise refuse("multiple_of", found["multiple_of"], multiple_of)
-    if seed is not None and found["seed"] is not None and found["seed"] != seed:
+    if found.shuffle is not None and found.shuffle != shuffle:
+        raise refuse("shuffle", found.shuffle, shuffle)
+    if found.is_slot and found.even != even:
+        raise refuse("even", found.even, even)
+    if found.is_slot and found.multiple_of != multiple_of:
+        raise refuse("multiple_of", found.multiple_of, multiple_of)
+    if seed is not None and found.seed is not None and found.seed != seed:
         if even == CARRY:  # the next epoch reads this epoch's tail in this seed's order
-            raise ValueError(
-                f"the state was saved with seed={found['seed']!r} but this {what} orders its epochs with "
+            raise StateMismatchError(
+                f"the state was saved with seed={found.seed!r} but this {what} orders its epochs with "
                 f"seed={seed!r} (under even='carry' seed=None means 0): every epoch's order, its tail "
-                f"read in the next epoch included, must come from one seed; pass seed={found['seed']!r} "
+                f"read in the next epoch included, must come from one seed; pass seed={found.seed!r} "
                 "to resume it"
             )
-        raise refuse("seed", found["seed"], seed)
-    if found["length"] is not None and length is not None and found["length"] != length:
-        raise ValueError(
-            f"the state's epoch had {found['length']} elements, this pipeline's has {length}: the data "
+        raise refuse("seed", found.seed, seed)
+    if found.length is not None and length is not None and found.length != length:
+        raise StateMismatchError(
+            f"the state's epoch had {found.length} elements, this pipeline's has {length}: the data "
             "changed since the checkpoint (or it comes from another pipeline); it cannot be resumed"
         )
-    if found["source"] is not None and source is not None and found["source"] != source:
-        raise ValueError(f"{refuse('source', found['source'], source)}{_difference(found['source'], source)}")
-    if length is not None and found["even"] == CARRY:
-        first, start = found["carry_from"], found["remaining"][-1][0]
+    if found.source is not None and source is not None and found.source != source:
+        raise StateMismatchError(f"{refuse('source', found.source, source)}{_difference(found.source, source)}")
+    if length is not None:
+        _check_within(found, length)
+
+
+def _check_within(found: State, length: int) -> None:
+    """Refuse a state whose remaining positions reach past an epoch of ``length``."""
+    if found.is_carry:
+        first, start = found.carry_from, found.remaining.intervals[-1][0]
+        assert first is not None  # a carry state's
         if start > (first + 1) * length:
-            raise ValueError(
+            raise StateMismatchError(
                 f"the state's remaining positions open at {start}, beyond the end of epoch {first}'s stream "
                 f"({(first + 1) * length}) with {length} elements an epoch: it comes from other data or was altered"
             )
-    elif length is not None:
-        for start, stop in found["remaining"]:
-            end = stop if stop is not None else start
-            if end > length:
-                raise ValueError(
-                    f"the state's remaining positions reach {end}, beyond this epoch's {length} "
-                    "elements: it comes from other data or was altered"
-                )
+        return
+    for start, stop in found.remaining.intervals:
+        end = stop if stop is not None else start
+        if end > length:
+            raise StateMismatchError(
+                f"the state's remaining positions reach {end}, beyond this epoch's {length} "
+                "elements: it comes from other data or was altered"
+            )
 
 
 def _difference(theirs: str, ours: str) -> str:
@@ -281,11 +403,12 @@ def _difference(theirs: str, ours: str) -> str:
     return ""
 
 
-def check_slot(found: Mapping[str, Any], slot: int, num_slots: int, where: str) -> None:
-    """Raise ``ValueError`` if ``found`` is another slot's state (``where`` describes
-    this copy: rank and worker)."""
-    if found["slot"] is not None and (found["slot"], found["num_slots"]) != (slot, num_slots):
-        if found["num_slots"] == num_slots:  # same ranks and workers: another rank's (or worker's) state
+def check_slot(state: State | Mapping[str, Any], slot: int, num_slots: int, where: str) -> None:
+    """Raise ``StateMismatchError`` if the state is another slot's (``where``
+    describes this copy: rank and worker)."""
+    found = as_state(state)
+    if found.is_slot and (found.slot, found.num_slots) != (slot, num_slots):
+        if found.num_slots == num_slots:  # same ranks and workers: another rank's (or worker's) state
             fix = (
                 "the run has the same ranks and workers, so this is another slot's own state: give every "
                 "rank the state it saved (PyTorch Lightning 2.6 saves rank 0's loader state only and "
@@ -297,8 +420,8 @@ def check_slot(found: Mapping[str, Any], slot: int, num_slots: int, where: str) 
                 "to resume with other ranks or workers, merge the states of all slots with "
                 "distshard.merge_states() and load that"
             )
-        raise ValueError(
-            f"the loaded state is slot {found['slot']} of {found['num_slots']}'s, but this copy is slot "
+        raise StateMismatchError(
+            f"the loaded state is slot {found.slot} of {found.num_slots}'s, but this copy is slot "
             f"{slot} of {num_slots} ({where}); {fix}"
         )
 
@@ -307,12 +430,17 @@ def find_states(obj: object) -> list[dict[str, Any]]:
     """Every distshard state inside ``obj``: a state itself, a ``StatefulPipeline``
     state, a ``StatefulDataLoader`` state (which nests one per worker), or lists and
     dicts of those, e.g. what every rank saved."""
-    found: list[dict[str, Any]] = []
+    return [state.to_dict() for state in find_typed_states(obj)]
+
+
+def find_typed_states(obj: object) -> list[State]:
+    """:func:`find_states`, typed."""
+    found: list[State] = []
 
     def walk(value: object) -> None:
         if isinstance(value, Mapping):
             if KEY in value:
-                found.append(validate_state(value))
+                found.append(State.from_dict(value))
                 return
             for item in value.values():
                 walk(item)
@@ -324,15 +452,7 @@ def find_states(obj: object) -> list[dict[str, Any]]:
     return found
 
 
-def _agree(found: list[dict[str, Any]], key: str, optional: bool) -> Any:
-    """The value every state has for ``key`` (``optional``: ignoring ``None``)."""
-    values = {repr(s[key]) for s in found if not (optional and s[key] is None)}
-    if len(values) > 1:
-        raise ValueError(
-            f"states disagree on {key} ({', '.join(sorted(values))}): they come from "
-            "different epochs, runs or pipelines; merge the states all slots saved at one step"
-        )
-    return next((s[key] for s in found if s[key] is not None), None)
+# -- the merge ------------------------------------------------------------------------------------
 
 
 def merge_states(states: Iterable[object]) -> dict[str, Any]:
@@ -345,115 +465,167 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     slot is missing or appears twice, or the states come from different epochs,
     seeds or pipelines, or claim more than their share.
     """
-    found = find_states(list(states))
+    return merge(find_typed_states(list(states))).to_dict()
+
+
+def merge(found: list[State]) -> State:
+    """:func:`merge_states` of states already found and typed."""
     if not found:
-        raise ValueError("merge_states found no distshard state in what was given")
-    common = {
-        key: _agree(found, key, optional=key in ("seed", "total", "length", "source", "shuffle"))
-        for key in ("epoch", "mode", "remaining", "seed", "total", "length", "source", "shuffle")
-    }
-    if len({s["even"] == CARRY for s in found}) > 1:
-        raise ValueError(
+        raise OptionError("merge_states found no distshard state in what was given")
+    first = _same_run(found)
+    sized = [s for s in found if s.is_slot]
+    if not sized:  # only merged/fresh states: nothing to combine
+        return first
+    run = _RunOf.agreed(sized)
+    taken, absent = _every_slot_once(sized, len(found) - len(sized), run.num_slots)
+    merged = replace(
+        first, even=run.even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=run.multiple, workers=None
+    )
+    if run.even == CARRY:
+        return _carry_left(merged, run, taken)
+    if not absent and all(s.finished for s in sized):
+        return replace(merged, remaining=Remaining([]), total=0, finished=True)
+    return _epoch_left(merged, run, taken)
+
+
+_OPTIONAL = ("seed", "total", "length", "source", "shuffle")  # states that do not know them yet say None
+
+
+def _wire(state: State, key: str) -> Any:
+    """``key``'s value as the wire format writes it (what a disagreement names)."""
+    value = getattr(state, key)
+    return value.to_list() if isinstance(value, Remaining) else getattr(value, "name", value)
+
+
+def _agree(found: list[State], key: str, optional: bool) -> Any:
+    """The value every state has for ``key`` (``optional``: ignoring ``None``)."""
+    values = {repr(_wire(s, key)) for s in found if not (optional and getattr(s, key) is None)}
+    if len(values) > 1:
+        raise StateMismatchError(
+            f"states disagree on {key} ({', '.join(sorted(values))}): they come from "
+            "different epochs, runs or pipelines; merge the states all slots saved at one step"
+        )
+    return next((getattr(s, key) for s in found if getattr(s, key) is not None), None)
+
+
+def _same_run(found: list[State]) -> State:
+    """The first state with what every state must share (their epoch, data, seed and
+    what is left of the epoch before the run): states of one run of one pipeline."""
+    keys = ("epoch", "mode", "remaining", "seed", "total", "length", "source", "shuffle")
+    common = {key: _agree(found, key, optional=key in _OPTIONAL) for key in keys}
+    if len({s.is_carry for s in found}) > 1:
+        raise StateMismatchError(
             "some states come from a run with even='carry' and others not: they count positions "
             "differently (through the epochs or within one) and cannot be merged"
         )
     common["carry_from"] = _agree(found, "carry_from", False)
-    sized = [s for s in found if s["slot"] is not None]
-    blank = len(found) - len(sized)  # states of slots that consumed nothing yet (no slot known)
-    first = dict(found[0], **common)
-    if not sized:  # only merged/fresh states: nothing to combine
-        return first
-    # only slots that ran know how they split and what even they used
-    even, layout = _agree(sized, "even", False), _agree(sized, "layout", False)
-    multiple = _agree(sized, "multiple_of", False)
-    workers = _agree(sized, "workers", True)
-    num_slots = sized[0]["num_slots"]
-    if any(s["num_slots"] != num_slots for s in sized):
-        raise ValueError(f"states come from runs with different slot counts: {sorted({s['num_slots'] for s in sized})}")
-    by_slot: dict[int, dict] = {}
+    return replace(found[0], **common, whole_files=_is_whole_files(common["source"]))
+
+
+@dataclass(frozen=True)
+class _RunOf:
+    """How the run the slot states come from split: only slots that ran know it."""
+
+    even: Even
+    layout: Layout
+    multiple: int
+    workers: int | None
+    num_slots: int
+
+    @classmethod
+    def agreed(cls, sized: list[State]) -> "_RunOf":
+        even, layout = _agree(sized, "even", False), _agree(sized, "layout", False)
+        multiple, workers = _agree(sized, "multiple_of", False), _agree(sized, "workers", True)
+        num_slots = sized[0].num_slots
+        assert num_slots is not None  # a slot's state
+        if any(s.num_slots != num_slots for s in sized):
+            raise StateMismatchError(
+                f"states come from runs with different slot counts: {sorted({s.num_slots or 0 for s in sized})}"
+            )
+        return cls(even, layout, multiple, workers, num_slots)
+
+
+def _every_slot_once(sized: list[State], blank: int, num_slots: int) -> tuple[list[int], list[int]]:
+    """Every slot's count of yielded elements, and the slots without a state; ``blank``
+    states (slots that consumed nothing yet, no slot known) stand for those."""
+    by_slot: dict[int, State] = {}
     for s in sized:
-        if s["slot"] in by_slot:
-            raise ValueError(f"slot {s['slot']} appears twice; pass one state per slot")
-        by_slot[s["slot"]] = s
+        assert s.slot is not None  # a slot's state
+        if s.slot in by_slot:
+            raise StateMismatchError(f"slot {s.slot} appears twice; pass one state per slot")
+        by_slot[s.slot] = s
     absent = [slot for slot in range(num_slots) if slot not in by_slot]
     if len(absent) > blank:
-        raise ValueError(
+        raise StateMismatchError(
             f"states of slots {absent} of {num_slots} are missing; every rank's every worker "
             "must contribute (gather them with all_gather_object or save one file per rank)"
         )
     if len(absent) < blank:
-        raise ValueError(f"{len(found)} states for {num_slots} slots: some appear twice")
-    merged = dict(first, even=even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=multiple, workers=None)
-    if even == CARRY:
-        if workers is None or num_slots % workers:
-            raise _fail(f"workers={workers} does not divide num_slots={num_slots}")
-        taken = [by_slot[slot]["taken"] if slot in by_slot else 0 for slot in range(num_slots)]
-        base, opens, finished = carry_left(
-            Remaining((a, b) for a, b in common["remaining"]),
-            common["carry_from"],
-            common["epoch"],
-            common["length"],
-            layout,
-            taken,
-            num_slots // workers,
-            workers,
-            multiple,
-        )
-        merged.update(remaining=base.to_list(), carry_from=opens, total=None, finished=finished)
-        return merged
-    if all(s["finished"] for s in by_slot.values()) and not absent:
-        merged.update(remaining=[], total=0, finished=True)
-        return merged
-    if layout == "units":
-        if str(common.get("source") or "").startswith(WHOLE_FILES_SOURCE):
-            raise ValueError(
-                "elastic resume over compressed files cannot be done: a slot's samples are known only by "
-                "decompressing its files; resume with the same ranks and workers, or decompress the files"
-            )
-        raise ValueError(
-            "elastic resume in unit mode needs sizes= (without them nobody knows where a "
-            "slot's elements sit); resume with the same ranks and workers, or pass sizes="
-        )
-    taken = [by_slot[slot]["taken"] if slot in by_slot else 0 for slot in range(num_slots)]
-    count = common["total"]
+        raise StateMismatchError(f"{len(sized) + blank} states for {num_slots} slots: some appear twice")
+    return [by_slot[slot].taken if slot in by_slot else 0 for slot in range(num_slots)], absent
+
+
+def _carry_left(merged: State, run: _RunOf, taken: list[int]) -> State:
+    """Under ``even="carry"``: the base the run leaves (``plan.carry_left``)."""
+    workers, num_slots = run.workers, run.num_slots
+    if workers is None or num_slots % workers:
+        raise _fail(f"workers={workers} does not divide num_slots={num_slots}")
+    assert merged.carry_from is not None and merged.length is not None  # a carry slot state's
+
+    def left_after(taken: Any, count: int) -> Remaining:
+        return run.layout.left_after(taken, num_slots, workers, count, "drop", run.multiple)
+
+    base, opens, finished = carry_left(
+        merged.remaining,
+        merged.carry_from,
+        merged.epoch,
+        merged.length,
+        left_after,
+        taken,
+        num_slots // workers,
+        workers,
+        run.multiple,
+    )
+    return replace(merged, remaining=base, carry_from=opens, total=None, finished=finished)
+
+
+def _epoch_left(merged: State, run: _RunOf, taken: list[int]) -> State:
+    """What the run leaves of the epoch: its layout's leftover, within what the run split."""
+    refusal = run.layout.refuse_merge(merged.whole_files)
+    if refusal is not None:
+        raise refusal
+    count = merged.total
     if count is not None:
         for slot, took in enumerate(taken):
-            share = slot_count(slot, num_slots, count, even, multiple)
+            share = slot_count(slot, run.num_slots, count, run.even, run.multiple)
             if took > share:
-                raise ValueError(
+                raise StateMismatchError(
                     f"slot {slot}'s state says it yielded {took} elements, but its share of the {count} "
                     f"positions its run split is {share}: the state was altered or comes from another run"
                 )
-    outer = Remaining((a, b) for a, b in common["remaining"])
-    if layout == "blocks":
-        if count is None:
-            raise _fail("a state in block layout must record total")
-        inner = left_after_blocks(taken, num_slots, count, even, multiple)
-    elif layout == "chunks":
-        if workers is None or num_slots % workers:
-            raise _fail(f"workers={workers} does not divide num_slots={num_slots}")
-        inner = left_after_chunks(taken, num_slots // workers, workers, count, multiple)
-    else:
-        inner = left_after_round_robin(taken, num_slots)
+    outer = merged.remaining
+    inner = run.layout.left_after(taken, run.num_slots, run.workers, count, run.even, run.multiple)
     left = outer.compose(inner)
     if count is not None:
         left = left.clip(outer.index(count - 1) + 1) if count else Remaining([])
-    merged.update(remaining=left.to_list(), total=left.length(), finished=False)
-    return merged
+    return replace(merged, remaining=left, total=left.length(), finished=False)
 
 
 # -- carry: the base a pipe keeps from one epoch to the next ------------------------------------
 
 
-def carry_base_after(found: Mapping[str, Any]) -> tuple[list, int]:
-    """The base (``remaining``, ``carry_from``) that the epochs after ``found``'s go on
+def carry_base_after(state: State | Mapping[str, Any]) -> tuple[list, int]:
+    """The base (``remaining``, ``carry_from``) that the epochs after the state's go on
     from: a slot's state moves it to where its run ends, so the next epoch starts
     there whatever layout it runs with; a merged (or blank) state is a base already."""
-    base, first = Remaining((a, b) for a, b in found["remaining"]), found["carry_from"]
-    if found["slot"] is None or first > found["epoch"]:
+    found = as_state(state)
+    base, first = found.remaining, found.carry_from
+    assert first is not None, "a carry state's"
+    if not found.is_slot or first > found.epoch:
         return base.to_list(), first
-    unit = found["num_slots"] * found["multiple_of"]
-    return carry_after(base, first, found["epoch"], found["length"], unit).to_list(), found["epoch"] + 1
+    assert found.num_slots is not None and found.length is not None  # a carry slot state's
+    unit = found.num_slots * found.multiple_of
+    return carry_after(base, first, found.epoch, found.length, unit).to_list(), found.epoch + 1
 
 
 def _rebased(base: tuple[list, int], epoch: int, length: int, unit: int) -> list | None:
@@ -466,7 +638,7 @@ def _rebased(base: tuple[list, int], epoch: int, length: int, unit: int) -> list
     return remaining.compose(Remaining([(lo, None)])).to_list()
 
 
-def check_carry_load(found: Mapping[str, Any], base: tuple[list, int] | None, in_worker: bool) -> None:
+def check_carry_load(state: State | Mapping[str, Any], base: tuple[list, int] | None, in_worker: bool) -> None:
     """Refuse a carry slot state loaded in a DataLoader worker whose base is not the
     one the pipe brought from the main process.
 
@@ -475,14 +647,16 @@ def check_carry_load(found: Mapping[str, Any], base: tuple[list, int] | None, in
     after an elastic resume live in the base (no later epoch can find them from its
     number alone), so such a load would make a later epoch skip or repeat up to a
     round of elements: raise before anything is yielded instead."""
-    if not in_worker or found["even"] != CARRY or found["slot"] is None:
+    found = as_state(state)
+    if not in_worker or not found.is_carry or not found.is_slot:
         return
-    unit = found["num_slots"] * found["multiple_of"]
+    assert found.num_slots is not None and found.length is not None  # a carry slot state's
+    unit = found.num_slots * found.multiple_of
     after = carry_base_after(found)  # where the epochs after the state's go on from
-    theirs = _rebased(after, after[1], found["length"], unit)
-    ours = _rebased(base or FRESH_CARRY, after[1], found["length"], unit)
+    theirs = _rebased(after, after[1], found.length, unit)
+    ours = _rebased(base or FRESH_CARRY, after[1], found.length, unit)
     if theirs != ours:
-        raise ValueError(
+        raise UnsupportedError(
             "this even='carry' state comes from a run whose epoch boundaries an elastic resume moved, and it is "
             "loaded in a DataLoader worker, whose copy of the pipeline forgets them when the next epoch's workers "
             "start: later epochs would skip or repeat elements. Load the same state into the pipeline in the "

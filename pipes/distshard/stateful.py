@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .datapipe import DistShardIterDataPipe, shards_in
-from .state import find_states, merge_states
+from .state import State, find_typed_states, merge, merge_states
 from .waits import naming_collective_timeouts
 
 __all__ = ["StatefulPipeline", "gather_states"]
@@ -84,7 +84,7 @@ class StatefulPipeline(IterableDataset):
         """Load a state this pipeline saved, a merged state, or the states of all
         slots of a run (merged here). Malformed input raises ``ValueError`` and
         leaves the pipeline unchanged."""
-        found = find_states(state)
+        found = find_typed_states(state)
         if not found:
             raise ValueError(
                 "no distshard state found in what was passed to load_state_dict; pass what "
@@ -93,9 +93,9 @@ class StatefulPipeline(IterableDataset):
         if len(found) > 1 and _some_slots_of_a_carry_run(found, self.shard):
             # this rank's StatefulDataLoader state: its workers resume their own states; the
             # pipeline here keeps where even='carry''s later epochs begin (docs/usage.md, even="carry")
-            self.shard.load_carry_base(found)
+            self.shard.load_carry_base([s.to_dict() for s in found])
             return
-        self.shard.load_state_dict(found[0] if len(found) == 1 else merge_states(found))
+        self.shard.load_state_dict((found[0] if len(found) == 1 else merge(found)).to_dict())
 
 
 def gather_states(state: Any, group: Any = None) -> dict[str, Any]:
@@ -113,9 +113,11 @@ def gather_states(state: Any, group: Any = None) -> dict[str, Any]:
     return merge_states(states)
 
 
-def _some_slots_of_a_carry_run(found: list[dict[str, Any]], shard: DistShardIterDataPipe) -> bool:
+def _some_slots_of_a_carry_run(found: list[State], shard: DistShardIterDataPipe) -> bool:
     """Whether ``found`` are slot states of a carry run that do not cover all its slots
     (one rank's workers), as opposed to every slot's (to merge)."""
-    if shard.even != "carry" or any(s["slot"] is None for s in found):
+    if shard.even != "carry" or not all(s.is_slot for s in found):
         return False
-    return len({s["slot"] for s in found}) < found[0]["num_slots"]
+    num_slots = found[0].num_slots
+    assert num_slots is not None  # a slot's state
+    return len({s.slot for s in found}) < num_slots
