@@ -42,6 +42,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from . import context as _context
 from . import stacks
 from .datapipe import shards_in
+from .errors import OptionError, OptionTypeError
 from .guard import check_timeout
 from .keys import canonical, display, key
 from .plan import Even, check_even, dropped_count, padded_count
@@ -111,7 +112,7 @@ def _build(build: Callable[[], Any]) -> IterDataPipe:
     try:
         pipe = build()
         if not isinstance(pipe, IterDataPipe):
-            raise TypeError(
+            raise OptionTypeError(
                 f"{getattr(build, 'path', build)!r} returned {type(pipe).__name__}, not an IterDataPipe: the "
                 "factory must return the pipeline each rank iterates, e.g. "
                 "IterableWrapper(records).dist_shard(even='drop').map(decode) (not a list, a DataLoader "
@@ -349,7 +350,7 @@ class FactoryPath:
     def __init__(self, path: str) -> None:
         module, sep, attribute = path.partition(":")
         if not sep or not module or not attribute:
-            raise ValueError(f"{path!r} is not of the form pkg.module:function (note the colon)")
+            raise OptionError(f"{path!r} is not of the form pkg.module:function (note the colon)")
         self.path, self.cwd = path, os.getcwd()
 
     def __repr__(self) -> str:
@@ -394,7 +395,7 @@ class FactoryPath:
             except AttributeError:
                 raise AttributeError(f"{module_name!r} has no attribute {attribute!r}") from None
         if not callable(factory):
-            raise TypeError(f"{self.path} is a {type(factory).__name__}, not a callable that builds the pipeline")
+            raise OptionTypeError(f"{self.path} is a {type(factory).__name__}, not a callable that builds the pipeline")
         return factory
 
     def __call__(self) -> IterDataPipe:
@@ -707,11 +708,11 @@ def verify(
     deadline = started + timeout
     _context.check_rank_world(0, world_size)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers={num_workers!r} must be a non-negative int")
+        raise OptionError(f"num_workers={num_workers!r} must be a non-negative int")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs={epochs!r} must be a positive int")
+        raise OptionError(f"epochs={epochs!r} must be a positive int")
     if loader not in ("torch", "stateful", "none"):
-        raise ValueError(f"loader={loader!r} must be 'torch', 'stateful' or 'none'")
+        raise OptionError(f"loader={loader!r} must be 'torch', 'stateful' or 'none'")
     checked: Even = None
     if even != _AUTO:
         checked = check_even(even)
