@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import zlib
+from pathlib import Path
 
 from torch.utils.data.datapipes.iter import IterableWrapper
 
@@ -68,3 +69,8 @@ def test_the_primitives_are_the_hashes_they_name():
     expected = f"{double.__module__}.{double.__qualname__}:{hashlib.blake2b(body, digest_size=6).hexdigest()}"
     assert digests.code_digest(double) == expected  # the bytes differ by Python version; the formula does not
     assert digests.code_digest(len) == "builtins.len"
+
+
+def test_the_digests_import_nothing_of_the_package():
+    text = Path(digests.__file__).read_text()
+    assert "from ." not in text and "import distshard" not in text
