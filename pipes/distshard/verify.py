@@ -706,6 +706,31 @@ def verify(
     started = time.monotonic()
     timeout = check_timeout(timeout)
     deadline = started + timeout
+    checked, step_collective = _checked_arguments(world_size, num_workers, epochs, loader, even, step_collective)
+    report = VerifyReport(world_size, num_workers, checked, epochs)
+    got = _run(
+        rank_start_method,
+        world_size,
+        _verify_rank,
+        (build, num_workers, start_method, deadline, epochs, loader, step_collective),
+        deadline,
+        timeout,
+        progress,
+        reference=(build, epochs, report.num_slots),
+    )
+    _report_errors(report, got)
+    received = _count_received(report, got)
+    reference, _ = got["reference"]
+    if reference is not None:  # without the unsharded stream there is nothing to compare with
+        _compare_with_reference(report, reference, received, even == _AUTO)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _checked_arguments(
+    world_size: int, num_workers: int, epochs: int, loader: str, even: Even | str, step_collective: bool | None
+) -> tuple[Even, bool | None]:
+    """``verify``'s arguments, checked: ``(the even guarantee to check, step_collective)``."""
     _context.check_rank_world(0, world_size)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise OptionError(f"num_workers={num_workers!r} must be a non-negative int")
@@ -718,20 +743,13 @@ def verify(
         checked = check_even(even)
         if step_collective is None:
             step_collective = checked is not None
-    report = VerifyReport(world_size, num_workers, checked, epochs)
+    return checked, step_collective
 
-    got = _run(
-        rank_start_method,
-        world_size,
-        _verify_rank,
-        (build, num_workers, start_method, deadline, epochs, loader, step_collective),
-        deadline,
-        timeout,
-        progress,
-        reference=(build, epochs, report.num_slots),
-    )
+
+def _report_errors(report: VerifyReport, got: dict[Any, tuple[Any, str | None]]) -> None:
+    """Whether the run could complete: every process's error, labelled, into ``report``."""
     blocks = []
-    for who in ["reference", *range(world_size)]:
+    for who in ["reference", *range(report.world_size)]:
         value, error = got[who]
         if who != "reference" and value is not None:
             error = error or value[0]
@@ -741,10 +759,13 @@ def verify(
             report.reasons.append(label + _last_line(error))
     report.error = "\n".join(blocks) or None
 
-    report.per_rank = [0] * world_size
+
+def _count_received(report: VerifyReport, got: dict[Any, tuple[Any, str | None]]) -> list[Counter]:
+    """What every rank and slot received (into ``report``), and the keys received in each epoch."""
+    report.per_rank = [0] * report.world_size
     report.per_slot = [0] * report.num_slots
-    received: list[Counter] = [Counter() for _ in range(epochs)]
-    for rank in range(world_size):
+    received: list[Counter] = [Counter() for _ in range(report.epochs)]
+    for rank in range(report.world_size):
         value, _ = got[rank]
         seen = value[1] if value is not None else []
         report.per_rank[rank] = len(seen)
@@ -754,31 +775,32 @@ def verify(
             received[epoch][element_key] += 1
         report.seen.extend(seen)
     report.received = sum(report.per_rank)
+    return received
 
-    reference, _ = got["reference"]
-    if reference is not None:  # without the unsharded stream there is nothing to compare with
-        references, (report.pipeline_even, multiple), names, report.reads = reference
-        if even == _AUTO:
-            report.even = report.pipeline_even
-        labels = _labels(names)
-        per_epoch = sum(references[0].values())
-        report.expected = per_epoch
-        report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
-        report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
-        report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
-        pairs = list(zip(received, references, strict=False))
-        if report.even == "carry":  # the epochs are one stream: compare everything, less the last tail
-            unit, total = report.num_slots * multiple, per_epoch * epochs
-            report.allowed_missing, report.carried = 0, total - unit * (total // unit)
-            pairs = [(sum(received, Counter()), sum(references, Counter()))]
-        for got_epoch, want in pairs:
-            for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
-                for element_key, n in delta.items():
-                    name = labels.get(element_key, f"<not in the reference run #{element_key[:8]}>")
-                    counts[name] = counts.get(name, 0) + n
-        report.duplicate_count = sum(report.duplicates.values())
-        report.missing_count = sum(report.missing.values())
-        if report.even == "carry":
-            _split_carried(report)
-    report.seconds = time.monotonic() - started
-    return report
+
+def _compare_with_reference(report: VerifyReport, reference: Any, received: list[Counter], auto: bool) -> None:
+    """The verdict: what was received against the unsharded stream, less what the
+    guarantee checked allows to be missing or repeated (``auto``: the pipeline's own)."""
+    references, (report.pipeline_even, multiple), names, report.reads = reference
+    if auto:
+        report.even = report.pipeline_even
+    labels = _labels(names)
+    per_epoch = sum(references[0].values())
+    report.expected = per_epoch
+    report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
+    report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
+    report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
+    pairs = list(zip(received, references, strict=False))
+    if report.even == "carry":  # the epochs are one stream: compare everything, less the last tail
+        unit, total = report.num_slots * multiple, per_epoch * report.epochs
+        report.allowed_missing, report.carried = 0, total - unit * (total // unit)
+        pairs = [(sum(received, Counter()), sum(references, Counter()))]
+    for got_epoch, want in pairs:
+        for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
+            for element_key, n in delta.items():
+                name = labels.get(element_key, f"<not in the reference run #{element_key[:8]}>")
+                counts[name] = counts.get(name, 0) + n
+    report.duplicate_count = sum(report.duplicates.values())
+    report.missing_count = sum(report.missing.values())
+    if report.even == "carry":
+        _split_carried(report)
