@@ -98,4 +98,4 @@ def test_the_pure_arithmetic_imports_nothing_of_torch_or_the_rest():
 def test_the_packing_arithmetic_imports_no_torch_and_only_the_plan():
     text = modules()["distshard.packing"].read_text()
     assert "import torch" not in text and "from torch" not in text
-    assert imports()["distshard.packing"] <= {"distshard.plan"}
+    assert imports()["distshard.packing"] <= {"distshard.plan", "distshard.errors"}

@@ -18,8 +18,84 @@ import json
 import math
 import sys
 import time
+from typing import TYPE_CHECKING, Callable
 
 EXIT_OK, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
+_NO_READS = "unknown (the reference run did not finish)"
+
+if TYPE_CHECKING:
+    from .verify import VerifyReport
+
+
+def _check_progress(args: argparse.Namespace, interactive: bool) -> Callable[[str], None]:
+    """How ``check`` shows that it waits: one line rewritten in place on a terminal,
+    a line every 10 s in logs, nothing with ``--json``."""
+    last = [time.monotonic()]
+
+    def progress(line: str) -> None:
+        if interactive:  # one line, rewritten in place
+            print(f"\r  {line}   ", end="", file=sys.stderr, flush=True)
+        elif not args.json and time.monotonic() - last[0] >= 10:  # logs: a line every 10 s
+            last[0] = time.monotonic()
+            print(f"  {line}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def _check_verdict(report: VerifyReport) -> tuple[int, str]:
+    """``(exit status, verdict)``: a violation first, then a run that could not finish."""
+    if report.violated:
+        return EXIT_VIOLATED, "VIOLATIONS FOUND"
+    if report.error is not None:
+        return EXIT_COULD_NOT_RUN, "COULD NOT RUN"
+    return EXIT_OK, "EXACTLY-ONCE"
+
+
+def _print_check_json(
+    args: argparse.Namespace, report: VerifyReport, status: int, verdict: str, started: float
+) -> None:
+    print(
+        json.dumps(
+            {
+                "status": status,
+                "verdict": verdict,
+                "factory": args.factory,
+                "world_size": report.world_size,
+                "num_workers": report.num_workers,
+                "even": report.even,
+                "epochs": report.epochs,
+                "expected_per_epoch": report.expected,
+                "received": report.received,
+                "per_rank": report.per_rank,
+                "per_slot": report.per_slot,
+                "duplicates": report.duplicate_count,
+                "missing": report.missing_count,
+                "allowed_duplicates": report.allowed_duplicates * report.epochs,
+                "allowed_missing": report.allowed_missing * report.epochs,
+                "carried": report.carried,
+                "carried_examples": dict(list(report.carried_elements.items())[:10]),
+                "duplicate_examples": dict(list(report.duplicates.items())[:10]),
+                "missing_examples": dict(list(report.missing.items())[:10]),
+                "reads": report.reads or _NO_READS,
+                "error": report.error,
+                "reasons": report.reasons + report.violations,
+                "seconds": round(time.monotonic() - started, 2),
+            },
+            indent=2,
+        )
+    )
+
+
+def _print_check_text(report: VerifyReport, status: int, verdict: str, started: float) -> None:
+    summary = report.summary().rpartition("\n  verdict: ")[0]
+    # the reasons it could not run go to stderr, once, below
+    print("\n".join(line for line in summary.splitlines() if not line.startswith("  error: ")))
+    print(f"  reads: {report.reads or _NO_READS}")
+    print(f"  time: {time.monotonic() - started:.1f}s")
+    print(f"  verdict: {verdict}")
+    if status == EXIT_COULD_NOT_RUN:
+        for reason in report.reasons:
+            print(f"could not run: {reason}", file=sys.stderr)
 
 
 def check(args: argparse.Namespace) -> int:
@@ -34,15 +110,6 @@ def check(args: argparse.Namespace) -> int:
     except (ValueError, ImportError) as exc:
         return _could_not_run(args, [str(exc)])
     interactive = sys.stderr.isatty() and not args.json
-    last = [time.monotonic()]
-
-    def progress(line: str) -> None:
-        if interactive:  # one line, rewritten in place
-            print(f"\r  {line}   ", end="", file=sys.stderr, flush=True)
-        elif not args.json and time.monotonic() - last[0] >= 10:  # logs: a line every 10 s
-            last[0] = time.monotonic()
-            print(f"  {line}", file=sys.stderr, flush=True)
-
     if not args.json:
         print(
             f"checking {args.factory} on {args.world_size} ranks x {args.num_workers} workers "
@@ -59,61 +126,18 @@ def check(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             timeout=args.timeout,
             loader=args.loader,
-            progress=progress,
+            progress=_check_progress(args, interactive),
             step_collective=False,  # count what each slot yields; no DDP step to deadlock on
         )
     except Exception as exc:  # noqa: BLE001 - the harness itself failed
         return _could_not_run(args, [f"{type(exc).__name__}: {exc}"])
     if interactive:
         print(file=sys.stderr)
-    if report.violated:
-        status, verdict = EXIT_VIOLATED, "VIOLATIONS FOUND"
-    elif report.error is not None:
-        status, verdict = EXIT_COULD_NOT_RUN, "COULD NOT RUN"
-    else:
-        status, verdict = EXIT_OK, "EXACTLY-ONCE"
-    reads = report.reads or "unknown (the reference run did not finish)"
+    status, verdict = _check_verdict(report)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "status": status,
-                    "verdict": verdict,
-                    "factory": args.factory,
-                    "world_size": report.world_size,
-                    "num_workers": report.num_workers,
-                    "even": report.even,
-                    "epochs": report.epochs,
-                    "expected_per_epoch": report.expected,
-                    "received": report.received,
-                    "per_rank": report.per_rank,
-                    "per_slot": report.per_slot,
-                    "duplicates": report.duplicate_count,
-                    "missing": report.missing_count,
-                    "allowed_duplicates": report.allowed_duplicates * report.epochs,
-                    "allowed_missing": report.allowed_missing * report.epochs,
-                    "carried": report.carried,
-                    "carried_examples": dict(list(report.carried_elements.items())[:10]),
-                    "duplicate_examples": dict(list(report.duplicates.items())[:10]),
-                    "missing_examples": dict(list(report.missing.items())[:10]),
-                    "reads": reads,
-                    "error": report.error,
-                    "reasons": report.reasons + report.violations,
-                    "seconds": round(time.monotonic() - started, 2),
-                },
-                indent=2,
-            )
-        )
+        _print_check_json(args, report, status, verdict, started)
     else:
-        summary = report.summary().rpartition("\n  verdict: ")[0]
-        # the reasons it could not run go to stderr, once, below
-        print("\n".join(line for line in summary.splitlines() if not line.startswith("  error: ")))
-        print(f"  reads: {reads}")
-        print(f"  time: {time.monotonic() - started:.1f}s")
-        print(f"  verdict: {verdict}")
-        if status == EXIT_COULD_NOT_RUN:
-            for reason in report.reasons:
-                print(f"could not run: {reason}", file=sys.stderr)
+        _print_check_text(report, status, verdict, started)
     return status
 
 

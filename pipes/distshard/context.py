@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
-from .errors import DistshardError
+from .errors import DistshardError, OptionError, OptionTypeError, SetupError
 from .waits import naming_collective_timeouts
 
 SOURCES = ("explicit", "torch.distributed", "pickled", "env", "default")
@@ -61,14 +61,14 @@ class ShardContext:
     def __post_init__(self) -> None:
         check_rank_world(self.rank, self.world_size)
         if not 0 <= self.worker_id < self.num_workers:
-            raise ValueError(f"worker_id={self.worker_id} is outside [0, num_workers={self.num_workers})")
+            raise OptionError(f"worker_id={self.worker_id} is outside [0, num_workers={self.num_workers})")
         object.__setattr__(self, "slot", self.rank * self.num_workers + self.worker_id)
         object.__setattr__(self, "num_slots", self.world_size * self.num_workers)
 
 
 def _check_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r} must be an int (got {type(value).__name__}); pass e.g. {name}=0")
+        raise OptionTypeError(f"{name}={value!r} must be an int (got {type(value).__name__}); pass e.g. {name}=0")
     return value
 
 
@@ -81,9 +81,9 @@ def check_rank_world(
     rank = _check_int(rank_name, rank)
     world_size = _check_int(world_name, world_size)
     if world_size < 1:
-        raise ValueError(f"{where}{world_name}={world_size} must be at least 1")
+        raise OptionError(f"{where}{world_name}={world_size} must be at least 1")
     if not 0 <= rank < world_size:
-        raise ValueError(f"{where}{rank_name}={rank} is outside [0, {world_name}={world_size}); ranks count from 0")
+        raise OptionError(f"{where}{rank_name}={rank} is outside [0, {world_name}={world_size}); ranks count from 0")
     return rank, world_size
 
 
@@ -93,7 +93,7 @@ def check_explicit(rank: object, world_size: object) -> tuple[int, int] | None:
         return None
     if rank is None or world_size is None:
         given, missing = ("rank", "world_size") if rank is not None else ("world_size", "rank")
-        raise ValueError(
+        raise OptionError(
             f"{given}={rank if rank is not None else world_size!r} was given without "
             f"{missing}; pass both rank= and world_size=, or neither to take them from "
             "torch.distributed or the RANK/WORLD_SIZE environment"
@@ -106,7 +106,7 @@ def _env_int(environ: Mapping[str, str], name: str) -> int:
     try:
         return int(raw.strip())
     except ValueError:
-        raise ValueError(
+        raise OptionError(
             f"environment variable {name}={raw!r} is not an integer; torchrun sets it to "
             f"the process's {name.lower()}: unset it or set it to an integer"
         ) from None
@@ -141,24 +141,24 @@ def env_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int] 
     if "RANK" not in environ and "WORLD_SIZE" not in environ:
         return None
     if "WORLD_SIZE" not in environ:
-        raise ValueError(
+        raise OptionError(
             f"environment variable RANK={environ['RANK']!r} is set but WORLD_SIZE is not; "
             "set both (torchrun does) or neither"
         )
     world_size = _env_int(environ, "WORLD_SIZE")
     if world_size < 1:
-        raise ValueError(f"environment variable WORLD_SIZE={world_size} must be at least 1")
+        raise OptionError(f"environment variable WORLD_SIZE={world_size} must be at least 1")
     if "RANK" in environ:
         rank = _env_int(environ, "RANK")
         return check_rank_world(rank, world_size, ("RANK", "WORLD_SIZE"), "environment variable ")
     if "LOCAL_RANK" not in environ:
-        raise ValueError(
+        raise OptionError(
             f"environment variable WORLD_SIZE={environ['WORLD_SIZE']!r} is set but RANK is not "
             "(nor LOCAL_RANK to derive it from); set both RANK and WORLD_SIZE (torchrun does) or neither"
         )
     rank, how = _derived_rank(environ, world_size)
     if rank >= world_size:
-        raise ValueError(
+        raise OptionError(
             f"environment variables {how} give rank {rank}, outside [0, WORLD_SIZE={world_size}); "
             "set RANK to this process's global rank"
         )
@@ -174,18 +174,18 @@ def _derived_rank(environ: Mapping[str, str], world_size: int) -> tuple[int, str
             values[name] = _env_int(environ, name)
             if values[name] < (1 if name == "LOCAL_WORLD_SIZE" else 0):
                 low = "at least 1" if name == "LOCAL_WORLD_SIZE" else "non-negative"
-                raise ValueError(f"environment variable {name}={values[name]} must be {low}")
+                raise OptionError(f"environment variable {name}={values[name]} must be {low}")
     local, node, per_node = values["LOCAL_RANK"], values.get("NODE_RANK"), values.get("LOCAL_WORLD_SIZE")
     how = ", ".join(f"{name}={value}" for name, value in values.items())
     if per_node is not None:
         if world_size % per_node or local >= per_node:
-            raise ValueError(
+            raise OptionError(
                 f"environment variables {how}, WORLD_SIZE={world_size} do not fit together "
                 "(LOCAL_WORLD_SIZE must divide WORLD_SIZE, and LOCAL_RANK be below it); "
                 "set RANK to this process's global rank"
             )
         if per_node == world_size and node not in (None, 0):
-            raise ValueError(
+            raise OptionError(
                 f"environment variables {how}, WORLD_SIZE={world_size}: LOCAL_WORLD_SIZE == WORLD_SIZE "
                 "means a single node, but NODE_RANK is not 0; set RANK to this process's global rank"
             )
@@ -324,12 +324,12 @@ def sharded_context(
     default = sharding.get(SHARDING_PRIORITIES.DEFAULT)
     if default is not None:
         if len(sharding) > 1:
-            raise RuntimeError(
+            raise SetupError(
                 "apply_sharding was called with the DEFAULT group and another "
                 "group on this dist_shard: use one or the other"
             )
         if info is not None:
-            raise RuntimeError(
+            raise SetupError(
                 f"apply_sharding({default[0]}, {default[1]}) was called on this dist_shard, and it "
                 f"also runs in DataLoader worker {info.id} of {info.num_workers}: it cannot honour "
                 "both splits. Drop the apply_sharding call (dist_shard splits over ranks and "
@@ -345,7 +345,7 @@ def sharded_context(
     workers = sharding.get(SHARDING_PRIORITIES.MULTIPROCESSING)
     if workers is not None:
         if info is not None and (workers[0], workers[1]) != (info.num_workers, info.id):
-            raise RuntimeError(
+            raise SetupError(
                 f"apply_sharding({workers[0]}, {workers[1]}, MULTIPROCESSING) disagrees with "
                 f"DataLoader worker {info.id} of {info.num_workers}; drop the call"
             )

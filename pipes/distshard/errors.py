@@ -19,6 +19,8 @@ __all__ = [
     "ResumeOrderError",
     "SourceChangedError",
     "SourceMissingError",
+    "SourceDataError",
+    "SetupError",
 ]
 
 
@@ -56,8 +58,24 @@ class ResumeOrderError(DistshardError, RuntimeError):
 
 class SourceChangedError(DistshardError, ValueError):
     """A file whose identity (ETag, generation, size, mtime) is not the one indexed:
-    it changed during the job or after its stored index was written."""
+    it changed during the job or after its stored index was written; or documents
+    that are no longer those ``pack()`` counted."""
 
 
 class SourceMissingError(DistshardError, FileNotFoundError):
     """A file named by a pattern, an index or a manifest that is not there."""
+
+
+class SourceDataError(DistshardError, ValueError):
+    """Data that is not what was declared or counted of it, or cannot be read as its
+    format: a unit with another element count than ``sizes=`` says, a shard index's
+    wrong ``nsamples``, a truncated or corrupt file (tar, JSON lines, Parquet, a
+    Megatron ``.idx`` / ``.bin`` pair), a malformed stored index manifest."""
+
+
+class SetupError(DistshardError, RuntimeError):
+    """The code around the pipe is set up so that distshard cannot keep its promise:
+    the data split a second time or dispatched from one rank (a ``sharding_filter``
+    or another ``dist_shard`` upstream, ``apply_sharding`` by hand in DataLoader
+    workers, Accelerate's wrappers), or ``stop_together`` without an initialized
+    process group."""

@@ -17,6 +17,7 @@ import numbers
 from datetime import timedelta
 from typing import Any, Generic, Iterable, Iterator, TypeVar
 
+from .errors import OptionError, OptionTypeError, SetupError
 from .waits import naming_collective_timeouts
 
 T = TypeVar("T")
@@ -30,9 +31,9 @@ def check_timeout(value: Any, name: str = "timeout") -> float:
     """Return ``value`` as a float if it is a finite, positive number of seconds,
     else raise ``TypeError`` (not a number) or ``ValueError`` naming it."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}={value!r} must be a number of seconds, not {type(value).__name__}")
+        raise OptionTypeError(f"{name}={value!r} must be a number of seconds, not {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be positive and finite (seconds)")
+        raise OptionError(f"{name}={value!r} must be positive and finite (seconds)")
     return float(value)
 
 
@@ -57,7 +58,7 @@ class StopTogether(Generic[T]):
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
+            raise SetupError(
                 "stop_together needs an initialized torch.distributed process group; call "
                 "torch.distributed.init_process_group first (or do not wrap single-process loops)"
             )

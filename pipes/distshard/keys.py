@@ -8,11 +8,13 @@ compare multisets of elements by these keys across processes."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import types
 from typing import Any
 
 import torch
+
+from .digests import sha256_hex
+from .errors import OptionTypeError
 
 __all__ = ["canonical", "display", "key"]
 
@@ -49,7 +51,7 @@ def key(value: Any) -> str:
         >>> key([1, 2]) == key([1, 2]) != key((1, 2))
         True
     """
-    return hashlib.sha256(canonical(value)).hexdigest()
+    return sha256_hex(canonical(value))
 
 
 def _put(out: list[bytes], tag: bytes, payload: bytes = b"") -> None:
@@ -128,7 +130,7 @@ def _tensor_bytes(value: torch.Tensor) -> bytes:
         tensor = tensor.cpu().resolve_conj().resolve_neg().clone(memory_format=torch.contiguous_format)
         return bytes(tensor.untyped_storage())
     except Exception as exc:  # noqa: BLE001 - quantized, meta, ...: refuse rather than guess
-        raise TypeError(f"cannot compare a {value.dtype} {value.layout} tensor faithfully: {exc}") from None
+        raise OptionTypeError(f"cannot compare a {value.dtype} {value.layout} tensor faithfully: {exc}") from None
 
 
 def _encode_numpy(value: Any, kind: type, out: list[bytes], active: list[int]) -> bool:
@@ -154,7 +156,7 @@ def _encode_object(value: Any, kind: type, out: list[bytes], active: list[int]) 
     try:
         reduced = value.__reduce_ex__(4)
     except Exception as exc:  # noqa: BLE001
-        raise TypeError(
+        raise OptionTypeError(
             f"cannot compare {kind.__module__}.{kind.__qualname__} values faithfully ({exc}); "
             "make the elements picklable, or map them to plain data before checking"
         ) from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from . import context as _context
+from .errors import OptionError, OptionTypeError, UnsupportedError
 from .mailbox import EPOCH_LIMIT
 from .plan import CARRY, Even, check_even, check_multiple
 from .readers import check_sizes
@@ -46,9 +47,9 @@ class ShardOptions:
 
 def _int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r} must be an int (got {type(value).__name__})")
+        raise OptionTypeError(f"{name}={value!r} must be an int (got {type(value).__name__})")
     if value < 0:
-        raise ValueError(f"{name}={value} must be non-negative")
+        raise OptionError(f"{name}={value} must be non-negative")
     return value
 
 
@@ -61,13 +62,13 @@ def check_epoch(epoch: object) -> int:
     """An epoch: a non-negative int below 2**63 (what the epoch mailbox holds)."""
     epoch = _int("epoch", epoch)
     if epoch >= EPOCH_LIMIT:
-        raise ValueError(f"epoch={epoch} must be below 2**63")
+        raise OptionError(f"epoch={epoch} must be below 2**63")
     return epoch
 
 
 def check_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} must be True or False")
+        raise OptionTypeError(f"{name}={value!r} must be True or False")
     return value
 
 
@@ -91,11 +92,11 @@ def check_options(
     checked_seed = check_seed(seed)
     check_flag("shuffle", shuffle)
     if expand is not None and not callable(expand):
-        raise TypeError(f"expand={expand!r} must be a callable unit -> elements")
+        raise OptionTypeError(f"expand={expand!r} must be a callable unit -> elements")
     multiple = check_multiple(multiple_of, checked_even)
     checked_sizes = check_sizes(sizes)
     if checked_sizes is not None and expand is None:
-        raise ValueError(
+        raise OptionError(
             "sizes= counts the elements of each unit and needs expand=; "
             "pass expand=fn that yields a unit's elements, or drop sizes="
         )
@@ -105,7 +106,7 @@ def check_options(
         )
     if expand is not None and checked_sizes is None and (checked_even is not None or shuffle):
         what = f"even={checked_even!r}" if checked_even is not None else "shuffle=True"
-        raise ValueError(
+        raise UnsupportedError(
             f"{what} with expand= needs sizes= (the element count of each unit): without "
             "them no slot knows how many elements the others get. Pass sizes=, or use "
             "even=None and shuffle upstream with .shuffle()"
@@ -118,13 +119,13 @@ def check_options(
 def random_access_needed(source: str, fix: str) -> ValueError:
     """The error for ``shuffle=True`` over ``source``, which has no random access;
     ``fix`` says what the front-end can be given instead."""
-    return ValueError(f"shuffle=True needs random access to the stream, but it comes from {source}: {fix}")
+    return UnsupportedError(f"shuffle=True needs random access to the stream, but it comes from {source}: {fix}")
 
 
 def carry_refused(what: str, fix: str) -> ValueError:
     """The error for ``even="carry"`` over ``what``, which cannot be read at its
     positions; ``fix`` says what the front-end can be given instead."""
-    return ValueError(
+    return UnsupportedError(
         f"even='carry' cannot read {what}: the start of every epoch is the tail of the epoch before, "
         "so a slot reads the previous epoch's elements at their positions, and a stream would have to "
         f"be read through the previous epoch again. {fix}"

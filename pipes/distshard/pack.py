@@ -19,10 +19,8 @@ position; ``distshard.mix`` mixes packed sources block by block.
 
 from __future__ import annotations
 
-import hashlib
 import numbers
 import sys
-import zlib
 from collections import deque
 from collections.abc import Mapping
 from itertools import islice
@@ -31,9 +29,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
+from .digests import blake2b_hex, code_digest, crc32_hex, mix_seed
+from .errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError, UnsupportedError
 from .graph import Pushdown, plan_pushdown, random_pipes
 from .packing import Packing, prefix_sums, shuffled_prefix
-from .plan import Permutation, mix_seed
+from .plan import Permutation
 from .readers import SequenceReader
 
 __all__ = ["PackIterDataPipe", "PackSequence", "ShuffledPackIterDataPipe", "pack"]
@@ -47,22 +47,11 @@ _ORDERS_KEPT = 2  # document orders per process: this epoch's and the one even="
 
 def _check_int(name: str, value: object, low: int | None, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}={value!r} must be an int ({what}), got {type(value).__name__}")
+        raise OptionTypeError(f"{name}={value!r} must be an int ({what}), got {type(value).__name__}")
     value = int(value)
     if low is not None and value < low:
-        raise ValueError(f"{name}={value} must be at least {low} ({what})")
+        raise OptionError(f"{name}={value} must be at least {low} ({what})")
     return value
-
-
-def _code_digest(fn: Any) -> str:
-    """What names a function in a cache key: its qualified name and a digest of its
-    code (a changed body gives another key)."""
-    code = getattr(fn, "__code__", None)
-    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-    if code is None:
-        return name
-    body = code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()
-    return f"{name}:{hashlib.blake2b(body, digest_size=6).hexdigest()}"
 
 
 def _picker_name(tokens: str | Picker | None) -> str:
@@ -70,7 +59,7 @@ def _picker_name(tokens: str | Picker | None) -> str:
         return "document"
     if isinstance(tokens, str):
         return f"field {tokens!r}"
-    return f"fn {_code_digest(tokens)}"
+    return f"fn {code_digest(tokens)}"
 
 
 def _describe_value(value: Any) -> str:
@@ -87,7 +76,7 @@ class _Counts:
         self.prefix = prefix_sums(counts, 1 if eos else 0)
         self.how = how  # "source" (distshard_token_counts), "cache", "counted"
         self.longest = int(_extreme(counts, max)) if len(counts) else 0
-        self.digest = f"{zlib.crc32(memoryview(self.prefix).cast('B')):08x}"  # fast: 10^8 documents in ~0.3 s
+        self.digest = crc32_hex(memoryview(self.prefix).cast("B"))  # fast: 10^8 documents in ~0.3 s
 
 
 class PackIterDataPipe(IterDataPipe):
@@ -105,12 +94,12 @@ class PackIterDataPipe(IterDataPipe):
         seed: int | None = None,
     ) -> None:
         if not isinstance(source, IterDataPipe):
-            raise TypeError(
+            raise OptionTypeError(
                 f"pack() needs an IterDataPipe of documents, got {type(source).__name__}; wrap it with IterableWrapper"
             )
         self.seq_len = _check_int("seq_len", seq_len, 1, "tokens per block")
         if tokens is not None and not isinstance(tokens, str) and not callable(tokens):
-            raise TypeError(
+            raise OptionTypeError(
                 f"tokens={tokens!r} must be None (each document is its token ids), a field name or a function "
                 f"document -> token ids, got {type(tokens).__name__}"
             )
@@ -118,12 +107,12 @@ class PackIterDataPipe(IterDataPipe):
         self.eos = None if eos is None else _check_int("eos", eos, None, "the token id that ends every document")
         self.pad = _check_int("pad", pad, None, "the token id of padding")
         if not isinstance(shuffle_documents, bool):
-            raise TypeError(f"shuffle_documents={shuffle_documents!r} must be True or False")
+            raise OptionTypeError(f"shuffle_documents={shuffle_documents!r} must be True or False")
         self.shuffle_documents = shuffle_documents
         self.seed = None if seed is None else _check_int("seed", seed, 0, "the base seed of the document order")
         randoms = random_pipes(source)
         if randoms:
-            raise ValueError(
+            raise UnsupportedError(
                 f"pack() needs its documents in one fixed order, but {type(randoms[0]).__name__} upstream "
                 "reorders them every epoch (the token counts would not match the documents): remove it and "
                 "pass shuffle_documents=True, or shuffle the blocks with .dist_shard(shuffle=True)"
@@ -192,10 +181,10 @@ class PackIterDataPipe(IterDataPipe):
             type(base.fmt).__qualname__,
             repr(getattr(base.fmt, "columns", None)),
             *(f"{key_of(ref.url)}\0{ref.size}\0{ref.stamp}\0{count}" for ref, count in refs),
-            *(_code_digest(mapper.fn) for mapper in plan.maps),
+            *(code_digest(mapper.fn) for mapper in plan.maps),
             _picker_name(self.tokens),
         ]
-        return hashlib.blake2b("\n".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+        return blake2b_hex("\n".join(parts).encode("utf-8", "surrogatepass"), 16)
 
     def _count(self) -> list[int]:
         """One pass over the documents: each one's token count, its tokens checked."""
@@ -210,7 +199,7 @@ class PackIterDataPipe(IterDataPipe):
             return document
         if isinstance(tokens, str):
             if not isinstance(document, Mapping):
-                raise TypeError(
+                raise OptionTypeError(
                     f"document {k} is a {type(document).__name__}, not a mapping with a field {tokens!r}; pass "
                     "tokens=None when each document is its token ids, or a function document -> token ids"
                 )
@@ -218,7 +207,7 @@ class PackIterDataPipe(IterDataPipe):
                 return document[tokens]
             except KeyError:
                 fields = sorted(map(str, document))[:8]
-                raise ValueError(
+                raise OptionError(
                     f"document {k} has no field {tokens!r} (its fields: {fields}); pass tokens= the field that "
                     "holds the token ids"
                 ) from None
@@ -311,13 +300,17 @@ class ShuffledPackIterDataPipe(PackIterDataPipe):
 
 def _check_counts(counts: Any, where: str) -> None:
     if not (hasattr(counts, "__len__") and hasattr(counts, "__getitem__")):
-        raise TypeError(f"{where}.distshard_token_counts() returned {type(counts).__name__}, not a sequence of ints")
+        raise OptionTypeError(
+            f"{where}.distshard_token_counts() returned {type(counts).__name__}, not a sequence of ints"
+        )
     dtype = getattr(counts, "dtype", None)
     if dtype is not None and getattr(dtype, "kind", "i") not in "iu":
-        raise TypeError(f"{where}.distshard_token_counts() returned counts of dtype {dtype}; they must be integers")
+        raise OptionTypeError(
+            f"{where}.distshard_token_counts() returned counts of dtype {dtype}; they must be integers"
+        )
     low = _extreme(counts, min) if len(counts) else 0
     if low < 0:
-        raise ValueError(f"{where}.distshard_token_counts() returned a negative count: {low}")
+        raise SourceDataError(f"{where}.distshard_token_counts() returned a negative count: {low}")
 
 
 def _extreme(values: Any, which: Callable[[Any], Any]) -> Any:
@@ -336,25 +329,25 @@ def _checked_tokens(tokens: Any, k: int) -> Any:
         if any(type(t) is not int for t in tokens):
             for j, t in enumerate(tokens):
                 if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                    raise TypeError(
+                    raise OptionTypeError(
                         f"token {j} of document {k} is {_describe_value(t)} ({type(t).__name__}); token ids "
                         "must be ints: tokenize the documents first (e.g. with .map(...) before pack)"
                     )
         return tokens
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 1 or tokens.dtype not in _INTEGER_DTYPES:
-            raise TypeError(
+            raise OptionTypeError(
                 f"document {k}'s tokens are a {tokens.dim()}-D tensor of {tokens.dtype}; give a 1-D integer tensor"
             )
         return tokens
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(tokens, numpy.ndarray):
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise TypeError(
+            raise OptionTypeError(
                 f"document {k}'s tokens are a {tokens.ndim}-D numpy array of {tokens.dtype}; give a 1-D integer array"
             )
         return tokens
-    raise TypeError(
+    raise OptionTypeError(
         f"document {k}'s tokens are a {type(tokens).__name__} ({_describe_value(tokens)}); give token ids: a list "
         "of ints, a 1-D integer numpy array or tensor (tokenize first; pass tokens= a field or a function to "
         "pick them from a document)"
@@ -374,7 +367,7 @@ def _as_ids(tokens: Any, k: int) -> Any:
             raise
         if out.dtype is not torch.long or out.dim() != 1:
             _checked_tokens(tokens, k)
-            raise TypeError(f"document {k}'s tokens are not a flat list of ints")
+            raise OptionTypeError(f"document {k}'s tokens are not a flat list of ints")
         return out
     return _checked_tokens(tokens, k)
 
@@ -403,7 +396,7 @@ class _Documents:
                 stream, at = iter(self.source), 0
             document = next(islice(stream, index - at, None), _END)
             if document is _END:
-                raise ValueError(
+                raise SourceChangedError(
                     f"{type(self.source).__name__} ended before document {index}, which was counted when pack() "
                     "was built: the documents changed; build the pack again"
                 )
@@ -442,7 +435,7 @@ class PackSequence:
             below = SequenceReader(docs.plan.sequence).identity()
         else:
             below = f"stream:{type(docs.plan.base).__qualname__}"
-        maps = ",".join(_code_digest(m.fn) for m in docs.plan.maps)
+        maps = ",".join(code_digest(m.fn) for m in docs.plan.maps)
         return f"{self.pipe.distshard_identity()} maps=[{maps}] of {below}"
 
     def describe(self) -> str:
@@ -450,7 +443,7 @@ class PackSequence:
 
     def distshard_order(self, seed: int) -> Permutation:
         if not self._docs().random:
-            raise ValueError(
+            raise UnsupportedError(
                 f"shuffle=True over pack() of a stream ({type(self._docs().plan.base).__name__}, no random access) "
                 "would walk the documents again for every block; give pack a random-access source (a list, "
                 "a distshard file source or distshard.tokens, with only .map() in between), or shuffle=False"
@@ -509,7 +502,7 @@ class PackSequence:
         tokens = _as_ids(self.pipe._pick(document, index), index)
         expected = packing.count(k) - (self.pipe.eos is not None)
         if len(tokens) != expected:
-            raise ValueError(
+            raise SourceChangedError(
                 f"document {index} holds {len(tokens)} tokens but {expected} were counted when pack() was built: "
                 "the documents changed (or come in another order); build the pack again (counts of file sources "
                 "are cached under $DISTSHARD_CACHE, keyed by the files' identities)"

@@ -20,6 +20,7 @@ import bisect
 from array import array
 from typing import Any, Sequence
 
+from .errors import OptionError
 from .plan import Permutation
 
 __all__ = ["Packing", "permuted", "prefix_sums", "shuffled_prefix"]
@@ -134,7 +135,7 @@ class Packing:
 
     def __init__(self, prefix: Sequence[int], seq_len: int) -> None:
         if seq_len < 1:
-            raise ValueError(f"seq_len={seq_len} must be at least 1")
+            raise OptionError(f"seq_len={seq_len} must be at least 1")
         self.prefix = prefix
         self.seq_len = seq_len
         self.documents = len(prefix) - 1

@@ -12,7 +12,6 @@ weights: O(1) per slot (the cumulative weights are one array).
 from __future__ import annotations
 
 import bisect
-import hashlib
 import math
 import numbers
 from array import array
@@ -22,8 +21,9 @@ from typing import Any, Iterator, Sequence
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
+from .digests import blake2b_hex, mix_seed
+from .errors import OptionError, OptionTypeError, UnsupportedError
 from .graph import plan_pushdown
-from .plan import mix_seed
 from .readers import SequenceReader
 
 __all__ = ["WeightedSampleIterDataPipe", "weighted_sample"]
@@ -33,31 +33,31 @@ def _check_weights(weights: object, n: int) -> list[float]:
     """One finite non-negative weight per element, some positive, as floats scaled
     by a power of two so that their sum cannot overflow (the proportions are exact)."""
     if isinstance(weights, Mapping):
-        raise TypeError(
+        raise OptionTypeError(
             "weights is a mapping; weighted_sample takes one weight per element position, as a sequence "
             "aligned with the source: pass [weights[i] for i in range(len(source))]"
         )
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
-        raise TypeError(f"weights must be a sequence of one number per element, got {type(weights).__name__}")
+        raise OptionTypeError(f"weights must be a sequence of one number per element, got {type(weights).__name__}")
     values = list(weights)
     if len(values) != n:
-        raise ValueError(
+        raise OptionError(
             f"weights has {len(values)} entries but the source has {n} elements; give one weight per element"
         )
     out = []
     for index, weight in enumerate(values):
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
-            raise TypeError(f"weights[{index}]={weight!r} is not a number")
+            raise OptionTypeError(f"weights[{index}]={weight!r} is not a number")
         try:
             value = float(weight)
         except OverflowError:
             value = math.inf
         if not math.isfinite(value) or value < 0:
-            raise ValueError(f"weights[{index}]={weight!r} must be finite and non-negative")
+            raise OptionError(f"weights[{index}]={weight!r} must be finite and non-negative")
         out.append(value)
     largest = max(out, default=0.0)
     if largest <= 0:
-        raise ValueError("the weights sum to 0: at least one element needs a positive weight")
+        raise OptionError("the weights sum to 0: at least one element needs a positive weight")
     shift = math.frexp(largest)[1]  # scaled weights are at most 1: their sum at most n
     return [math.ldexp(value, -shift) for value in out]
 
@@ -69,18 +69,18 @@ class WeightedSampleIterDataPipe(IterDataPipe):
         self, source: IterDataPipe, weights: Sequence[float], *, samples: int, seed: int | None = None
     ) -> None:
         if not isinstance(source, IterDataPipe):
-            raise TypeError(f"source must be an IterDataPipe, got {type(source).__name__}")
+            raise OptionTypeError(f"source must be an IterDataPipe, got {type(source).__name__}")
         if isinstance(samples, bool) or not isinstance(samples, int):
-            raise TypeError(f"samples={samples!r} must be an int (draws per epoch), got {type(samples).__name__}")
+            raise OptionTypeError(f"samples={samples!r} must be an int (draws per epoch), got {type(samples).__name__}")
         if samples < 0:
-            raise ValueError(f"samples={samples} must be non-negative (draws per epoch)")
+            raise OptionError(f"samples={samples} must be non-negative (draws per epoch)")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed={seed!r} must be None or an int, got {type(seed).__name__}")
+            raise OptionTypeError(f"seed={seed!r} must be None or an int, got {type(seed).__name__}")
         if seed is not None and seed < 0:
-            raise ValueError(f"seed={seed} must be non-negative")
+            raise OptionError(f"seed={seed} must be non-negative")
         plan = plan_pushdown(source, True)
         if plan.sequence is None:
-            raise ValueError(
+            raise UnsupportedError(
                 f"weighted_sample needs random access to its source, but {type(source).__name__} is a "
                 "stream: use IterableWrapper over a list/tensor/distshard.positional(...) or a distshard "
                 "file source, with only .map() in between"
@@ -94,7 +94,7 @@ class WeightedSampleIterDataPipe(IterDataPipe):
         self._epoch = 0
         self._received: int | None = None
         # every weight enters the identity (exactly: the scaled floats' bytes)
-        weights_digest = hashlib.blake2b(array("d", scaled).tobytes(), digest_size=8).hexdigest()
+        weights_digest = blake2b_hex(array("d", scaled).tobytes(), 8)
         self._identity = f"weighted_sample seed={seed or 0} samples={samples} n={len(scaled)} weights={weights_digest}"
 
     def distshard_identity(self) -> str:

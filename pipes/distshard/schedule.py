@@ -53,6 +53,8 @@ from functools import reduce
 from itertools import pairwise
 from typing import Iterator, Sequence
 
+from .errors import OptionError
+
 __all__ = [
     "PERIOD_LIMIT",
     "CostSchedule",
@@ -73,7 +75,7 @@ def integer_weights(weights: Sequence[float]) -> list[int]:
     integers = [int(f * scale) for f in fractions]
     divisor = reduce(math.gcd, integers)
     if divisor <= 0 or min(integers) < 0:
-        raise ValueError(f"weights {list(weights)} must be non-negative with at least one positive")
+        raise OptionError(f"weights {list(weights)} must be non-negative with at least one positive")
     return [w // divisor for w in integers]
 
 
@@ -225,7 +227,7 @@ class PhasedSchedule:
     def __init__(self, phases: Sequence[tuple[int, Sequence[float]]]) -> None:
         self.starts = [start for start, _ in phases]
         if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in pairwise(self.starts)):
-            raise ValueError(f"phases must start at 0 and at increasing positions, got {self.starts}")
+            raise OptionError(f"phases must start at 0 and at increasing positions, got {self.starts}")
         self.phases = [Schedule(weights) for _, weights in phases]
         n = len(self.phases[0].weights)
         # picks of every source before each phase
@@ -283,14 +285,14 @@ class CostSchedule:
     def __init__(self, phases: Sequence[tuple[int, Sequence[float]]], costs: Sequence[Sequence[float]]) -> None:
         self.starts = [start for start, _ in phases]
         if not self.starts or self.starts[0] != 0 or any(b <= a for a, b in pairwise(self.starts)):
-            raise ValueError(f"phases must start at 0 and at increasing positions, got {self.starts}")
+            raise OptionError(f"phases must start at 0 and at increasing positions, got {self.starts}")
         self.weights = [integer_weights(weights) for _, weights in phases]
         n = len(costs)
         if any(len(w) != n for w in self.weights):
-            raise ValueError("every phase needs one weight per source")
+            raise OptionError("every phase needs one weight per source")
         for i, c in enumerate(costs):
             if c and (min(c) < 0 or not any(c)):
-                raise ValueError(f"the costs of source {i} must be non-negative, and not all 0")
+                raise OptionError(f"the costs of source {i} must be non-negative, and not all 0")
         self.costs = exact_costs(costs)  # a source without elements: []
         self._empty = [0]  # the costs of a source without elements: its first pick comes at once
         self.table = array("B" if n <= 256 else "H")

@@ -16,6 +16,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .datapipe import DistShardIterDataPipe, shards_in
+from .errors import OptionError, OptionTypeError, StateMismatchError
 from .state import State, find_typed_states, merge, merge_states
 from .waits import naming_collective_timeouts
 
@@ -51,10 +52,10 @@ class StatefulPipeline(IterableDataset):
 
     def __init__(self, pipeline: IterDataPipe) -> None:
         if not isinstance(pipeline, IterDataPipe):
-            raise TypeError(f"StatefulPipeline wraps an IterDataPipe, got {type(pipeline).__name__}")
+            raise OptionTypeError(f"StatefulPipeline wraps an IterDataPipe, got {type(pipeline).__name__}")
         shards = shards_in(pipeline)
         if len(shards) != 1:
-            raise ValueError(f"StatefulPipeline needs exactly one dist_shard in the pipeline, found {len(shards)}")
+            raise OptionError(f"StatefulPipeline needs exactly one dist_shard in the pipeline, found {len(shards)}")
         self.pipeline = pipeline
         self.shard: DistShardIterDataPipe = shards[0]
 
@@ -86,7 +87,7 @@ class StatefulPipeline(IterableDataset):
         leaves the pipeline unchanged."""
         found = find_typed_states(state)
         if not found:
-            raise ValueError(
+            raise StateMismatchError(
                 "no distshard state found in what was passed to load_state_dict; pass what "
                 "StatefulPipeline.state_dict() or distshard.merge_states() returned"
             )

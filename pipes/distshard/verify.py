@@ -42,6 +42,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from . import context as _context
 from . import stacks
 from .datapipe import shards_in
+from .errors import OptionError, OptionTypeError
 from .guard import check_timeout
 from .keys import canonical, display, key
 from .plan import Even, check_even, dropped_count, padded_count
@@ -111,7 +112,7 @@ def _build(build: Callable[[], Any]) -> IterDataPipe:
     try:
         pipe = build()
         if not isinstance(pipe, IterDataPipe):
-            raise TypeError(
+            raise OptionTypeError(
                 f"{getattr(build, 'path', build)!r} returned {type(pipe).__name__}, not an IterDataPipe: the "
                 "factory must return the pipeline each rank iterates, e.g. "
                 "IterableWrapper(records).dist_shard(even='drop').map(decode) (not a list, a DataLoader "
@@ -349,7 +350,7 @@ class FactoryPath:
     def __init__(self, path: str) -> None:
         module, sep, attribute = path.partition(":")
         if not sep or not module or not attribute:
-            raise ValueError(f"{path!r} is not of the form pkg.module:function (note the colon)")
+            raise OptionError(f"{path!r} is not of the form pkg.module:function (note the colon)")
         self.path, self.cwd = path, os.getcwd()
 
     def __repr__(self) -> str:
@@ -394,7 +395,7 @@ class FactoryPath:
             except AttributeError:
                 raise AttributeError(f"{module_name!r} has no attribute {attribute!r}") from None
         if not callable(factory):
-            raise TypeError(f"{self.path} is a {type(factory).__name__}, not a callable that builds the pipeline")
+            raise OptionTypeError(f"{self.path} is a {type(factory).__name__}, not a callable that builds the pipeline")
         return factory
 
     def __call__(self) -> IterDataPipe:
@@ -705,20 +706,8 @@ def verify(
     started = time.monotonic()
     timeout = check_timeout(timeout)
     deadline = started + timeout
-    _context.check_rank_world(0, world_size)
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers={num_workers!r} must be a non-negative int")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs={epochs!r} must be a positive int")
-    if loader not in ("torch", "stateful", "none"):
-        raise ValueError(f"loader={loader!r} must be 'torch', 'stateful' or 'none'")
-    checked: Even = None
-    if even != _AUTO:
-        checked = check_even(even)
-        if step_collective is None:
-            step_collective = checked is not None
+    checked, step_collective = _checked_arguments(world_size, num_workers, epochs, loader, even, step_collective)
     report = VerifyReport(world_size, num_workers, checked, epochs)
-
     got = _run(
         rank_start_method,
         world_size,
@@ -729,8 +718,38 @@ def verify(
         progress,
         reference=(build, epochs, report.num_slots),
     )
+    _report_errors(report, got)
+    received = _count_received(report, got)
+    reference, _ = got["reference"]
+    if reference is not None:  # without the unsharded stream there is nothing to compare with
+        _compare_with_reference(report, reference, received, even == _AUTO)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _checked_arguments(
+    world_size: int, num_workers: int, epochs: int, loader: str, even: Even | str, step_collective: bool | None
+) -> tuple[Even, bool | None]:
+    """``verify``'s arguments, checked: ``(the even guarantee to check, step_collective)``."""
+    _context.check_rank_world(0, world_size)
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise OptionError(f"num_workers={num_workers!r} must be a non-negative int")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise OptionError(f"epochs={epochs!r} must be a positive int")
+    if loader not in ("torch", "stateful", "none"):
+        raise OptionError(f"loader={loader!r} must be 'torch', 'stateful' or 'none'")
+    checked: Even = None
+    if even != _AUTO:
+        checked = check_even(even)
+        if step_collective is None:
+            step_collective = checked is not None
+    return checked, step_collective
+
+
+def _report_errors(report: VerifyReport, got: dict[Any, tuple[Any, str | None]]) -> None:
+    """Whether the run could complete: every process's error, labelled, into ``report``."""
     blocks = []
-    for who in ["reference", *range(world_size)]:
+    for who in ["reference", *range(report.world_size)]:
         value, error = got[who]
         if who != "reference" and value is not None:
             error = error or value[0]
@@ -740,10 +759,13 @@ def verify(
             report.reasons.append(label + _last_line(error))
     report.error = "\n".join(blocks) or None
 
-    report.per_rank = [0] * world_size
+
+def _count_received(report: VerifyReport, got: dict[Any, tuple[Any, str | None]]) -> list[Counter]:
+    """What every rank and slot received (into ``report``), and the keys received in each epoch."""
+    report.per_rank = [0] * report.world_size
     report.per_slot = [0] * report.num_slots
-    received: list[Counter] = [Counter() for _ in range(epochs)]
-    for rank in range(world_size):
+    received: list[Counter] = [Counter() for _ in range(report.epochs)]
+    for rank in range(report.world_size):
         value, _ = got[rank]
         seen = value[1] if value is not None else []
         report.per_rank[rank] = len(seen)
@@ -753,31 +775,32 @@ def verify(
             received[epoch][element_key] += 1
         report.seen.extend(seen)
     report.received = sum(report.per_rank)
+    return received
 
-    reference, _ = got["reference"]
-    if reference is not None:  # without the unsharded stream there is nothing to compare with
-        references, (report.pipeline_even, multiple), names, report.reads = reference
-        if even == _AUTO:
-            report.even = report.pipeline_even
-        labels = _labels(names)
-        per_epoch = sum(references[0].values())
-        report.expected = per_epoch
-        report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
-        report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
-        report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
-        pairs = list(zip(received, references, strict=False))
-        if report.even == "carry":  # the epochs are one stream: compare everything, less the last tail
-            unit, total = report.num_slots * multiple, per_epoch * epochs
-            report.allowed_missing, report.carried = 0, total - unit * (total // unit)
-            pairs = [(sum(received, Counter()), sum(references, Counter()))]
-        for got_epoch, want in pairs:
-            for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
-                for element_key, n in delta.items():
-                    name = labels.get(element_key, f"<not in the reference run #{element_key[:8]}>")
-                    counts[name] = counts.get(name, 0) + n
-        report.duplicate_count = sum(report.duplicates.values())
-        report.missing_count = sum(report.missing.values())
-        if report.even == "carry":
-            _split_carried(report)
-    report.seconds = time.monotonic() - started
-    return report
+
+def _compare_with_reference(report: VerifyReport, reference: Any, received: list[Counter], auto: bool) -> None:
+    """The verdict: what was received against the unsharded stream, less what the
+    guarantee checked allows to be missing or repeated (``auto``: the pipeline's own)."""
+    references, (report.pipeline_even, multiple), names, report.reads = reference
+    if auto:
+        report.even = report.pipeline_even
+    labels = _labels(names)
+    per_epoch = sum(references[0].values())
+    report.expected = per_epoch
+    report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
+    report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
+    report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
+    pairs = list(zip(received, references, strict=False))
+    if report.even == "carry":  # the epochs are one stream: compare everything, less the last tail
+        unit, total = report.num_slots * multiple, per_epoch * report.epochs
+        report.allowed_missing, report.carried = 0, total - unit * (total // unit)
+        pairs = [(sum(received, Counter()), sum(references, Counter()))]
+    for got_epoch, want in pairs:
+        for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
+            for element_key, n in delta.items():
+                name = labels.get(element_key, f"<not in the reference run #{element_key[:8]}>")
+                counts[name] = counts.get(name, 0) + n
+    report.duplicate_count = sum(report.duplicates.values())
+    report.missing_count = sum(report.missing.values())
+    if report.even == "carry":
+        _split_carried(report)

@@ -19,46 +19,11 @@ strings or default ``repr``s, which differ between processes.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Callable, Iterable, Iterator
 
+from ..digests import stable_digest
+
 __all__ = ["Reader", "RandomAccessReader", "stable_digest"]
-
-_PRIMITIVES = (type(None), bool, int, float, str, bytes)
-
-
-def _stable_text(value: Any, budget: list[int]) -> str | None:
-    """A process-independent text for primitives and containers of them, or None."""
-    budget[0] -= 1
-    if budget[0] < 0:
-        return None
-    if isinstance(value, _PRIMITIVES):
-        text = repr(value)
-        return text if len(text) <= 200 else f"{text[:200]}...{len(text)}"
-    if isinstance(value, (list, tuple)):
-        parts = [_stable_text(v, budget) for v in value[:8]]
-        texts = [part for part in parts if part is not None]
-        return None if len(texts) < len(parts) else f"{type(value).__name__}({len(value)}:{','.join(texts)})"
-    if isinstance(value, dict):
-        items = []
-        for k, v in list(value.items())[:8]:
-            kt, vt = _stable_text(k, budget), _stable_text(v, budget)
-            if kt is None or vt is None:
-                return None
-            items.append(f"{kt}:{vt}")
-        return "{" + ",".join(items) + "}"
-    return None
-
-
-def stable_digest(*values: Any) -> str:
-    """An 8-hex-digit digest of values, using only what is the same in every
-    process: primitives and small containers of them by value, anything else by
-    its type's qualified name."""
-    texts = []
-    for value in values:
-        text = _stable_text(value, [64])
-        texts.append(text if text is not None else f"<{type(value).__module__}.{type(value).__qualname__}>")
-    return f"{zlib.crc32('|'.join(texts).encode()):08x}"
 
 
 class Reader:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from ..errors import OptionError, OptionTypeError, SourceDataError
 from ..plan import UnitOrder, leftover_share
 from .base import RandomAccessReader, Reader, stable_digest
 
@@ -50,7 +51,7 @@ def check_sizes(sizes: object) -> Sizes | None:
     if sizes is None or callable(sizes) or isinstance(sizes, Mapping):
         return sizes  # a callable or a mapping: its counts are checked per unit
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable) or not _is_sequence(sizes):
-        raise TypeError(
+        raise OptionTypeError(
             f"sizes={sizes!r} must be a sequence of per-unit element counts aligned with "
             "the units, a mapping unit -> count, or a callable unit -> count"
         )
@@ -59,9 +60,9 @@ def check_sizes(sizes: object) -> Sizes | None:
 
 def _check_size(size: object, where: str) -> int:
     if isinstance(size, bool) or not isinstance(size, int):
-        raise TypeError(f"{where}={size!r} must be an int element count")
+        raise OptionTypeError(f"{where}={size!r} must be an int element count")
     if size < 0:
-        raise ValueError(f"{where}={size} is negative; a unit holds 0 or more elements")
+        raise OptionError(f"{where}={size} is negative; a unit holds 0 or more elements")
     return size
 
 
@@ -70,12 +71,12 @@ def unit_sizes(units: list, sizes: Sizes) -> list[int]:
     if isinstance(sizes, Mapping):
         missing = [u for u in units if u not in sizes]
         if missing:
-            raise ValueError(f"sizes has no entry for unit {missing[0]!r}; give every unit a count")
+            raise OptionError(f"sizes has no entry for unit {missing[0]!r}; give every unit a count")
         return [_check_size(sizes[u], f"sizes[{u!r}]") for u in units]
     if callable(sizes):
         return [_check_size(sizes(u), f"sizes({u!r})") for u in units]
     if len(sizes) != len(units):
-        raise ValueError(
+        raise OptionError(
             f"sizes has {len(sizes)} entries but the stream has {len(units)} units; give one "
             "count per unit, in the order the units reach dist_shard (or a callable unit -> count)"
         )
@@ -83,7 +84,7 @@ def unit_sizes(units: list, sizes: Sizes) -> list[int]:
 
 
 def _mismatch(unit: Any, got: str, size: int) -> ValueError:
-    return ValueError(
+    return SourceDataError(
         f"unit {unit!r} has {got} elements but sizes says {size}; fix sizes for this unit "
         "(sizes must count exactly what expand(unit) yields)"
     )
@@ -98,7 +99,7 @@ def _expand(expand: Expand, unit: Any) -> Any:
     try:
         return iter(got)
     except TypeError:
-        raise TypeError(
+        raise OptionTypeError(
             f"expand({unit!r}) returned {type(got).__name__}, which is not iterable; expand "
             "must return the unit's elements, as a sequence (best) or an iterator"
         ) from None
@@ -215,7 +216,7 @@ def iterate_sized_units(
             if unit not in cache:
                 got = _expand(expand, units[unit])
                 if not _is_sequence(got):
-                    raise TypeError(
+                    raise OptionTypeError(
                         f"expand({units[unit]!r}) returned {type(got).__name__}, not a sequence; "
                         "shuffle=True in unit mode reads single elements, so expand must return "
                         "something with __len__ and __getitem__ (or use shuffle=False)"

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Sequence, Union
 from urllib.parse import urljoin
 
+from ..errors import OptionTypeError, SourceDataError, SourceMissingError
 from .base import FileSourceIterDataPipe, SourceSequence
 from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
@@ -120,25 +121,25 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
             text = read_small(base, FileAccess(storage_options=storage_options)).decode("utf-8")
             data = json.loads(text)
         except FileNotFoundError:
-            raise FileNotFoundError(f"shard index {base}: no such file") from None
+            raise SourceMissingError(f"shard index {base}: no such file") from None
         except ValueError as exc:
-            raise ValueError(f"shard index {base}: not valid JSON: {exc}") from None
+            raise SourceDataError(f"shard index {base}: not valid JSON: {exc}") from None
     else:
-        raise TypeError(f"index must be a path, a URL or a dict, got {type(index).__name__}")
+        raise OptionTypeError(f"index must be a path, a URL or a dict, got {type(index).__name__}")
     where = f"shard index {base}" if base else "shard index"
     if isinstance(data, Mapping) and data.get("format") == FORMAT and base is not None:
         stored = parse_manifest(location_of(base), json.dumps(data).encode("utf-8"))
         return [f.url for f in stored.files.values()], {f.url: f.count for f in stored.files.values()}
     shards = data.get("shardlist") if isinstance(data, Mapping) else None
     if not isinstance(shards, list):
-        raise ValueError(f'{where}: expected {{"shardlist": [{{"url": ..., "nsamples": ...}}, ...]}}')
+        raise SourceDataError(f'{where}: expected {{"shardlist": [{{"url": ..., "nsamples": ...}}, ...]}}')
     urls: list[str] = []
     counts: dict[str, int] = {}
     for position, shard in enumerate(shards):
         url = shard.get("url") if isinstance(shard, Mapping) else None
         count = shard.get("nsamples") if isinstance(shard, Mapping) else None
         if not isinstance(url, str) or not url or isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(
+            raise SourceDataError(
                 f"{where}: shardlist[{position}] needs a 'url' string and a non-negative "
                 f"integer 'nsamples', got {shard!r}"
             )
@@ -155,7 +156,7 @@ def _files(
     """``(files, counts from a wids-style index, the folder of a stored index)``."""
     if index is None:
         if urls is None:
-            raise TypeError("urls is required (a list of files, a glob or a brace pattern)")
+            raise OptionTypeError("urls is required (a list of files, a glob or a brace pattern)")
         return expand_urls(urls, storage_options), {}, None
     location = _stored_location(index)
     if location is None and isinstance(index, (str, os.PathLike)) and os.fspath(index).endswith(MANIFEST):
@@ -165,7 +166,7 @@ def _files(
             return expand_urls(urls, storage_options), {}, location
         stored = load_manifest(location, FileAccess(storage_options=storage_options))
         if stored is None:
-            raise FileNotFoundError(f"no stored index at {location} (no {MANIFEST} there)")
+            raise SourceMissingError(f"no stored index at {location} (no {MANIFEST} there)")
         return [f.url for f in stored.files.values()], {}, location
     listed, declared = read_shard_index(index, storage_options)
     if urls is None:

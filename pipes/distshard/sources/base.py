@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
+from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
 from ..waits import WaitTimeout
 from ._lru import LRU
 from .cache import FileCache, range_cache
@@ -417,7 +418,7 @@ class SourceSequence(Sequence):
             elif "length" in arrays:  # JSON lines: one line a sample
                 out.extend(arrays["length"])
             else:
-                raise ValueError(
+                raise OptionError(
                     f"{ref.url}: a {self.fmt.name} index has no stored bytes per sample; "
                     "give per-sample costs instead of cost='bytes'"
                 )
@@ -461,11 +462,11 @@ class SourceSequence(Sequence):
 
 def count_error(url: str, real: int, expected: int, declared: bool) -> ValueError:
     if declared:
-        return ValueError(
+        return SourceDataError(
             f"{url} holds {real} samples but the shard index given as index= says nsamples="
             f"{expected}: fix its nsamples (or drop index= to count the file)"
         )
-    return ValueError(
+    return SourceChangedError(
         f"{url} holds {real} samples but {expected} were counted when the source was built: "
         "the file changed; build the source again"
     )
@@ -500,9 +501,13 @@ class FileSourceIterDataPipe(IterDataPipe):
         stored: str | None = None,
     ) -> None:
         if storage_options is not None and not isinstance(storage_options, Mapping):
-            raise TypeError(f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}")
+            raise OptionTypeError(
+                f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}"
+            )
         if read_options is not None and not isinstance(read_options, ReadOptions):
-            raise TypeError(f"read_options must be a distshard.sources.ReadOptions, got {type(read_options).__name__}")
+            raise OptionTypeError(
+                f"read_options must be a distshard.sources.ReadOptions, got {type(read_options).__name__}"
+            )
         self.fmt = fmt
         self.urls = list(urls)
         self.declared = dict(counts or {})

@@ -26,11 +26,12 @@ are there. Layout::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 import time
 from typing import Any, Iterator
+
+from ..digests import sha256_hex
 
 __all__ = ["FileCache", "RangeCache", "range_cache"]
 
@@ -161,7 +162,7 @@ class RangeCache:
         key = (url, size, stamp)
         found = self._files.get(key)
         if found is None:
-            digest = hashlib.sha256("\0".join((url, str(size), stamp)).encode()).hexdigest()[:40]
+            digest = sha256_hex("\0".join((url, str(size), stamp)).encode())[:40]
             found = self._files[key] = FileCache(self, os.path.join(self.root, digest))
         return found
 

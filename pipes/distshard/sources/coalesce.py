@@ -27,6 +27,8 @@ from __future__ import annotations
 import bisect
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
+from ..errors import OptionError
+
 __all__ = ["Coverage", "Range", "coalesce", "find_live"]
 
 
@@ -73,9 +75,9 @@ def coalesce(
     from ``live``.
     """
     if max_range < 1:
-        raise ValueError(f"max_range={max_range} must be at least 1 byte")
+        raise OptionError(f"max_range={max_range} must be at least 1 byte")
     if max_gap < 0:
-        raise ValueError(f"max_gap={max_gap} must be non-negative")
+        raise OptionError(f"max_gap={max_gap} must be non-negative")
     live = live or {}
     by_file: dict[int, list[tuple[int, int]]] = {}
     for file, start, stop in spans:

@@ -172,231 +172,18 @@ class ReadAhead:
 
     def run(self, requests: Iterable[Request]) -> Iterator[tuple[Any, list[memoryview]]]:
         """``(payload, [bytes of each span])`` for every request, in order."""
-        source = iter(requests)
-        pending: deque[tuple[Request, list[tuple[_Held | None, int, int]]]] = deque()  # None: an empty span
-        live: dict[int, list[_Held]] = {}
-        starts: dict[int, list[int]] = {}
-        held = 0
-        released = 0  # bytes of ranges delivered and let go: the window grows by them
-        cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
-        plans = 0  # plans that submitted something: the batch doubles with each
-        delivered = False  # a request was delivered
-        held_back = False  # the first plan stopped at the first file (see plan)
-        waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
-        local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
-        exhausted = False
-        options = self.options
-        gaps = self.gaps
-        first = self.first
-        caches: dict[int, FileCache | None] = {}
-
-        def cache_of(file: int) -> FileCache | None:
-            if self.caches is None:
-                return None
-            if file not in caches:
-                caches[file] = self.caches(file)
-            return caches[file]
-
-        def stored(file: int, start: int, stop: int) -> _Held | None:
-            """A span read from the local cache instead of the store, if it is there."""
-            cache = cache_of(file)
-            found = cache.find(start, stop) if cache is not None else None
-            if cache is None or found is None:
-                return None
-            with STATS.lock:
-                STATS.cached += stop - start
-
-            def read() -> bytes:
-                try:
-                    return cache.read(found, start, stop)
-                except OSError:  # evicted since: from the store after all
-                    return bytes(self.open(file).submit(start, stop).result())
-
-            return _Held(Range(file, start, stop), _Deferred(read), live=False)
-
-        def limit() -> int:
-            """The bytes that may be held now: the window, widened by what was
-            delivered (slow start), within the budget."""
-            return min(options.budget, 2 * first + released)
-
-        def cap() -> int:
-            """The most bytes the next plan admits: ``first``, doubling per plan."""
-            return min(self.batch, first << min(plans, 62))
-
-        def release(item: _Held) -> None:
-            nonlocal held, released
-            item.users -= 1
-            if item.users == 0:
-                rng = item.range
-                index = bisect.bisect_left(starts[rng.file], rng.start)
-                del live[rng.file][index], starts[rng.file][index]
-                held -= rng.size
-                released += rng.size
-                with STATS.lock:
-                    STATS.held -= rng.size
-
-        def pull() -> Request | None:
-            nonlocal exhausted
-            if waiting:
-                return waiting.pop()
-            if exhausted:
-                return None
-            try:
-                return next(source)
-            except StopIteration:
-                exhausted = True
-                return None
-
-        def plan(room: int) -> None:
-            """Admit the next requests while the ranges they need (the gaps read
-            through included, bounded by :class:`.coalesce.Coverage`) fit in
-            ``room`` bytes, and submit those ranges. With nothing held the next
-            request is admitted whatever its size: alone, its spans exactly."""
-            nonlocal held_back
-            batch: list[Request] = []
-            coverage = Coverage()
-            alone = False
-            hits = 0  # bytes of the batch's spans found in the local cache
-            while len(pending) + len(batch) < self.MAX_PENDING:
-                request = pull()
-                if request is None:
-                    break
-                if plans == 0 and batch and request.file != batch[0].file and not request.ready():
-                    # the first plan ends with the first file when the next file's index is a
-                    # request (a stored entry): the first sample waits for its own round trips,
-                    # not for the next files'
-                    waiting.append(request)
-                    held_back = True
-                    break
-                mark = coverage.mark()
-                before = hits
-                gap = options.max_gap if gaps is None else gaps[request.file]
-                for start, stop in request.spans:
-                    if (
-                        stop > start
-                        and self._live(live, starts, request.file, start, stop) is None
-                        and (self.caches is None or (request.file, start, stop) not in local)
-                    ):
-                        if self.caches is not None and (hit := stored(request.file, start, stop)) is not None:
-                            local[(request.file, start, stop)] = hit
-                            hits += stop - start
-                            continue
-                        coverage.add(request.file, start, stop, gap)
-                    elif stop > start and self.caches is not None and (request.file, start, stop) in local:
-                        hits += stop - start
-                if coverage.total + hits <= room:
-                    batch.append(request)
-                    continue
-                coverage.undo(mark)
-                hits = before
-                if not batch and held == 0:
-                    batch.append(request)
-                    alone = True
-                else:
-                    waiting.append(request)
-                break
-            if not batch:
-                return
-            by_gap: dict[int, list[tuple[int, int, int]]] = {}
-            for request in batch:
-                gap = 0 if alone else options.max_gap if gaps is None else gaps[request.file]
-                for start, stop in request.spans:
-                    if stop > start and (request.file, start, stop) not in local:
-                        by_gap.setdefault(gap, []).append((request.file, start, stop))
-            ranges: list[Range] = []
-            for gap, spans in by_gap.items():
-                ranges.extend(
-                    coalesce(
-                        spans,
-                        options.max_range,
-                        gap,
-                        {f: [h.range for h in live[f]] for f in {s[0] for s in spans} if f in live},
-                    )
-                )
-            submit(ranges, batch)
-
-        def submit(ranges: list[Range], batch: list[Request]) -> None:
-            nonlocal held, plans, cached
-            plans += 1
-            for rng in sorted(ranges, key=_first_use(batch)):
-                item = _Held(rng, self.open(rng.file).submit(rng.start, rng.stop), cache_of(rng.file))
-                at = bisect.bisect_left(starts.setdefault(rng.file, []), rng.start)
-                starts[rng.file].insert(at, rng.start)
-                live.setdefault(rng.file, []).insert(at, item)
-                held += rng.size
-                with STATS.lock:
-                    STATS.ranges += 1
-                    STATS.bytes += rng.size
-                    STATS.held += rng.size
-                    STATS.peak_held = max(STATS.peak_held, STATS.held)
-            for request in batch:
-                uses: list[tuple[_Held | None, int, int]] = []
-                for start, stop in request.spans:
-                    if stop <= start:
-                        uses.append((None, 0, 0))
-                        continue
-                    hit = local.get((request.file, start, stop)) if local else None
-                    if hit is not None:
-                        hit.users += 1
-                        cached += stop - start
-                        uses.append((hit, 0, stop - start))
-                        continue
-                    found = self._live(live, starts, request.file, start, stop)
-                    assert found is not None, (request.file, start, stop)
-                    found.users += 1
-                    uses.append((found, start - found.range.start, stop - found.range.start))
-                pending.append((request, uses))
-            local.clear()  # (a request left waiting looks its spans up again)
-
-        def fill() -> None:
-            """Plan ahead while the window has room (enough for half a plan,
-            unless fewer than two requests are left to deliver)."""
-            if not pending:
-                plan(min(cap(), limit()))  # nothing is held
-            # a first plan held back at the first file: nothing more until the first delivery
-            while (delivered or not held_back) and (waiting or not exhausted) and len(pending) < self.MAX_PENDING:
-                room = limit() - held - cached
-                if room <= 0 or (room < max(1, min(cap(), limit()) // 2) and len(pending) >= 2):
-                    break
-                before = len(pending)
-                plan(min(room, cap()))
-                if len(pending) == before:
-                    break
-
+        state = _Run(self, iter(requests))
         try:
             while True:
-                fill()
-                if not pending:
+                state.fill()
+                if not state.pending:
                     return
-                request, uses = pending.popleft()
-                views: list[memoryview] = []
-                try:
-                    for item, lo, hi in uses:
-                        if item is None:
-                            views.append(memoryview(b""))
-                            continue
-                        data = item.future.result()
-                        if item.cache is not None:  # fetched: kept on local disk for later epochs
-                            cache, item.cache = item.cache, None
-                            cache.store(item.range.start, item.range.stop, data)
-                        views.append(memoryview(data)[lo:hi])
-                finally:
-                    for item, _, _ in uses:
-                        if item is None:
-                            continue
-                        if item.live:
-                            release(item)
-                        else:
-                            cached -= item.range.size
-                            released += item.range.size
-                delivered = True
+                request, uses = state.pending.popleft()
+                views = state.deliver(uses)
+                state.delivered = True
                 yield request.payload, views
         finally:
-            for items in live.values():
-                for item in items:
-                    item.future.cancel()
-            with STATS.lock:
-                STATS.held -= held
+            state.close()
 
     @staticmethod
     def _live(
@@ -407,6 +194,260 @@ class ReadAhead:
             return None
         at = bisect.bisect_right(starts[file], start) - 1
         return items[at] if at >= 0 and items[at].range.covers(start, stop) else None
+
+
+class _Run:
+    """One :meth:`ReadAhead.run`: the requests pulled and planned, the ranges held,
+    and the window (slow start) that bounds them."""
+
+    def __init__(self, ahead: ReadAhead, source: Iterator[Request]) -> None:
+        self.ahead = ahead
+        self.source = source
+        self.pending: deque[tuple[Request, list[tuple[_Held | None, int, int]]]] = deque()  # None: an empty span
+        self.live: dict[int, list[_Held]] = {}
+        self.starts: dict[int, list[int]] = {}
+        self.held = 0
+        self.released = 0  # bytes of ranges delivered and let go: the window grows by them
+        self.cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
+        self.plans = 0  # plans that submitted something: the batch doubles with each
+        self.delivered = False  # a request was delivered
+        self.held_back = False  # the first plan stopped at the first file (see plan)
+        self.waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
+        self.local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
+        self.exhausted = False
+        self.caches: dict[int, FileCache | None] = {}
+
+    # -- the window ---------------------------------------------------------------------
+    def limit(self) -> int:
+        """The bytes that may be held now: the window, widened by what was
+        delivered (slow start), within the budget."""
+        return min(self.ahead.options.budget, 2 * self.ahead.first + self.released)
+
+    def cap(self) -> int:
+        """The most bytes the next plan admits: ``first``, doubling per plan."""
+        return min(self.ahead.batch, self.ahead.first << min(self.plans, 62))
+
+    def fill(self) -> None:
+        """Plan ahead while the window has room (enough for half a plan,
+        unless fewer than two requests are left to deliver)."""
+        if not self.pending:
+            self.plan(min(self.cap(), self.limit()))  # nothing is held
+        # a first plan held back at the first file: nothing more until the first delivery
+        while (
+            (self.delivered or not self.held_back)
+            and (self.waiting or not self.exhausted)
+            and len(self.pending) < self.ahead.MAX_PENDING
+        ):
+            room = self.limit() - self.held - self.cached
+            if room <= 0 or (room < max(1, min(self.cap(), self.limit()) // 2) and len(self.pending) >= 2):
+                break
+            before = len(self.pending)
+            self.plan(min(room, self.cap()))
+            if len(self.pending) == before:
+                break
+
+    # -- the local cache ----------------------------------------------------------------
+    def cache_of(self, file: int) -> FileCache | None:
+        if self.ahead.caches is None:
+            return None
+        if file not in self.caches:
+            self.caches[file] = self.ahead.caches(file)
+        return self.caches[file]
+
+    def stored(self, file: int, start: int, stop: int) -> _Held | None:
+        """A span read from the local cache instead of the store, if it is there."""
+        cache = self.cache_of(file)
+        found = cache.find(start, stop) if cache is not None else None
+        if cache is None or found is None:
+            return None
+        with STATS.lock:
+            STATS.cached += stop - start
+        open_file = self.ahead.open
+
+        def read() -> bytes:
+            try:
+                return cache.read(found, start, stop)
+            except OSError:  # evicted since: from the store after all
+                return bytes(open_file(file).submit(start, stop).result())
+
+        return _Held(Range(file, start, stop), _Deferred(read), live=False)
+
+    # -- admitting requests ---------------------------------------------------------------
+    def pull(self) -> Request | None:
+        if self.waiting:
+            return self.waiting.pop()
+        if self.exhausted:
+            return None
+        try:
+            return next(self.source)
+        except StopIteration:
+            self.exhausted = True
+            return None
+
+    def plan(self, room: int) -> None:
+        """Admit the next requests while the ranges they need (the gaps read
+        through included, bounded by :class:`.coalesce.Coverage`) fit in
+        ``room`` bytes, and submit those ranges. With nothing held the next
+        request is admitted whatever its size: alone, its spans exactly."""
+        batch, alone = self.admit(room)
+        if batch:
+            self.submit(self.ranges(batch, alone), batch)
+
+    def admit(self, room: int) -> tuple[list[Request], bool]:
+        """``(the requests admitted, whether the one admitted is alone and too large)``."""
+        batch: list[Request] = []
+        coverage = Coverage()
+        hits = 0  # bytes of the batch's spans found in the local cache
+        while len(self.pending) + len(batch) < self.ahead.MAX_PENDING:
+            request = self.pull()
+            if request is None:
+                break
+            if self.plans == 0 and batch and request.file != batch[0].file and not request.ready():
+                # the first plan ends with the first file when the next file's index is a
+                # request (a stored entry): the first sample waits for its own round trips,
+                # not for the next files'
+                self.waiting.append(request)
+                self.held_back = True
+                break
+            mark = coverage.mark()
+            more = self.cover(request, coverage)
+            if coverage.total + hits + more <= room:
+                batch.append(request)
+                hits += more
+                continue
+            coverage.undo(mark)
+            if not batch and self.held == 0:
+                return [request], True
+            self.waiting.append(request)
+            break
+        return batch, False
+
+    def cover(self, request: Request, coverage: Coverage) -> int:
+        """Add to ``coverage`` what ``request`` needs fetched; the bytes of its spans
+        found in the local cache (noted in ``local``)."""
+        ahead, local = self.ahead, self.local
+        options, gaps = ahead.options, ahead.gaps
+        hits = 0
+        gap = options.max_gap if gaps is None else gaps[request.file]
+        for start, stop in request.spans:
+            if (
+                stop > start
+                and ahead._live(self.live, self.starts, request.file, start, stop) is None
+                and (ahead.caches is None or (request.file, start, stop) not in local)
+            ):
+                if ahead.caches is not None and (hit := self.stored(request.file, start, stop)) is not None:
+                    local[(request.file, start, stop)] = hit
+                    hits += stop - start
+                    continue
+                coverage.add(request.file, start, stop, gap)
+            elif stop > start and ahead.caches is not None and (request.file, start, stop) in local:
+                hits += stop - start
+        return hits
+
+    def ranges(self, batch: list[Request], alone: bool) -> list[Range]:
+        """The ranges to fetch for ``batch``: its spans not in the local cache,
+        coalesced by the gap of their file (none for a request admitted alone)."""
+        options, gaps = self.ahead.options, self.ahead.gaps
+        by_gap: dict[int, list[tuple[int, int, int]]] = {}
+        for request in batch:
+            gap = 0 if alone else options.max_gap if gaps is None else gaps[request.file]
+            for start, stop in request.spans:
+                if stop > start and (request.file, start, stop) not in self.local:
+                    by_gap.setdefault(gap, []).append((request.file, start, stop))
+        ranges: list[Range] = []
+        for gap, spans in by_gap.items():
+            ranges.extend(
+                coalesce(
+                    spans,
+                    options.max_range,
+                    gap,
+                    {f: [h.range for h in self.live[f]] for f in {s[0] for s in spans} if f in self.live},
+                )
+            )
+        return ranges
+
+    # -- holding and delivering ---------------------------------------------------------------
+    def submit(self, ranges: list[Range], batch: list[Request]) -> None:
+        """Ask for ``ranges`` (the next delivery's first) and queue ``batch``."""
+        self.plans += 1
+        for rng in sorted(ranges, key=_first_use(batch)):
+            self.hold(rng)
+        for request in batch:
+            self.pending.append((request, self.uses(request)))
+        self.local.clear()  # (a request left waiting looks its spans up again)
+
+    def hold(self, rng: Range) -> None:
+        item = _Held(rng, self.ahead.open(rng.file).submit(rng.start, rng.stop), self.cache_of(rng.file))
+        at = bisect.bisect_left(self.starts.setdefault(rng.file, []), rng.start)
+        self.starts[rng.file].insert(at, rng.start)
+        self.live.setdefault(rng.file, []).insert(at, item)
+        self.held += rng.size
+        with STATS.lock:
+            STATS.ranges += 1
+            STATS.bytes += rng.size
+            STATS.held += rng.size
+            STATS.peak_held = max(STATS.peak_held, STATS.held)
+
+    def uses(self, request: Request) -> list[tuple[_Held | None, int, int]]:
+        """Where each span of ``request`` comes from: ``(held range, from, to)``."""
+        uses: list[tuple[_Held | None, int, int]] = []
+        for start, stop in request.spans:
+            if stop <= start:
+                uses.append((None, 0, 0))
+                continue
+            hit = self.local.get((request.file, start, stop)) if self.local else None
+            if hit is not None:
+                hit.users += 1
+                self.cached += stop - start
+                uses.append((hit, 0, stop - start))
+                continue
+            found = self.ahead._live(self.live, self.starts, request.file, start, stop)
+            assert found is not None, (request.file, start, stop)
+            found.users += 1
+            uses.append((found, start - found.range.start, stop - found.range.start))
+        return uses
+
+    def deliver(self, uses: list[tuple[_Held | None, int, int]]) -> list[memoryview]:
+        """The bytes of a request's spans; the ranges it held are let go."""
+        views: list[memoryview] = []
+        try:
+            for item, lo, hi in uses:
+                if item is None:
+                    views.append(memoryview(b""))
+                    continue
+                data = item.future.result()
+                if item.cache is not None:  # fetched: kept on local disk for later epochs
+                    cache, item.cache = item.cache, None
+                    cache.store(item.range.start, item.range.stop, data)
+                views.append(memoryview(data)[lo:hi])
+        finally:
+            for item, _, _ in uses:
+                if item is None:
+                    continue
+                if item.live:
+                    self.release(item)
+                else:
+                    self.cached -= item.range.size
+                    self.released += item.range.size
+        return views
+
+    def release(self, item: _Held) -> None:
+        item.users -= 1
+        if item.users == 0:
+            rng = item.range
+            index = bisect.bisect_left(self.starts[rng.file], rng.start)
+            del self.live[rng.file][index], self.starts[rng.file][index]
+            self.held -= rng.size
+            self.released += rng.size
+            with STATS.lock:
+                STATS.held -= rng.size
+
+    def close(self) -> None:
+        for items in self.live.values():
+            for item in items:
+                item.future.cancel()
+        with STATS.lock:
+            STATS.held -= self.held
 
 
 def _first_use(batch: list[Request]) -> Callable[[Range], int]:

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Mapping
 
+from ..errors import SourceChangedError, SourceMissingError
 from .options import ReadOptions
 from .urls import is_remote
 
@@ -122,7 +123,7 @@ def sniff_compression(head: bytes) -> str | None:
 
 
 def _missing(url: str) -> FileNotFoundError:
-    return FileNotFoundError(f"{url}: no such file (named by the source's urls)")
+    return SourceMissingError(f"{url}: no such file (named by the source's urls)")
 
 
 def file_identity(url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> tuple[int, str]:
@@ -143,7 +144,7 @@ def check_identity(ref: FileRef, size: int, stamp: str, when: str = "read") -> N
             from .remote import changed_error
 
             raise changed_error(ref.url, f"size {ref.size} -> {size}, stamp {ref.stamp} -> {stamp}", ref.stored)
-        raise ValueError(
+        raise SourceChangedError(
             f"{ref.url} changed after it was indexed (size {ref.size} -> {size}, "
             f"stamp {ref.stamp} -> {stamp}); refusing to {when} it with a stale index: "
             "build the source again (the index is rebuilt for the new file)"
@@ -179,7 +180,7 @@ class LocalRandomFile:
         while len(data) < size:
             more = os.pread(self.fd, size - len(data), offset + len(data))
             if not more:
-                raise ValueError(
+                raise SourceChangedError(
                     f"{self.ref.url}: wanted bytes [{offset}, {offset + size}) but the file ends at byte "
                     f"{offset + len(data)} (truncated after indexing?)"
                 )

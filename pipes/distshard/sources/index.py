@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .. import errors as _errors
 from ..waits import WaitTimeout
 from .files import FileRef, file_identity, key_of
 
@@ -424,6 +425,7 @@ _ERRORS = {
     "RemoteReadTimeout": WaitTimeout,
     "IndexLockTimeout": IndexLockTimeout,
     "OSError": OSError,
+    **{name: getattr(_errors, name) for name in _errors.__all__},  # every rank raises the same kind
 }
 
 

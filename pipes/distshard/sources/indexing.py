@@ -17,6 +17,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ..errors import OptionError, SourceMissingError, UnsupportedError
 from . import manifest
 from .files import FileAccess, FileRef, file_identity
 from .index import dumps, load_cached, loads
@@ -53,7 +54,7 @@ def format_named(name: str) -> Any:
     if name == "parquet":
         require_pyarrow()
         return ParquetFormat(None)
-    raise ValueError(f"unknown format {name!r}: one of {', '.join(FORMATS)}")
+    raise OptionError(f"unknown format {name!r}: one of {', '.join(FORMATS)}")
 
 
 def format_of(url: str) -> str:
@@ -62,7 +63,7 @@ def format_of(url: str) -> str:
     for suffix, name in _SUFFIXES.items():
         if base.endswith(suffix):
             return name
-    raise ValueError(
+    raise OptionError(
         f"{url}: cannot tell its format from its name (.tar, .jsonl, .parquet are indexed; "
         "compressed files are streamed whole and need no index): pass --format"
     )
@@ -85,7 +86,7 @@ def _index_one(url: str, fmt_name: str, location: str, storage_options: Mapping[
     access = FileAccess(storage_options=dict(storage_options) if storage_options else None)
     fmt = format_named(fmt_name)
     if fmt.compression(url):
-        raise ValueError(f"{url} is compressed: it is streamed whole and has no index to store")
+        raise UnsupportedError(f"{url} is compressed: it is streamed whole and has no index to store")
     ref = FileRef(url, *file_identity(url, access))
     entry = manifest.join(location, manifest.entry_name(fmt_name, manifest.listed_name(location, url)))
     try:
@@ -129,13 +130,13 @@ def build_stored_index(
         out = manifest.location_of(patterns[0])
         stored = manifest.load(out, access)
         if stored is None:
-            raise FileNotFoundError(f"no stored index at {out} to refresh")
+            raise SourceMissingError(f"no stored index at {out} to refresh")
         urls = [f.url for f in stored.files.values()]
         formats = {f.url: f.format for f in stored.files.values()}
     else:
         urls = [url for pattern in patterns for url in expand_urls(pattern, storage_options)]
     if not urls:
-        raise ValueError("no files to index")
+        raise OptionError("no files to index")
     location = out.rstrip("/") if out else manifest.default_location(urls)
     for url in urls:
         formats.setdefault(url, fmt or format_of(url))

@@ -13,6 +13,7 @@ import json
 from array import array
 from typing import Any, Iterator, Sequence
 
+from ..errors import SourceDataError
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream
 from .index import FileIndex, byte_windows
 from .remote import RemoteReadError
@@ -32,7 +33,7 @@ def parse_line(raw: bytes, url: str, line: int | None, offset: int, where: str =
     except json.JSONDecodeError as exc:
         problem = f"invalid JSON: {exc.msg} (column {exc.colno})"
     at = f"line {line}, " if line is not None else ""
-    raise ValueError(f"{url}: {at}byte {offset}{where}: {problem}: {raw[:80]!r}")
+    raise SourceDataError(f"{url}: {at}byte {offset}{where}: {problem}: {raw[:80]!r}")
 
 
 def _lines(f: Any) -> Iterator[tuple[int, int, bytes]]:
@@ -71,7 +72,7 @@ class JsonlFormat:
             except RemoteReadError:
                 raise
             except (OSError, EOFError) as exc:  # a corrupt compressed stream
-                raise ValueError(f"{url}: cannot read the file: {exc}") from None
+                raise SourceDataError(f"{url}: cannot read the file: {exc}") from None
 
     def build_index(self, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex:
         """Scan for newlines: the byte range of every non-blank line. A
@@ -85,7 +86,7 @@ class JsonlFormat:
                 except RemoteReadError:
                     raise
                 except (OSError, EOFError) as exc:
-                    raise ValueError(f"{ref.url}: cannot read the file: {exc}") from None
+                    raise SourceDataError(f"{ref.url}: cannot read the file: {exc}") from None
             return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, count, meta={"streaming": True})
         starts, lengths = array("q"), array("q")
         raw = open_scan(ref, access)

@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from ..errors import SourceDataError, SourceMissingError
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
 from .urls import is_remote
 
@@ -160,11 +161,11 @@ def parse(location: str, data: bytes) -> Stored:
     try:
         raw: Any = json.loads(data.decode("utf-8"))
     except ValueError as exc:
-        raise ValueError(f"{where}: not a distshard index manifest (not JSON: {exc})") from None
+        raise SourceDataError(f"{where}: not a distshard index manifest (not JSON: {exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise ValueError(f'{where}: not a distshard index manifest (no "format": "{FORMAT}")')
+        raise SourceDataError(f'{where}: not a distshard index manifest (no "format": "{FORMAT}")')
     if raw.get("version") != VERSION:
-        raise ValueError(
+        raise SourceDataError(
             f"{where}: manifest version {raw.get('version')!r}, this distshard reads {VERSION}: "
             f"rebuild it with `python -m distshard index {location}`"
         )
@@ -181,7 +182,7 @@ def parse(location: str, data: bytes) -> Stored:
                 join(location, posixpath.basename(str(item["entry"]))),
             )
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{where}: files[{position}] is malformed: {item!r}") from None
+            raise SourceDataError(f"{where}: files[{position}] is malformed: {item!r}") from None
         files[key_of(url)] = stored
     return Stored(location, files)
 
@@ -233,7 +234,7 @@ def known_files(
         return None, {}
     stored = load(location, access) if location is not None else find(urls, access)
     if location is not None and stored is None:
-        raise FileNotFoundError(f"no stored index at {location} ({join(location, MANIFEST)} is not there)")
+        raise SourceMissingError(f"no stored index at {location} ({join(location, MANIFEST)} is not there)")
     found: dict[str, tuple[FileRef, int]] = {}
     if stored is not None:
         for url in urls:

@@ -36,6 +36,7 @@ import struct
 from array import array
 from typing import Any, Iterable, Iterator, Sequence
 
+from ..errors import OptionError, SourceChangedError, SourceDataError, SourceMissingError
 from .files import (
     DEFAULT_FILE_ACCESS,
     STREAM_BUFFER,
@@ -91,7 +92,7 @@ def pair_prefixes(names: Iterable[str]) -> list[str]:
     for name in names:
         prefix = name[:-4] if name.endswith(_SUFFIXES) else name
         if not prefix or prefix.endswith("/"):
-            raise ValueError(f"{name!r} names no dataset: give a <prefix>.bin, a <prefix>.idx or the <prefix>")
+            raise OptionError(f"{name!r} names no dataset: give a <prefix>.bin, a <prefix>.idx or the <prefix>")
         out.setdefault(prefix, None)
     return list(out)
 
@@ -108,7 +109,7 @@ def _identity(url: str, prefix: str, access: FileAccess) -> tuple[int, str]:
     try:
         return file_identity(url, access)
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise SourceMissingError(
             f"{url}: no such file. distshard.tokens reads a Megatron indexed dataset as the pair "
             f"{bin_url(prefix)} + {idx_url(prefix)}; name a prefix whose .bin and .idx both exist "
             "(or write the missing one: Megatron-LM's tools/preprocess_data.py writes both)"
@@ -129,29 +130,29 @@ def parse_index(data: bytes, where: str, bin_size: int, bin_name: str) -> tuple[
     ``ValueError`` naming the file and the fix otherwise."""
     np = require_numpy()
     if len(data) < HEADER.size:
-        raise ValueError(
+        raise SourceDataError(
             f"{where}: {len(data)} bytes, shorter than the {HEADER.size}-byte MMIDIDX header: "
             f"the file is truncated or not a Megatron index; {_WRITE_BOTH}"
         )
     magic, version, code, n, d = HEADER.unpack_from(data)
     if magic != MAGIC:
-        raise ValueError(
+        raise SourceDataError(
             f"{where}: starts with {magic!r}, not {MAGIC!r}: not a Megatron-LM indexed dataset index "
             "(MMIDIDX, what preprocess_data.py writes); name the .idx of a .bin/.idx pair"
         )
     if version != 1:
-        raise ValueError(f"{where}: MMIDIDX version {version}; distshard.tokens reads version 1, Megatron-LM's")
+        raise SourceDataError(f"{where}: MMIDIDX version {version}; distshard.tokens reads version 1, Megatron-LM's")
     if code not in DTYPES:
         known = ", ".join(f"{c} {name}" for c, name in DTYPES.items())
-        raise ValueError(f"{where}: dtype code {code} is none of Megatron-LM's ({known}): the file is corrupt")
+        raise SourceDataError(f"{where}: dtype code {code} is none of Megatron-LM's ({known}): the file is corrupt")
     expected = HEADER.size + 12 * n + 8 * d
     if len(data) < expected:
-        raise ValueError(
+        raise SourceDataError(
             f"{where}: {len(data)} bytes, but its header announces {n} sequences and {d} document indices "
             f"({expected} bytes): the file is truncated; {_WRITE_BOTH}"
         )
     if len(data) not in (expected, expected + n):  # n more: a multimodal dataset's sequence modes
-        raise ValueError(
+        raise SourceDataError(
             f"{where}: {len(data)} bytes, but {n} sequences and {d} document indices take {expected} "
             f"(or {expected + n} with sequence modes): the file is corrupt; {_WRITE_BOTH}"
         )
@@ -160,26 +161,28 @@ def parse_index(data: bytes, where: str, bin_size: int, bin_name: str) -> tuple[
     documents = np.frombuffer(data, "<i8", d, HEADER.size + 12 * n)
     if n and int(lengths.min()) < 0:
         i = int(np.argmax(lengths < 0))
-        raise ValueError(f"{where}: sequence {i} has length {int(lengths[i])}: the file is corrupt; {_WRITE_BOTH}")
+        raise SourceDataError(f"{where}: sequence {i} has length {int(lengths[i])}: the file is corrupt; {_WRITE_BOTH}")
     itemsize = np.dtype(DTYPES[code]).itemsize
     ends = pointers + lengths.astype(np.int64) * itemsize
     if n and int(pointers.min()) < 0:
         i = int(np.argmax(pointers < 0))
-        raise ValueError(f"{where}: sequence {i} starts at byte {int(pointers[i])}: the file is corrupt; {_WRITE_BOTH}")
+        raise SourceDataError(
+            f"{where}: sequence {i} starts at byte {int(pointers[i])}: the file is corrupt; {_WRITE_BOTH}"
+        )
     end = int(ends.max()) if n else 0
     if end > bin_size:
         i = int(np.argmax(ends > bin_size))
-        raise ValueError(
+        raise SourceDataError(
             f"{bin_name}: {bin_size} bytes, but {where} puts sequence {i} at bytes [{int(pointers[i])}, "
             f"{int(ends[i])}): the .bin is truncated or belongs to another .idx; {_WRITE_BOTH}"
         )
     if end < bin_size:
-        raise ValueError(
+        raise SourceDataError(
             f"{bin_name}: {bin_size} bytes, but the sequences of {where} end at byte {end}: "
             f"the .bin belongs to another .idx (the pair does not match); {_WRITE_BOTH}"
         )
     if d and (int(documents[0]) < 0 or int(documents[-1]) > n or bool((np.diff(documents) < 0).any())):
-        raise ValueError(
+        raise SourceDataError(
             f"{where}: its document indices are not sequence numbers in increasing order within [0, {n}]: "
             f"the file is corrupt; {_WRITE_BOTH}"
         )
@@ -259,7 +262,7 @@ class TokensFormat:
                 out = np.empty(lengths[i], stored)
                 got = f.readinto(out.view(np.uint8))
                 if got != out.nbytes:
-                    raise ValueError(
+                    raise SourceChangedError(
                         f"{bin_ref.url}: sequence {i} wants bytes [{pointers[i]}, {pointers[i] + out.nbytes}) "
                         f"but the file ends at byte {pointers[i] + (got or 0)} (truncated after indexing?)"
                     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
+from ..errors import OptionError, OptionTypeError
+
 __all__ = ["ReadOptions"]
 
 MiB = 1 << 20
@@ -74,7 +76,7 @@ class ReadOptions:
     def __post_init__(self) -> None:
         if self.cache_dir is not None:
             if not isinstance(self.cache_dir, (str, os.PathLike)):
-                raise TypeError(
+                raise OptionTypeError(
                     f"ReadOptions(cache_dir={self.cache_dir!r}) must be a folder (a str or path), or None for no cache"
                 )
             object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
@@ -84,15 +86,15 @@ class ReadOptions:
             value = getattr(self, item.name)
             number = (int, float) if item.type in ("float", float) else (int,)
             if isinstance(value, bool) or not isinstance(value, number):
-                raise TypeError(
+                raise OptionTypeError(
                     f"ReadOptions({item.name}={value!r}) must be a{'' if number == (int,) else ' real'} "
                     f"number{' of bytes' if item.name in _BYTES else ''}"
                 )
             low = 0 if item.name in ("retries", "max_gap", "retry_seconds") else 1
             if value < low or value != value:
-                raise ValueError(f"ReadOptions({item.name}={value!r}) must be at least {low}")
+                raise OptionError(f"ReadOptions({item.name}={value!r}) must be at least {low}")
         if self.max_gap >= self.window:
-            raise ValueError(
+            raise OptionError(
                 f"ReadOptions(max_gap={self.max_gap}) must be below window={self.window}: "
                 "a larger gap would make a slot download the windows of other slots"
             )

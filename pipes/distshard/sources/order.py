@@ -32,7 +32,9 @@ import bisect
 from itertools import pairwise
 from typing import Callable, Sequence
 
-from ..plan import Permutation, mix_seed
+from ..digests import mix_seed
+from ..errors import OptionError, SourceDataError
+from ..plan import Permutation
 
 __all__ = ["FileOrder", "expansion"]
 
@@ -71,7 +73,7 @@ class FileOrder:
         self, counts: Sequence[int], seed: int, windows: Callable[[int], Sequence[int]], within: str = "expand"
     ) -> None:
         if within not in ("expand", "permute"):
-            raise ValueError(f"within={within!r} must be 'expand' or 'permute'")
+            raise OptionError(f"within={within!r} must be 'expand' or 'permute'")
         self.counts = list(counts)
         self.seed = seed
         self.windows = windows
@@ -100,7 +102,9 @@ class FileOrder:
                 or bounds[-1] != self.counts[f]
                 or any(b > a for b, a in pairwise(bounds))
             ):
-                raise ValueError(f"file {f}'s windows {list(bounds)[:8]} do not cover its {self.counts[f]} samples")
+                raise SourceDataError(
+                    f"file {f}'s windows {list(bounds)[:8]} do not cover its {self.counts[f]} samples"
+                )
             count = max(0, len(bounds) - 1)
             permuted = Permutation(count, mix_seed(self.seed, 2, f))
             order = [permuted(k) for k in range(count)]

@@ -21,6 +21,7 @@ import threading
 from array import array
 from typing import Any, Iterator, Sequence
 
+from ..errors import OptionError, OptionTypeError, SourceDataError, SourceMissingError
 from ._lru import LRU
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path, open_scan, open_stream
 from .index import FileIndex
@@ -62,7 +63,7 @@ def require_pyarrow() -> Any:
 def _check_columns(url: str, names: Sequence[str], columns: Sequence[str] | None) -> None:
     missing = [c for c in columns or () if c not in names]
     if missing:
-        raise ValueError(f"{url}: no column {missing[0]!r} (columns: {', '.join(names)})")
+        raise OptionError(f"{url}: no column {missing[0]!r} (columns: {', '.join(names)})")
 
 
 class _Chunks(io.RawIOBase):
@@ -134,7 +135,7 @@ class ParquetFormat:
     def __init__(self, columns: Sequence[str] | None = None) -> None:
         if columns is not None:
             if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-                raise TypeError(f"columns must be a list of column names, got {columns!r}")
+                raise OptionTypeError(f"columns must be a list of column names, got {columns!r}")
             columns = tuple(columns)
         self.columns = columns
 
@@ -150,12 +151,12 @@ class ParquetFormat:
             try:
                 source = open(local_path(url), "rb")  # noqa: SIM115 - closed below
             except FileNotFoundError:
-                raise FileNotFoundError(f"{url}: no such file (named by the source's urls)") from None
+                raise SourceMissingError(f"{url}: no such file (named by the source's urls)") from None
         try:
             try:
                 file = pq.ParquetFile(source)
             except Exception as exc:
-                raise ValueError(f"{url}: not a readable Parquet file: {exc}") from None
+                raise SourceDataError(f"{url}: not a readable Parquet file: {exc}") from None
             columns = list(self.columns) if self.columns is not None else None
             _check_columns(url, file.schema_arrow.names, columns)
             for group in range(file.num_row_groups):
@@ -172,7 +173,7 @@ class ParquetFormat:
             try:
                 file = pq.ParquetFile(scan)
             except Exception as exc:
-                raise ValueError(f"{ref.url}: not a readable Parquet file: {exc}") from None
+                raise SourceDataError(f"{ref.url}: not a readable Parquet file: {exc}") from None
             meta = file.metadata
             names = list(file.schema_arrow.names)
             scan.seek(ref.size - 8)

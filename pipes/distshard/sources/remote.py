@@ -43,7 +43,7 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from ..errors import DistshardError
+from ..errors import DistshardError, SourceChangedError, SourceMissingError, UnsupportedError
 from ..waits import WaitTimeout
 from .options import ReadOptions
 
@@ -95,7 +95,7 @@ class _Changed(Exception):
 
 
 def _missing(url: str) -> FileNotFoundError:
-    return FileNotFoundError(f"{url}: no such file (named by the source's urls)")
+    return SourceMissingError(f"{url}: no such file (named by the source's urls)")
 
 
 def changed_error(url: str, what: str, stored: str | None = None) -> ValueError:
@@ -103,11 +103,11 @@ def changed_error(url: str, what: str, stored: str | None = None) -> ValueError:
     (``python -m distshard index``) its identity came from, whose refresh is named."""
     if stored is not None:  # the entry's URL: the index is its folder
         location = stored.rsplit("/", 1)[0]
-        return ValueError(
+        return SourceChangedError(
             f"{url} changed after the stored index at {location} was written ({what}); refusing to read it "
             f"with a stale index: refresh it with `python -m distshard index {location}`"
         )
-    return ValueError(
+    return SourceChangedError(
         f"{url} changed after it was indexed ({what}); refusing to read it with a stale index: "
         "build the source again (the index is rebuilt for the new file)"
     )
@@ -364,7 +364,9 @@ class Client:
                     _check_status(url, r.status, "metadata")
                     size = r.headers.get("Content-Length")
                     if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-                        raise ValueError(f"{url}: the server does not report the file's size; random access needs it")
+                        raise UnsupportedError(
+                            f"{url}: the server does not report the file's size; random access needs it"
+                        )
                     return int(size), _http_stamp(r.headers)
             headers["Range"] = "bytes=0-0"
             async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
@@ -373,7 +375,9 @@ class Client:
                 )
                 if r.status not in (206, 416) or match is None or not match.groups()[-1].isdigit():
                     _check_status(url, r.status, "metadata")
-                    raise ValueError(f"{url}: the server reports no size (no Content-Range); random access needs it")
+                    raise UnsupportedError(
+                        f"{url}: the server reports no size (no Content-Range); random access needs it"
+                    )
                 await r.read()
                 return int(match.groups()[-1]), _http_stamp(r.headers)
         if self.kind == "s3":
@@ -471,7 +475,7 @@ class Client:
             if r.status == 206:
                 _check_content_range(url, r.headers.get("Content-Range"), start, stop, size)
             elif not (r.status == 200 and start == 0 and size is not None and stop == size):
-                raise ValueError(
+                raise UnsupportedError(
                     f"{url}: asked for {what} and the server sent status {r.status} without "
                     "Content-Range: it does not serve range requests, which random access needs"
                 )
@@ -577,7 +581,7 @@ class Client:
     def put(self, url: str, data: bytes) -> None:
         """Write a whole object (a stored index's entry or manifest)."""
         if self.kind == "http":
-            raise ValueError(
+            raise UnsupportedError(
                 f"cannot write {url}: http(s) URLs are read-only; give --out a local folder or an "
                 "object store location (s3://, gs://) and serve it beside the files"
             )
@@ -718,7 +722,7 @@ def _check_status(url: str, status: int, what: str) -> None:
 def _check_content_range(url: str, header: str | None, start: int, stop: int, size: int | None) -> None:
     match = _CONTENT_RANGE.match(header or "")
     if match is None:
-        raise ValueError(
+        raise UnsupportedError(
             f"{url}: asked for bytes [{start}, {stop}) and the answer has no Content-Range "
             f"({header!r}): the server does not serve range requests"
         )
@@ -763,7 +767,7 @@ async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:
 def _identity_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:
     size = info.get("size")
     if size is None:
-        raise ValueError(f"{url}: the store does not report the file's size; random access needs it")
+        raise UnsupportedError(f"{url}: the store does not report the file's size; random access needs it")
     for name in (
         "ETag",
         "etag",

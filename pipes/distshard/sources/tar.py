@@ -29,6 +29,7 @@ import tarfile
 from array import array
 from typing import Any, Iterator, Sequence
 
+from ..errors import SourceDataError
 from .files import (
     DEFAULT_FILE_ACCESS,
     FileAccess,
@@ -182,30 +183,30 @@ def walk(f: Any, url: str, file_size: int | None, seekable: bool, where: str = "
             return  # a zero block: the end-of-archive marker
         except tarfile.EmptyHeaderError:  # type: ignore[attr-defined]
             if position == 0:
-                raise ValueError(f"{url}: empty file, not a tar archive") from None
-            raise ValueError(
+                raise SourceDataError(f"{url}: empty file, not a tar archive") from None
+            raise SourceDataError(
                 f"{url}: truncated tar: the data ends at byte {position}{where} without the end-of-archive marker"
             ) from None
         except tarfile.TruncatedHeaderError:  # type: ignore[attr-defined]
-            raise ValueError(
+            raise SourceDataError(
                 f"{url}: truncated tar: incomplete member header at byte {position}{where}"
                 f"{_compressed_hint(f, url, position)}"
             ) from None
         except tarfile.HeaderError as exc:
-            raise ValueError(
+            raise SourceDataError(
                 f"{url}: not a valid tar header at byte {position}{where} ({exc}){_compressed_hint(f, url, position)}"
             ) from None
         except RemoteReadError:
             raise
         except (OSError, EOFError) as exc:  # a corrupt compressed stream
-            raise ValueError(f"{url}: cannot read the member header at byte {position}{where}: {exc}") from None
+            raise SourceDataError(f"{url}: cannot read the member header at byte {position}{where}: {exc}") from None
         if info.sparse is not None:
-            raise ValueError(
+            raise SourceDataError(
                 f"{url}: member {info.name!r} at byte {info.offset}{where} is a sparse file, "
                 "which tar shards of samples do not use; not supported"
             )
         if file_size is not None and info.isreg() and info.offset_data + info.size > file_size:
-            raise ValueError(
+            raise SourceDataError(
                 f"{url}: truncated tar: member {info.name!r} (header at byte {info.offset}) needs bytes "
                 f"[{info.offset_data}, {info.offset_data + info.size}) but the file ends at byte {file_size}"
             )
@@ -243,7 +244,7 @@ def group(url: str, members: Iterator[tuple[str, Any, int, int]]) -> Iterator[tu
                 yield key, parts
             key, parts, seen, bad = new_key, [], {"__key__", "__url__"}, False
         if ext in seen:
-            raise ValueError(
+            raise SourceDataError(
                 f"{url}: member {name!r} (header at byte {position}) repeats the extension {ext!r} "
                 f"in sample {key!r}; WebDataset rejects duplicate file names in a sample"
             )
@@ -287,11 +288,11 @@ class TarFormat:
                     except RemoteReadError:
                         raise
                     except (OSError, EOFError) as exc:
-                        raise ValueError(
+                        raise SourceDataError(
                             f"{url}: cannot read member {info.name!r} at byte {info.offset_data}{where}: {exc}"
                         ) from None
                     if len(data) != info.size:
-                        raise ValueError(
+                        raise SourceDataError(
                             f"{url}: truncated tar: member {info.name!r} (header at byte {info.offset}{where}) "
                             f"has {len(data)} of its {info.size} bytes"
                         )

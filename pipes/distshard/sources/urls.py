@@ -16,6 +16,8 @@ import re
 import string
 from typing import Any, Iterable, Mapping, Sequence, Union
 
+from ..errors import OptionError, OptionTypeError
+
 __all__ = ["braceexpand", "expand_urls", "is_remote"]
 
 UrlsArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -49,7 +51,9 @@ def braceexpand(pattern: str) -> list[str]:
     try:
         return [_flatten(item) for item in _pattern(pattern)]
     except _Unbalanced:
-        raise ValueError(f"unbalanced braces in the url pattern {pattern!r} (escape a literal brace as \\{{)") from None
+        raise OptionError(
+            f"unbalanced braces in the url pattern {pattern!r} (escape a literal brace as \\{{)"
+        ) from None
 
 
 class _Unbalanced(Exception):
@@ -168,14 +172,14 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
     if isinstance(urls, (str, os.PathLike)):
         text = os.fspath(urls)
         if not isinstance(text, str):
-            raise TypeError(f"urls must be a str or a list of str, got bytes {text!r}")
+            raise OptionTypeError(f"urls must be a str or a list of str, got bytes {text!r}")
         out: list[str] = []
         for pattern in text.split("::"):
             for item in braceexpand(pattern):
                 if _GLOB_CHARS.search(item):
                     matched = _glob_one(item, storage_options)
                     if not matched:
-                        raise ValueError(f"the glob {item!r} matches no file")
+                        raise OptionError(f"the glob {item!r} matches no file")
                     out.extend(matched)
                 else:
                     out.append(item)
@@ -183,10 +187,10 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
         out = []
         for given in urls:
             if not isinstance(given, (str, os.PathLike)):
-                raise TypeError(f"urls must hold str or os.PathLike items, got {type(given).__name__}: {given!r}")
+                raise OptionTypeError(f"urls must hold str or os.PathLike items, got {type(given).__name__}: {given!r}")
             out.append(os.fspath(given))
     else:
-        raise TypeError(f"urls must be a str, an os.PathLike or a list of them, got {type(urls).__name__}")
+        raise OptionTypeError(f"urls must be a str, an os.PathLike or a list of them, got {type(urls).__name__}")
     if not out or any(not item for item in out):
-        raise ValueError(f"urls names no file: {urls!r}")
+        raise OptionError(f"urls names no file: {urls!r}")
     return out
