@@ -271,7 +271,7 @@ def build_stored_index(
                     done.update((f.url, f) for f in packs.write())
                     write_manifest()
     done.update((f.url, f) for f in packs.write())
-    files = write_manifest()
+    files = write_manifest() if done or listed else []  # (nothing indexed, nothing listed: no folder made)
     seconds = time.monotonic() - started
     log.info(
         "stored index at %s: %d files (%d indexed now, %d already there), %d bytes in %.1f s",
