@@ -208,6 +208,9 @@ def build_stored_index(
     if not urls:
         raise ValueError("no files to index")
     urls = list(dict.fromkeys(urls))
+    remote = any(is_remote(url) for url in urls)
+    storage_options = _pooled(storage_options, urls, workers or REMOTE_WORKERS)
+    access = FileAccess(storage_options=dict(storage_options) if storage_options else None)
     location = out.rstrip("/") if out else manifest.default_location(urls)
     for url in urls:
         formats.setdefault(url, fmt or format_of(url))
@@ -238,7 +241,6 @@ def build_stored_index(
         if progress is not None:
             progress(len(done) + len(packs.items), len(urls), total_bytes, time.monotonic() - started)
 
-    remote = any(is_remote(url) for url in urls)
     with _executor(remote, len(urls), workers) as pool:
         futures: dict[Future[Any], tuple[str, bool]] = {}
         for url in urls:
@@ -288,6 +290,19 @@ def build_stored_index(
             "run the command again to retry them):\n  " + "\n  ".join(errors[:20])
         )
     return Built(location, files, built, seconds, total_bytes)
+
+
+def _pooled(storage_options: Mapping[str, Any] | None, urls: list[str], workers: int) -> Mapping[str, Any] | None:
+    """S3's client keeps 10 connections unless told (botocore's
+    ``max_pool_connections``): as many as files are indexed at once, unless the
+    storage options say otherwise."""
+    if not any(url.split("://", 1)[0].lower() in ("s3", "s3a") for url in urls):
+        return storage_options
+    options = dict(storage_options or {})
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("max_pool_connections", max(10, workers))
+    options["config_kwargs"] = config
+    return options
 
 
 def _names_stored(text: str) -> bool:

@@ -65,6 +65,8 @@ class Body(io.RawIOBase):
         if want <= 0:
             return 0
         if not self.pending:
+            if self.response is None:
+                raise _Cut(f"{self.url}: the body ended at byte {self.pos} of {self.size}")
             self.pending = self._next(min(CHUNK, max(want, 64 << 10)))
         take = self.pending[:want]
         self.pending = self.pending[len(take) :]
@@ -88,7 +90,7 @@ class Body(io.RawIOBase):
     def finish(self, limit: int = CHUNK) -> None:
         """Read what is left of the body when it is at most ``limit`` bytes (a
         tar's end-of-archive padding), so that the connection serves the next file."""
-        if self.response is None or self.size - self.pos > limit:
+        if self.response is None or self.size - self.pos - len(self.pending) > limit:
             return
         with contextlib.suppress(_Cut):
             while self.pos < self.size:
@@ -108,9 +110,17 @@ class _Cut(Exception):
 
 
 async def _read(client: Client, response: Any, n: int) -> bytes:
-    if client.kind == "http":
-        return bytes(await response.content.read(n))
-    return bytes(await response["Body"].read(n))
+    """Up to ``n`` bytes of the body (fewer at its end only): the pieces the
+    connection hands over are gathered here, so the reading thread waits once."""
+    read = response.content.read if client.kind == "http" else response["Body"].read
+    parts, got = [], 0
+    while got < n:
+        piece = await read(n - got)
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
 
 
 async def _close(client: Client, response: Any, whole: bool) -> None:
@@ -151,14 +161,32 @@ async def _open(client: Client, url: str) -> tuple[Any, int, str]:
     return response, int(response["ContentLength"]), stamp
 
 
+async def _start(client: Client, url: str) -> tuple[Any, int, str, bytes]:
+    """The response, the identity, and the body's first :data:`CHUNK` bytes (a
+    small file whole: its response is then released, and ``None``)."""
+    response, size, stamp = await _open(client, url)
+    try:
+        first = await _read(client, response, min(size, CHUNK))
+    except BaseException:
+        await _close(client, response, False)
+        raise
+    if len(first) >= size:
+        await _close(client, response, True)
+        response = None
+    return response, size, stamp, first
+
+
 def open_body(url: str, access: FileAccess) -> Body:
-    """The body of one GET of ``url`` (retried while it does not open)."""
+    """The body of one GET of ``url`` (its opening and first :data:`CHUNK` bytes
+    retried): one wait on the client's event loop for a small file."""
     client = access.client(url)
     options = access.options
-    response, size, stamp = client.run(
-        client._retrying(url, "the whole file", lambda: _open(client, url), options), f"{url}: the whole file", options
+    response, size, stamp, first = client.run(
+        client._retrying(url, "the whole file", lambda: _start(client, url), options), f"{url}: the whole file", options
     )
-    return Body(client, url, response, size, stamp, options.timeout)
+    body = Body(client, url, response, size, stamp, options.timeout)
+    body.pending = first
+    return body
 
 
 def index_streamed(fmt: Any, url: str, access: FileAccess) -> tuple[FileRef, Any]:
