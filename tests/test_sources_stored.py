@@ -324,3 +324,32 @@ def test_parquet_finds_its_stored_index(tmp_path, monkeypatch):
     source = parquet(str(tmp_path / "t*.parquet"), columns=["i"])
     assert sorted(row["i"] for row in source.dist_shard(shuffle=True)) == list(range(80))
     assert source._stored is not None and source._indexed_here == 0
+
+
+def test_the_command_reads_a_file_again_after_a_cut_body_and_weak_etags_are_compared(tmp_path, monkeypatch):
+    """A store that cuts bodies and fails requests: the command retries each file
+    whole (still one GET a file that went through); a store with weak ETags: the
+    stored identity (ETag and Last-Modified) is compared on every range, and a
+    changed file names the refresh command."""
+    paths, expected = write_shards(tmp_path / "data", shards=6, per_shard=3)
+    out = str(tmp_path / "data" / ".distshard")
+    with serve(tmp_path, fault_every=3, faults=("reset", "short", "503")) as faulty:
+        urls = [faulty.url(p) for p in paths]
+        assert main(["index", *urls, "--out", out, "--workers", "2"]) == 0
+        assert faulty.faulted and faulty.requests["GET"] == 6 + sum(faulty.faulted.values())
+    with serve(tmp_path, weak=True) as weak:
+        urls = [weak.url(p) for p in paths]
+        assert main(["index", *urls, "--out", out]) == 0
+        stamps = [
+            f["stamp"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]
+        ]
+        assert all(s.startswith('W/"') and " lm:" in s for s in stamps[-6:]), stamps
+        fresh_machine(monkeypatch, tmp_path, "node")
+        assert Counter(map(key, webdataset(urls, index=out).dist_shard())) == Counter(map(key, expected))
+        changed = tmp_path / "data" / "shard-000004.tar"
+        os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 5 * 10**9))
+        fresh_machine(monkeypatch, tmp_path, "node2")
+        with pytest.raises(
+            ValueError, match=r"shard-000004\.tar changed after the stored index.*python -m distshard index"
+        ):
+            list(webdataset(urls, index=out).dist_shard())
