@@ -17,6 +17,7 @@ of making another.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from concurrent.futures import Future
@@ -35,6 +36,17 @@ _ENTRY = re.compile(r"^(.*)#(\d+)-(\d+)$")
 _RAW: LRU[bytes] = LRU(max_items=1 << 16, max_weight=64 << 20)  # entries fetched along, by entry
 _LOCK = threading.Lock()
 _PENDING: dict[str, Future] = {}  # entries on their way, by entry
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) waits for no request of its parent's."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _PENDING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pack_entry(pack: str, start: int, stop: int) -> str:
