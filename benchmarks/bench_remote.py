@@ -540,16 +540,17 @@ class Store:
     indexed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def prepare_data(store: Store, setting: Setting) -> dict[str, Any]:
-    """Generate, convert and upload ``setting``'s samples once (not timed)."""
+def prepare_data(store: Store, setting: Setting, convert: bool = True) -> dict[str, Any]:
+    """Generate, convert (unless no peer runs) and upload ``setting``'s samples once (not timed)."""
     if setting.data in store.uploaded:
         return store.uploaded[setting.data]
     folder = store.workdir / setting.data
     manifest = generate(folder / "tars", setting.shards, setting.per_shard)
     chunk = max(1 << 16, manifest["bytes"] // setting.shards)
-    converted = harness.launch(__file__, "convert", {"paths": manifest["paths"], "out": str(folder / "peers"),
-                                                     "chunk_bytes": chunk}, peers=True, timeout=1200)
-    manifest["converted"] = converted
+    if convert:
+        manifest["converted"] = harness.launch(__file__, "convert", {"paths": manifest["paths"],
+                                                                     "out": str(folder / "peers"),
+                                                                     "chunk_bytes": chunk}, peers=True, timeout=1200)
     for prefix in ("wds", "wds-indexed"):
         upload(store.moto.endpoint, folder / "tars", f"{setting.data}/{prefix}")
     for fmt in ("litdata", "mds"):
@@ -584,7 +585,7 @@ def build_stored_index(store: Store, setting: Setting, proxy: Any, timeout: floa
         threads = 0  # the command's own default, unknown here
     started = time.perf_counter()  # what starting the command costs before it indexes (the interpreter, imports)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(command[:3] + ["--help"], env=env, capture_output=True, timeout=timeout)
+        subprocess.run(command[:4] + ["--help"], env=env, capture_output=True, timeout=timeout)
     startup = time.perf_counter() - started
     proxy.reset()
     started = time.perf_counter()
@@ -792,17 +793,17 @@ def orchestrate_s3(args: argparse.Namespace, chosen: list[str]) -> int:
         if args.settings:
             chosen_settings = [chosen_settings[int(i)] for i in args.settings.split(",")]
         for setting in chosen_settings:
-            manifest = prepare_data(store, setting)
+            manifest = prepare_data(store, setting, convert=any(S3_VARIANTS[k][1] == "peers" for k in chosen))
             proxy = LatencyProxy(moto.endpoint, latency=setting.latency, bandwidth=setting.bandwidth,
                                  ports=args.world_size + 1).start()
-            if "distshard_stored" in chosen or "distshard_local_cache" in chosen:
+            if "distshard_stored" in chosen or "distshard_local_cache" in chosen or args.index_only:
                 if feats["index"]:
                     build_stored_index(store, setting, proxy, args.timeout)
             warm = str(workdir / f"warm-{setting.data}")
             if "distshard_cached" in chosen and not Path(warm).exists():
                 measure("distshard_cached", setting, proxy, manifest, args, warm)  # builds the per-machine index
             results: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
-            for r, order in harness.rounds(chosen, args.rounds):
+            for r, order in harness.rounds(chosen, args.rounds) if chosen else []:
                 for key in order:
                     cache = warm if key == "distshard_cached" else str(workdir / f"cold-{setting.data}-{r}-{key}")
                     results[key].append(measure(key, setting, proxy, manifest, args, cache))
@@ -881,6 +882,9 @@ def main(argv: list[str] | None = None) -> int:
                         + "; http: " + ",".join(VARIANTS))
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", type=Path, help="also dump every measurement here")
+    parser.add_argument("--index-only", action="store_true",
+                        help="s3: time `python -m distshard index` against streaming the shards once, and run "
+                             "only the --only rows (none unless given; no conversion for the peers then)")
     parser.add_argument("--setup-peers", action="store_true", help="create benchmarks/.venv with the peers")
     harness.add_child_args(parser)
     args = parser.parse_args(argv)
@@ -890,6 +894,8 @@ def main(argv: list[str] | None = None) -> int:
         return harness.child(args.run, args.out, globals())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops what it started
     if args.store == "s3":
+        if args.index_only and not args.only:
+            return orchestrate_s3(args, [])
         return orchestrate_s3(args, harness.choose(args.only, {k: k for k in S3_VARIANTS}, parser))
     return orchestrate(args, harness.choose(args.only, {k: k for k in VARIANTS}, parser))
 

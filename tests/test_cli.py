@@ -185,3 +185,32 @@ def test_help_shows_every_default(capsys):
     for default in ("(default: 0)", "(default: fork)", "(default: torch)", "(default: 1)", "(default: 120.0)"):
         assert default in text, default
     assert "required" in text and "(default: None)" in text  # --even's
+
+
+def test_the_index_command_starts_without_importing_torch(tmp_path):
+    """`python -m distshard index` runs before the package imports its pipes (torch:
+    seconds of a fresh process); its output and files are those of the full import."""
+    from .source_factories import write_shards
+
+    paths, expected = write_shards(tmp_path / "data", shards=3, per_shard=4)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "DISTSHARD_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "distshard", "index", str(tmp_path / "data" / "shard-*.tar")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "distshard.sources.indexing" in imported and "torch" not in imported
+    assert "3 files (3 indexed now)" in done.stdout
+    import distshard
+
+    source = distshard.webdataset(str(tmp_path / "data" / "shard-*.tar"))
+    assert len(source) == len(expected) and source._stored is not None and source._indexed_here == 0
+    # the other commands import the package whole, as before
+    done = subprocess.run(
+        [sys.executable, "-m", "distshard", "index", "--help"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0 and "--workers" in done.stdout and "(default 32)" in " ".join(done.stdout.split())

@@ -162,15 +162,22 @@ class _Requests(logging.Handler):
             if found is None:
                 continue
             method, path = found.groups()
-            kind = "manifest" if path.endswith("manifest.json") else "entry" if path.endswith(".idx") else "data"
+            kind = (
+                "manifest"
+                if path.endswith("manifest.json")
+                else "entry"
+                if path.endswith((".idx", ".pack"))
+                else "data"
+            )
             out[method if method != "GET" else kind] += 1
         return out
 
 
 def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp_path, bucket, endpoint, monkeypatch):
-    """Issue 22: 64 shards indexed once with the command (the index stored in the
-    bucket beside them); a job on a fresh machine asks no HEAD, at most 4 requests
-    before its first sample, and fetches the entries of the files it reads only."""
+    """Issue 22: 64 shards indexed once with the command (one GET a shard, the index
+    stored in the bucket beside them: one pack of entries and the manifest); a job on
+    a fresh machine asks no HEAD, at most 4 requests before its first sample, and
+    fetches the entries of the files it reads in one range of the pack."""
     from distshard.__main__ import main
     from distshard.sources._lru import clear_all
 
@@ -178,12 +185,25 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     upload(bucket, paths, "many")
     options = {"endpoint_url": endpoint}
     pattern = f"s3://{BUCKET}/many/shard-{{000000..000063}}.tar"
-    assert main(["index", pattern, "--storage-options", json.dumps(options)]) == 0
-    assert "many/.distshard/manifest.json" in {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    counted = _Requests()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(counted)
+    werkzeug.setLevel(logging.INFO)
+    try:
+        assert main(["index", pattern, "--storage-options", json.dumps(options)]) == 0
+        # one GET a shard; the look for an earlier manifest, the pack and the manifest written
+        assert counted.kinds() == {"data": 64, "manifest": 1, "PUT": 2}, counted.kinds()
+        counted.lines.clear()
+        assert main(["index", pattern, "--storage-options", json.dumps(options)]) == 0  # nothing changed
+        assert counted.kinds() == {"HEAD": 64, "manifest": 1, "PUT": 1}, counted.kinds()
+    finally:
+        werkzeug.removeHandler(counted)
+        werkzeug.setLevel(logging.ERROR)
+    keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert "many/.distshard/manifest.json" in keys and sum(k.endswith(".pack") for k in keys) == 1
     monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "fresh"))
     clear_all()
     counted = _Requests()
-    werkzeug = logging.getLogger("werkzeug")
     werkzeug.addHandler(counted)
     werkzeug.setLevel(logging.INFO)
     small = ReadOptions(budget=2 << 10, max_range=2 << 10, max_gap=512, window=1 << 10)
@@ -201,7 +221,7 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     assert before_first["HEAD"] == 0 and before_first["manifest"] == 1 and sum(before_first.values()) <= 4, before_first
     files = {s["__url__"] for s in got}
     assert before_first["data"] >= 1 and rank0["data"] >= len(files)
-    assert rank0["HEAD"] == 0 and rank0["manifest"] == 1 and rank0["entry"] == len(files) < 64, rank0
+    assert rank0["HEAD"] == 0 and rank0["manifest"] == 1 and rank0["entry"] == 1 and len(files) < 64, rank0
     rest = list(distshard.webdataset(pattern, storage_options=options).dist_shard(rank=1, world_size=2))
     assert Counter(f"{s['__url__'].rsplit('/', 1)[-1]}#{s['__key__']}" for s in got + rest) == Counter(
         f"{Path(s['__url__']).name}#{s['__key__']}" for s in expected

@@ -61,18 +61,33 @@ def requests_by_kind(server: RangeServer) -> dict[str, int]:
             kinds[method] += 1
         elif path.endswith("manifest.json"):
             kinds["manifest"] += 1
-        elif path.endswith(".idx"):
+        elif path.endswith((".idx", ".pack")):
             kinds["entry"] += 1
         else:
             kinds["data"] += 1
     return dict(kinds)
 
 
-def test_a_job_with_a_stored_index_asks_no_head_and_only_the_entries_it_reads(tmp_path, server, monkeypatch):
+def test_the_command_asks_one_request_per_file_and_packs_the_entries(tmp_path, server):
+    paths, expected = write_shards(tmp_path / "data", shards=SHARDS, per_shard=3)
+    pattern = server.url(paths[0]).rsplit("/", 1)[0] + f"/shard-{{000000..{SHARDS - 1:06d}}}.tar"
+    server.reset_counters()
+    assert main(["index", pattern, "--out", str(tmp_path / "data" / ".distshard"), "--workers", "8"]) == 0
+    # one streamed GET a file, whole (no Range, no HEAD), nothing else
+    assert requests_by_kind(server) == {"data": SHARDS}
+    assert all(rng is None for _, _, rng in server.log)
+    folder = sorted(os.listdir(tmp_path / "data" / ".distshard"))
+    assert len(folder) == 2 and folder[0].startswith("entries-") and folder[0].endswith(".pack"), folder
+    manifest = json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())
+    assert manifest["version"] == 2 and manifest["packs"] == [folder[0]]
+    assert [f["url"] for f in manifest["files"]] == [server.url(p) for p in paths]  # (served, stored locally)
+    at = [(f["at"], f["len"]) for f in manifest["files"]]  # in the files' order, one after the other
+    assert at[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(at, at[1:], strict=False))
+    assert sum(f["count"] for f in manifest["files"]) == len(expected)
+
+
+def test_a_job_with_a_stored_index_asks_no_head_and_packed_entries_in_few_requests(tmp_path, server, monkeypatch):
     pattern, urls, expected = indexed(tmp_path, server)
-    assert sorted(os.listdir(tmp_path / "data" / ".distshard"))[-1] == "shard-000063.tar.webdataset." + (
-        sorted(os.listdir(tmp_path / "data" / ".distshard"))[-1].split(".")[-2] + ".idx"
-    )
     fresh_machine(monkeypatch, tmp_path, "node")
     server.reset_counters()
     source = webdataset(pattern)  # default options; no index=: found beside the shards
@@ -81,16 +96,34 @@ def test_a_job_with_a_stored_index_asks_no_head_and_only_the_entries_it_reads(tm
     got = [next(it)]
     before_first = requests_by_kind(server)
     assert before_first.get("HEAD", 0) == 0 and before_first["manifest"] == 1
-    assert sum(before_first.values()) <= 4, before_first  # manifest, the first file's entry, its range (+ the lookup)
+    assert before_first == {"manifest": 1, "entry": 1, "data": 1}, before_first  # the manifest, the entries, a range
     got.extend(it)
     rank0 = requests_by_kind(server)
     files_read = {s["__url__"] for s in got}
     assert rank0.get("HEAD", 0) == 0 and rank0["manifest"] == 1
-    assert rank0["entry"] == len(files_read) < SHARDS  # only the entries of the files it reads
+    assert rank0["entry"] == 1 and len(files_read) < SHARDS  # the entries of its files come in one range
+    assert rank0["data"] <= 2 * len(files_read), rank0  # (the read-ahead ramps its ranges up)
     other = webdataset(pattern, read_options=SMALL).dist_shard(rank=1, world_size=2)
     got.extend(other)
     assert Counter(map(key, got)) == Counter(map(key, expected))
     assert "index stored at" in str(distshard.explain(pipe))
+
+
+def test_a_slot_fetches_the_entries_of_its_files_ahead_in_few_ranges(tmp_path, server, monkeypatch):
+    """Entries bigger than one range: a slot still asks one range per RANGE_BYTES of
+    the entries it reads (and those between them), never one per file."""
+    from distshard.sources import packs
+
+    pattern, urls, expected = indexed(tmp_path, server, shards=SHARDS, per_shard=3)
+    sizes = [f["len"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]]
+    monkeypatch.setattr(packs, "RANGE_BYTES", 8 * max(sizes))  # about 8 entries a range
+    fresh_machine(monkeypatch, tmp_path, "node")
+    server.reset_counters()
+    got = list(webdataset(pattern, read_options=SMALL).dist_shard(shuffle=True))
+    assert Counter(map(key, got)) == Counter(map(key, expected))
+    kinds = requests_by_kind(server)
+    assert kinds.get("HEAD", 0) == 0 and kinds["manifest"] == 1
+    assert SHARDS // 8 <= kinds["entry"] <= SHARDS // 4, kinds
 
 
 def test_a_file_changed_since_the_index_was_written_names_it_and_the_refresh(tmp_path, server, monkeypatch):
@@ -135,7 +168,8 @@ def test_local_files_find_their_stored_index_and_refuse_a_stale_one(tmp_path, mo
         list(jsonl(str(tmp_path / "j" / "part-*.jsonl")).dist_shard())
 
 
-def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys):
+def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys, monkeypatch):
+    from distshard.sources import indexing
     from distshard.sources.indexing import build_stored_index
 
     paths, _ = write_shards(tmp_path / "data", shards=6, per_shard=3)
@@ -144,17 +178,87 @@ def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys)
     first = build_stored_index(urls[:4], out=out)
     assert first.built == 4
     server.reset_counters()
-    second = build_stored_index(urls, out=out)  # the first four entries are there: only two built
+    second = build_stored_index(urls, out=out)  # the first four are listed and unchanged: only two read
     assert second.built == 2 and len(second.files) == 6
-    assert requests_by_kind(server)["data"] == 2  # one range per new small shard, none for the others
+    assert requests_by_kind(server) == {"HEAD": 4, "data": 2}  # a look at each listed file, a GET for each new one
     manifest = json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())
-    assert manifest["format"] == "distshard-index" and manifest["version"] == 1
+    assert manifest["format"] == "distshard-index" and manifest["version"] == 2
     assert [f["url"] for f in manifest["files"]] == urls  # (relative names only for files beside the folder)
-    assert {"url", "format", "count", "size", "stamp", "entry"} <= set(manifest["files"][0])
+    assert {"url", "format", "count", "size", "stamp", "pack", "at", "len"} <= set(manifest["files"][0])
+    assert len(manifest["packs"]) == 2  # the first build's pack, kept, and the second's
     assert main(["index", urls[0], "--out", out]) == 0
     captured = capsys.readouterr()
     assert captured.err == ""  # not a terminal: no progress line
     assert "6 files (0 indexed now)" in captured.out  # the earlier files stay listed
+
+    # interrupted (Ctrl-C) after the third file: the packs written so far are listed, the rerun reads the rest
+    paths, expected = write_shards(tmp_path / "more", shards=8, per_shard=2)
+    urls = [server.url(p) for p in paths]
+    out = str(tmp_path / "more" / ".distshard")
+    real, seen = indexing._index_one, []
+
+    def interrupted(url, *args):
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        seen.append(url)
+        return real(url, *args)
+
+    monkeypatch.setattr(indexing, "FLUSH_SECONDS", 0.0)  # a pack (and the manifest) after every file
+    monkeypatch.setattr(indexing, "_index_one", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_stored_index(urls, out=out, workers=1)
+    listed = json.loads((tmp_path / "more" / ".distshard" / "manifest.json").read_text())["files"]
+    assert [f["url"] for f in listed] == urls[:3]
+    monkeypatch.setattr(indexing, "_index_one", real)
+    server.reset_counters()
+    assert build_stored_index(urls, out=out).built == 5
+    assert requests_by_kind(server) == {"HEAD": 3, "data": 5}
+    assert Counter(map(key, webdataset(urls, index=out).dist_shard())) == Counter(map(key, expected))
+
+
+def test_an_index_of_format_version_1_still_loads_and_a_newer_one_is_refused(tmp_path, server, monkeypatch):
+    """A manifest written by the previous release (one entry object per file) is read
+    as before; a version this distshard does not know names the refresh command."""
+    from distshard.sources.files import FileRef, file_identity
+    from distshard.sources.index import dumps
+    from distshard.sources.manifest import entry_name
+    from distshard.sources.tar import TarFormat
+
+    paths, expected = write_shards(tmp_path / "data", shards=3, per_shard=4)
+    urls = [server.url(p) for p in paths]
+    folder = tmp_path / "data" / ".distshard"
+    folder.mkdir()
+    files = []
+    for url in urls:
+        ref = FileRef(url, *file_identity(url))
+        index = TarFormat().build_index(ref)
+        name = entry_name("webdataset", url.rsplit("/", 1)[-1])
+        (folder / name).write_bytes(dumps(index))
+        files.append(
+            {
+                "url": url,
+                "format": "webdataset",
+                "count": index.count,
+                "size": ref.size,
+                "stamp": ref.stamp,
+                "entry": name,
+            }
+        )
+    (folder / "manifest.json").write_text(json.dumps({"format": "distshard-index", "version": 1, "files": files}))
+    fresh_machine(monkeypatch, tmp_path, "node")
+    server.reset_counters()
+    assert Counter(map(key, webdataset(urls).dist_shard())) == Counter(map(key, expected))
+    kinds = requests_by_kind(server)
+    assert kinds.get("HEAD", 0) == 0 and kinds["manifest"] == 1 and kinds["entry"] == 3, kinds
+    # the command over it keeps the unchanged files' entries where they are, in a version 2 manifest
+    assert main(["index", *urls, "--out", str(folder)]) == 0
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["version"] == 2 and [f["entry"] for f in manifest["files"]] == [f["entry"] for f in files]
+    fresh_machine(monkeypatch, tmp_path, "node2")
+    assert Counter(map(key, webdataset(urls).dist_shard())) == Counter(map(key, expected))
+    (folder / "manifest.json").write_text(json.dumps({"format": "distshard-index", "version": 9, "files": []}))
+    with pytest.raises(ValueError, match=r"manifest version 9.*python -m distshard index"):
+        webdataset(urls).counts()
 
 
 def test_without_a_stored_index_it_works_as_before_and_says_how_to_start_fast(tmp_path, server, caplog):
@@ -220,3 +324,32 @@ def test_parquet_finds_its_stored_index(tmp_path, monkeypatch):
     source = parquet(str(tmp_path / "t*.parquet"), columns=["i"])
     assert sorted(row["i"] for row in source.dist_shard(shuffle=True)) == list(range(80))
     assert source._stored is not None and source._indexed_here == 0
+
+
+def test_the_command_reads_a_file_again_after_a_cut_body_and_weak_etags_are_compared(tmp_path, monkeypatch):
+    """A store that cuts bodies and fails requests: the command retries each file
+    whole (still one GET a file that went through); a store with weak ETags: the
+    stored identity (ETag and Last-Modified) is compared on every range, and a
+    changed file names the refresh command."""
+    paths, expected = write_shards(tmp_path / "data", shards=6, per_shard=3)
+    out = str(tmp_path / "data" / ".distshard")
+    with serve(tmp_path, fault_every=3, faults=("reset", "short", "503")) as faulty:
+        urls = [faulty.url(p) for p in paths]
+        assert main(["index", *urls, "--out", out, "--workers", "2"]) == 0
+        assert faulty.faulted and faulty.requests["GET"] == 6 + sum(faulty.faulted.values())
+    with serve(tmp_path, weak=True) as weak:
+        urls = [weak.url(p) for p in paths]
+        assert main(["index", *urls, "--out", out]) == 0
+        stamps = [
+            f["stamp"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]
+        ]
+        assert all(s.startswith('W/"') and " lm:" in s for s in stamps[-6:]), stamps
+        fresh_machine(monkeypatch, tmp_path, "node")
+        assert Counter(map(key, webdataset(urls, index=out).dist_shard())) == Counter(map(key, expected))
+        changed = tmp_path / "data" / "shard-000004.tar"
+        os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 5 * 10**9))
+        fresh_machine(monkeypatch, tmp_path, "node2")
+        with pytest.raises(
+            ValueError, match=r"shard-000004\.tar changed after the stored index.*python -m distshard index"
+        ):
+            list(webdataset(urls, index=out).dist_shard())

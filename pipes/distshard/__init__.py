@@ -9,7 +9,15 @@ Importing it registers ``.dist_shard()`` on every ``IterDataPipe``::
 """
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
+
+if __name__ == "distshard" and sys.argv[:2] == ["-m", "index"]:  # `python -m distshard index ...`:
+    from .__main__ import index_command_alone  # the command needs no torch, whose import takes seconds
+
+    _status = index_command_alone()
+    if _status is not None:
+        sys.exit(_status)
 
 from .context import ShardContext, UnknownRankError, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch

@@ -7,8 +7,10 @@
     Exit status: 0 exactly-once held, 1 violations found, 2 could not run.
 ``python -m distshard index "s3://bucket/train/shard-{000000..001023}.tar"``
     Index a dataset once and store the index beside it (``.distshard/``), so
-    that every job starts in a few round trips. Exit status: 0 indexed, 1 some
-    files failed (the others are kept: run it again), 2 could not run.
+    that every job starts in a few round trips: one request a remote file (a
+    streamed GET, parsed as it flows), ``--workers`` at once. Exit status: 0
+    indexed, 1 some files failed (the others are kept: run it again), 2 could
+    not run.
 """
 
 from __future__ import annotations
@@ -195,6 +197,35 @@ def index(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def index_command_alone() -> int | None:
+    """``python -m distshard index ...`` run while Python imports the package, before
+    it imports its pipes (torch, seconds): the command's status, or ``None`` when
+    this is not that command line (the package then imports as usual). The
+    command's modules are imported without the ``sources`` package's own module
+    (a stand-in package whose submodules are the real ones)."""
+    import os
+    import types
+
+    argv = getattr(sys, "orig_argv", [])
+    if "-m" not in argv or argv[argv.index("-m") + 1 : argv.index("-m") + 3] != ["distshard", "index"]:
+        return None
+    package = __name__.rsplit(".", 1)[0]
+    # The package's import is still under way (this runs inside it) and holds its
+    # module lock: a thread that imports through the package (pickling a function
+    # for a worker process does) would wait for that lock while this thread waits
+    # for it. Marked imported, the package is used as it is: its submodules.
+    spec = getattr(sys.modules[package], "__spec__", None)
+    if spec is not None:
+        spec._initializing = False
+    name = f"{package}.sources"
+    if name not in sys.modules:
+        stand_in = types.ModuleType(name, "the sources' modules, without importing their package (index command)")
+        stand_in.__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "sources")]
+        stand_in.__package__ = name
+        sys.modules[name] = stand_in
+    return main(sys.argv[1:])
+
+
 def _could_not_run(args: argparse.Namespace, reasons: list[str]) -> int:
     if args.json:
         print(
@@ -306,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     idx.add_argument("--format", choices=["webdataset", "jsonl", "parquet"], default=None, help="default: by suffix")
     idx.add_argument("--storage-options", default=None, help="JSON handed to fsspec (endpoint, credentials, ...)")
     idx.add_argument("--out", default=None, help="where to store it (local folder or URL); default: .distshard/ beside")
-    idx.add_argument("--workers", type=_positive, default=None, help="files indexed at once (threads or processes)")
+    idx.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="files indexed at once: remote files by threads, each waiting on one streamed GET "
+        "(default 32), local files by processes (default: one per CPU)",
+    )
     args = parser.parse_args(argv)
     if args.command == "index":
         return index(args)

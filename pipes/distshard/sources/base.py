@@ -99,13 +99,16 @@ class StreamFile:
         return f"StreamFile({self.fmt.name})"
 
 
-def _build(fmt: Format, access: FileAccess, ref: FileRef) -> FileIndex:
+def _build(
+    fmt: Format, access: FileAccess, ref: FileRef, following: Callable[[], Sequence[str]] | None = None
+) -> FileIndex:
     """``ref``'s index: its stored entry if the identity came from a stored index
-    (one request), else (or if the entry is not there) built from the file."""
+    (one request, which brings the entries ``following()`` names along when they
+    are packed beside it), else (or if the entry is not there) built from the file."""
     if ref.stored is not None:
         from .manifest import fetch_entry
 
-        index = fetch_entry(fmt.name, ref, access)
+        index = fetch_entry(fmt.name, ref, access, following() if following is not None else ())
         if index is not None:
             return index
     return fmt.build_index(ref, access)
@@ -124,6 +127,7 @@ def _access_key(access: FileAccess) -> Any:
     return _frozen(access.storage_options or {})
 
 
+_FOLLOWING = 1024  # files after one whose packed stored entries may come along with its own (see .packs)
 _LOOKAHEAD = 64  # positions a slot looks ahead for the stored index entries it will need
 
 
@@ -390,7 +394,9 @@ class SourceSequence(Sequence):
         key = (self.fmt.name, key_of(ref.url), ref.size, ref.stamp)
         index = _INDEXES.get(key)
         if index is None:
-            index, _ = obtain(self.fmt.name, ref, partial(_build, self.fmt, self.access))
+            index, _ = obtain(
+                self.fmt.name, ref, partial(_build, self.fmt, self.access, following=partial(self._following, f))
+            )
             assert index is not None
             _INDEXES.put(key, index, index.weight())
         if index.count != self.counts[f]:
@@ -399,6 +405,11 @@ class SourceSequence(Sequence):
             self._known.clear()
         self._known[f] = (ref, index)
         return ref, index
+
+    def _following(self, f: int) -> list[str]:
+        """The stored entries of the files after ``f`` (in order), whose entries
+        are fetched along with ``f``'s when they are packed beside it."""
+        return [ref.stored for ref in self.refs[f + 1 : f + 1 + _FOLLOWING] if ref.stored is not None]
 
     def sample_bytes(self) -> list[int]:
         """Every sample's stored bytes, in order, from the files' indexes (no sample

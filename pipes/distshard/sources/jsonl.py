@@ -88,14 +88,20 @@ class JsonlFormat:
                 except (OSError, EOFError) as exc:
                     raise SourceDataError(f"{ref.url}: cannot read the file: {exc}") from None
             return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, count, meta={"streaming": True})
-        starts, lengths = array("q"), array("q")
         raw = open_scan(ref, access)
         try:
-            for _, start, line in _lines(io.BufferedReader(raw, 1 << 20)):
-                starts.append(start)
-                lengths.append(len(line))
+            return self.index_stream(io.BufferedReader(raw, 1 << 20), ref)
         finally:
             raw.close()
+
+    def index_stream(self, f: Any, ref: FileRef) -> FileIndex:
+        """The index from the file's bytes as they flow (``f``: a sequential
+        buffered reader from the first byte)."""
+        assert ref.size is not None and ref.stamp is not None
+        starts, lengths = array("q"), array("q")
+        for _, start, line in _lines(f):
+            starts.append(start)
+            lengths.append(len(line))
         return FileIndex(
             self.name, key_of(ref.url), ref.size, ref.stamp, len(starts), arrays={"start": starts, "length": lengths}
         )

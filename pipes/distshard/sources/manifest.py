@@ -4,20 +4,28 @@
 a ``.distshard/`` folder beside the first file (or where ``--out`` says: a local
 folder or any fsspec URL):
 
-- one entry per file, ``<name>.<format>.<digest>.idx``: the same bytes as an
+- the files' entries, packed a few thousand to an object
+  (``entries-<build>-<n>.pack``, see :mod:`.packs`): each the same bytes as an
   entry of the per-machine cache (:mod:`.index`: identity, count, arrays,
   checksums), so an entry is checked against the identity it is loaded for;
-- ``manifest.json``: ``{"format": "distshard-index", "version": 1, "files":
-  [{"url", "format", "count", "size", "stamp", "entry"}, ...]}``, where ``stamp``
-  is the file's version when it was indexed (a strong or weak ETag, an S3 ETag,
-  a generation, an mtime) and ``url`` is relative to the folder that holds
-  ``.distshard/`` when the file is in it.
+- ``manifest.json``: ``{"format": "distshard-index", "version": 2, "packs":
+  [name, ...], "files": [{"url", "format", "count", "size", "stamp", "pack",
+  "at", "len"}, ...]}``, where ``stamp`` is the file's version when it was
+  indexed (a strong or weak ETag, an S3 ETag, a generation, an mtime), ``url``
+  is relative to the folder that holds ``.distshard/`` when the file is in it,
+  and ``pack``, ``at``, ``len`` say where its entry is (an index into
+  ``packs``, the byte offset and length).
+
+Version 1 (one object per entry: ``"entry": name`` instead of ``pack``, ``at``,
+``len``) is still read, and a version 2 manifest may list such entries (files
+an earlier build indexed and a later one kept).
 
 A source finds the manifest by itself (one request: ``.distshard/manifest.json``
 beside its first file) or through ``index=``. Then a job asks no metadata per
 file: counts and identities come from the manifest, every range response is
 checked against them (:mod:`.remote`), and a slot fetches the entries of the
-files it reads only (one request each, then the per-machine cache).
+files it reads only, those of the next files it reads in the same request
+(:mod:`.packs`; then the per-machine cache).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..errors import SourceDataError, SourceMissingError
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
@@ -45,7 +53,8 @@ log = logging.getLogger("distshard")
 FOLDER = ".distshard"
 MANIFEST = "manifest.json"
 FORMAT = "distshard-index"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # manifest versions this distshard reads
 
 
 @dataclass(frozen=True)
@@ -140,23 +149,37 @@ def write(url: str, data: bytes, access: FileAccess = DEFAULT_FILE_ACCESS) -> No
 
 
 def dumps(location: str, files: list[StoredFile]) -> bytes:
-    """The manifest at ``location`` listing ``files``."""
-    listed = [
-        {
+    """The manifest at ``location`` listing ``files`` (entries packed or of their own)."""
+    from .packs import entry_range
+
+    packs: dict[str, int] = {}
+    listed = []
+    for f in files:
+        item: dict[str, Any] = {
             "url": listed_name(location, f.url),
             "format": f.format,
             "count": f.count,
             "size": f.size,
             "stamp": f.stamp,
-            "entry": posixpath.basename(f.entry),
         }
-        for f in files
-    ]
-    return json.dumps({"format": FORMAT, "version": VERSION, "files": listed}, indent=1).encode("utf-8")
+        packed = entry_range(f.entry)
+        if packed is None:
+            item["entry"] = posixpath.basename(f.entry)
+        else:
+            pack, start, stop = packed
+            item.update(pack=packs.setdefault(posixpath.basename(pack), len(packs)), at=start, len=stop - start)
+        listed.append(item)
+    return (
+        json.dumps({"format": FORMAT, "version": VERSION, "packs": list(packs), "files": listed}, separators=(",", ":"))
+        .replace('},{"url"', '},\n{"url"')
+        .encode("utf-8")
+    )
 
 
 def parse(location: str, data: bytes) -> Stored:
     """The manifest's files; ``ValueError`` naming ``location`` if it is not one."""
+    from .packs import pack_entry
+
     where = join(location, MANIFEST)
     try:
         raw: Any = json.loads(data.decode("utf-8"))
@@ -164,24 +187,26 @@ def parse(location: str, data: bytes) -> Stored:
         raise SourceDataError(f"{where}: not a distshard index manifest (not JSON: {exc})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise SourceDataError(f'{where}: not a distshard index manifest (no "format": "{FORMAT}")')
-    if raw.get("version") != VERSION:
+    if raw.get("version") not in READS:
         raise SourceDataError(
-            f"{where}: manifest version {raw.get('version')!r}, this distshard reads {VERSION}: "
-            f"rebuild it with `python -m distshard index {location}`"
+            f"{where}: manifest version {raw.get('version')!r}, this distshard reads "
+            f"{' and '.join(map(str, READS))}: rebuild it with `python -m distshard index {location}`"
         )
+    packs = raw.get("packs") or []
     files: dict[str, StoredFile] = {}
     for position, item in enumerate(raw.get("files") or []):
         try:
             url = resolve(location, str(item["url"]))
+            if "entry" in item:
+                entry = join(location, posixpath.basename(str(item["entry"])))
+            else:
+                pack = join(location, posixpath.basename(str(packs[_count(item["pack"])])))
+                at = _count(item["at"])
+                entry = pack_entry(pack, at, at + _count(item["len"]))
             stored = StoredFile(
-                url,
-                str(item["format"]),
-                _count(item["count"]),
-                _count(item["size"]),
-                str(item["stamp"]),
-                join(location, posixpath.basename(str(item["entry"]))),
+                url, str(item["format"]), _count(item["count"]), _count(item["size"]), str(item["stamp"]), entry
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, IndexError):
             raise SourceDataError(f"{where}: files[{position}] is malformed: {item!r}") from None
         files[key_of(url)] = stored
     return Stored(location, files)
@@ -244,14 +269,22 @@ def known_files(
     return stored, found
 
 
-def fetch_entry(fmt: str, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex | None:
-    """``ref``'s index from its stored entry (one request), or ``None`` if the
-    entry is not there or not of that identity (the file is then indexed itself)."""
+def fetch_entry(
+    fmt: str, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS, following: Sequence[str] = ()
+) -> FileIndex | None:
+    """``ref``'s index from its stored entry, or ``None`` if the entry is not
+    there or not of that identity (the file is then indexed itself). A packed
+    entry comes in one range request with the entries of ``following`` (the
+    entries of the files read next) beside it, or from such an earlier request."""
     from .index import loads
+    from .packs import entry_range, fetch_packed
 
     assert ref.stored is not None
     try:
-        data = read(ref.stored, access)
+        if entry_range(ref.stored) is None:
+            data = read(ref.stored, access)
+        else:
+            data = fetch_packed(ref.stored, following, access)
     except FileNotFoundError:
         log.info("the stored index entry %s is not there: indexing %s itself", ref.stored, ref.url)
         return None

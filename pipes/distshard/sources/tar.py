@@ -309,25 +309,34 @@ class TarFormat:
         if self.compression(ref.url):
             count = sum(1 for _ in self.stream(ref.url, access))
             return FileIndex(self.name, key_of(ref.url), ref.size, ref.stamp, count, meta={"streaming": True})
+        f = open_scan(ref, access)
+        try:
+            return self._index(f, ref, seekable=True)
+        finally:
+            f.close()
+
+    def index_stream(self, f: Any, ref: FileRef) -> FileIndex:
+        """The index from the shard's bytes as they flow (``f``: a sequential
+        reader from the first byte; the contents are read over, never kept)."""
+        return self._index(f, ref, seekable=False)
+
+    def _index(self, f: Any, ref: FileRef, seekable: bool) -> FileIndex:
+        assert ref.size is not None and ref.stamp is not None
         first, offsets, lengths, ext_ids = array("q", [0]), array("q"), array("q"), array("I")
         keys: list[str] = []
         vocabulary: dict[str, int] = {}
-        f = open_scan(ref, access)
-        try:
-            members = (
-                (info.name, (info.offset_data, info.size), info.size, info.offset)
-                for info in walk(f, ref.url, ref.size, seekable=True)
-                if kept(info)
-            )
-            for key, parts in group(ref.url, members):
-                keys.append(key)
-                for ext, (offset, size) in parts:
-                    offsets.append(offset)
-                    lengths.append(size)
-                    ext_ids.append(vocabulary.setdefault(ext, len(vocabulary)))
-                first.append(len(offsets))
-        finally:
-            f.close()
+        members = (
+            (info.name, (info.offset_data, info.size), info.size, info.offset)
+            for info in walk(f, ref.url, ref.size, seekable=seekable)
+            if kept(info)
+        )
+        for key, parts in group(ref.url, members):
+            keys.append(key)
+            for ext, (offset, size) in parts:
+                offsets.append(offset)
+                lengths.append(size)
+                ext_ids.append(vocabulary.setdefault(ext, len(vocabulary)))
+            first.append(len(offsets))
         return FileIndex(
             self.name,
             key_of(ref.url),
