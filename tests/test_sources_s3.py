@@ -297,3 +297,28 @@ def test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_fo
     loader = DataLoader(source.dist_shard().map(key_of), batch_size=None, num_workers=2, multiprocessing_context="fork")
     assert Counter(loader) == Counter(keyed)
     assert _MADE["sessions"] == 1, _MADE  # still the one made in the background
+
+
+def test_an_inherited_session_gets_fresh_credential_locks():
+    """Refreshable credentials hold an asyncio.Lock that the parent may hold or have
+    bound to its event loop at the fork: a child's client gets a new one."""
+    import asyncio
+
+    from aiobotocore.credentials import AioRefreshableCredentials
+
+    from distshard.sources import remote
+
+    async def refresh():
+        return {"access_key": "a", "secret_key": "b", "token": None, "expiry_time": "2100-01-01T00:00:00Z"}
+
+    credentials = AioRefreshableCredentials.create_from_metadata(
+        {"access_key": "a", "secret_key": "b", "token": None, "expiry_time": "2100-01-01T00:00:00Z"}, refresh, "test"
+    )
+    held = credentials._refresh_lock
+    asyncio.run(held.acquire())  # held by the parent at the fork
+
+    class Session:
+        _credentials = credentials
+
+    remote._fresh_locks(Session())
+    assert credentials._refresh_lock is not held and not credentials._refresh_lock.locked()
