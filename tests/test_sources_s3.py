@@ -291,7 +291,7 @@ def test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_fo
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert not any(t.is_alive() for t in remote._WARMING)  # the fork waited for it
+    assert not any(t.is_alive() for t in remote._WARMING.values())  # the fork waited for it
     assert _MADE["sessions"] == 1, _MADE
     keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]
     loader = DataLoader(source.dist_shard().map(key_of), batch_size=None, num_workers=2, multiprocessing_context="fork")

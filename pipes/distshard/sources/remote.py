@@ -180,7 +180,7 @@ def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> "C
     return client
 
 
-_WARMING: list[threading.Thread] = []  # clients being started in the background (see warm_up)
+_WARMING: dict[Any, threading.Thread] = {}  # clients being started in the background, by key (see warm_up)
 WARM_UP_JOIN = 60.0  # seconds a fork waits for a client started in the background
 
 
@@ -193,7 +193,8 @@ def warm_up(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     thread first (a child must not inherit an import or a lock half done)."""
     protocol = url.split("://", 1)[0].lower()
     key = (protocol, _frozen(storage_options or {}))
-    if key in _CLIENTS or any(thread.is_alive() and thread.name == repr(key) for thread in _WARMING):
+    started = _WARMING.get(key)
+    if key in _CLIENTS or (started is not None and started.is_alive()):
         return
     options = dict(storage_options or {})
 
@@ -203,13 +204,15 @@ def warm_up(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         except Exception as exc:  # noqa: BLE001 - the first request raises it again
             log.debug("starting the %s:// client in the background failed: %s: %s", protocol, type(exc).__name__, exc)
 
-    thread = threading.Thread(target=start, name=repr(key), daemon=True)
-    _WARMING[:] = [t for t in _WARMING if t.is_alive()] + [thread]
+    thread = threading.Thread(target=start, name=f"distshard-{protocol}-client", daemon=True)  # (no options: secrets)
+    for done in [k for k, t in _WARMING.items() if not t.is_alive()]:
+        del _WARMING[done]
+    _WARMING[key] = thread
     thread.start()
 
 
 def _before_fork() -> None:
-    for thread in list(_WARMING):
+    for thread in list(_WARMING.values()):
         if thread is not threading.current_thread():
             thread.join(WARM_UP_JOIN)
 
