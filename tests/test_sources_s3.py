@@ -226,3 +226,119 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     assert Counter(f"{s['__url__'].rsplit('/', 1)[-1]}#{s['__key__']}" for s in got + rest) == Counter(
         f"{Path(s['__url__']).name}#{s['__key__']}" for s in expected
     )
+
+
+_MADE: Counter = Counter()  # what this process made; a forked worker starts from its parent's counts
+
+
+def _counting(monkeypatch, cls, name: str, what: str) -> None:
+    real = getattr(cls, name)
+
+    def counted(*args, **kwargs):
+        _MADE[what] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cls, name, counted)
+
+
+def _with_counts(sample: dict) -> tuple[str, int, tuple[int, int, int]]:
+    import os
+
+    return key_of(sample), os.getpid(), (_MADE["sessions"], _MADE["credentials"], _MADE["model files"])
+
+
+def test_a_process_makes_one_session_and_fork_workers_reuse_the_ranks(tmp_path, bucket, endpoint, monkeypatch):
+    """Issue 22 item 3: the aiobotocore session (credentials resolved, service model
+    parsed) is made once per process, and a forked DataLoader worker builds its own
+    client from its rank's instead of resolving again; exact all the same."""
+    import aiobotocore.credentials
+    import aiobotocore.session
+    import botocore.loaders
+    from torch.utils.data import DataLoader
+
+    from distshard.sources import remote
+
+    _counting(monkeypatch, aiobotocore.session.AioSession, "__init__", "sessions")
+    _counting(monkeypatch, aiobotocore.credentials.AioCredentialResolver, "load_credentials", "credentials")
+    _counting(monkeypatch, botocore.loaders.JSONFileLoader, "load_file", "model files")
+    _MADE.clear()
+    remote.forget_clients()  # this process's first client from here on
+    paths, expected = write_shards(tmp_path, shards=6, per_shard=5)
+    urls = upload(bucket, paths, "reuse")
+    keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]
+    source = distshard.webdataset(urls, storage_options={"endpoint_url": endpoint})
+    assert Counter(map(key_of, source.dist_shard(rank=0, world_size=1))) == Counter(keyed)  # every file, here
+    assert _MADE["sessions"] == 1 and _MADE["credentials"] == 1, _MADE  # once in this process
+    rank = (_MADE["sessions"], _MADE["credentials"], _MADE["model files"])
+    loader = DataLoader(
+        source.dist_shard(rank=0, world_size=1).map(_with_counts),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
+    got = list(loader)
+    by_pid = {pid: tuple(counts) for _, pid, counts in got}
+    assert len(by_pid) == 2 and all(counts == rank for counts in by_pid.values()), (rank, by_pid)
+    assert Counter(k for k, _, _ in got) == Counter(keyed)
+
+
+def test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_for_it(
+    tmp_path, bucket, endpoint, monkeypatch
+):
+    """Built outside a process group, a source begins its client (imports, session,
+    credentials) in a thread at once; its first request reuses it (one session in
+    the process), and a fork made meanwhile waits for that thread."""
+    import os
+
+    import aiobotocore.session
+    from torch.utils.data import DataLoader
+
+    from distshard.sources import remote
+
+    _counting(monkeypatch, aiobotocore.session.AioSession, "__init__", "sessions")
+    _MADE.clear()
+    remote.forget_clients()
+    paths, expected = write_shards(tmp_path, shards=3, per_shard=4)
+    urls = upload(bucket, paths, "warm")
+    source = distshard.webdataset(urls, storage_options={"endpoint_url": endpoint})
+    pid = os.fork()  # at once: the thread may still be importing or making the session
+    if pid == 0:  # the child: nothing half done inherited, so it reads on its own
+        code = 1
+        try:
+            code = 0 if len(list(source)) == len(expected) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not any(t.is_alive() for t in remote._WARMING.values())  # the fork waited for it
+    assert _MADE["sessions"] == 1, _MADE
+    keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]
+    loader = DataLoader(source.dist_shard().map(key_of), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    assert Counter(loader) == Counter(keyed)
+    assert _MADE["sessions"] == 1, _MADE  # still the one made in the background
+
+
+def test_an_inherited_session_gets_fresh_credential_locks():
+    """Refreshable credentials hold an asyncio.Lock that the parent may hold or have
+    bound to its event loop at the fork: a child's client gets a new one."""
+    import asyncio
+
+    from aiobotocore.credentials import AioRefreshableCredentials
+
+    from distshard.sources import remote
+
+    async def refresh():
+        return {"access_key": "a", "secret_key": "b", "token": None, "expiry_time": "2100-01-01T00:00:00Z"}
+
+    credentials = AioRefreshableCredentials.create_from_metadata(
+        {"access_key": "a", "secret_key": "b", "token": None, "expiry_time": "2100-01-01T00:00:00Z"}, refresh, "test"
+    )
+    held = credentials._refresh_lock
+    asyncio.run(held.acquire())  # held by the parent at the fork
+
+    class Session:
+        _credentials = credentials
+
+    remote._fresh_locks(Session())
+    assert credentials._refresh_lock is not held and not credentials._refresh_lock.locked()

@@ -528,11 +528,16 @@ class FileSourceIterDataPipe(IterDataPipe):
         self.stored_location = stored
         self._stored: Stored | None = None  # the stored index found (after prepare)
         self._indexed_here = 0  # files prepare indexed itself (no stored index had them)
+        first_remote = next((url for url in self.urls if is_remote(url)), None)
         if _collective() is not None:
             # Built on every rank (as the whole pipeline is): the one place where the
             # index build is split across ranks. Later, lazy calls (len, explain,
             # dist_shard) never make collectives, so calling them on one rank cannot hang.
             self.prepare(collective=True)
+        elif first_remote is not None:  # its first request comes later (dist_shard, len, iter): start the client now
+            from .remote import warm_up
+
+            warm_up(first_remote, storage_options)
 
     def __iter__(self) -> Iterator[Any]:
         for url in self.urls:
