@@ -249,3 +249,45 @@ def test_a_state_saved_after_the_epoch_end_never_runs_that_epoch_again(workers, 
     assert Counter(after) == Counter(DATA)
     if workers:
         after._iterator._shutdown_workers()
+
+
+@pytest.mark.parametrize("even", [None, "drop", "pad", "carry"])
+def test_a_persistent_loader_resumed_after_the_epoch_end_reports_the_epoch_done(even):
+    """A persistent StatefulDataLoader that loads a state saved at an epoch's end starts
+    a new iteration of that epoch by itself (its first element is refused): the state it
+    reports meanwhile is the resumed run's, at its end, not a fresh epoch. Merged and
+    resumed on 2 ranks, nothing of the epoch comes again; under carry, the next epoch
+    then completes the epochs' one stream (23 elements: one carried over)."""
+    data = DATA[:23] if even == "carry" else DATA
+
+    def build(rank=0, world=1):
+        return IterableWrapper(data).dist_shard(shuffle=True, seed=SEED, even=even, rank=rank, world_size=world)
+
+    def loader_of(pipe):
+        return _loader(distshard.StatefulPipeline(pipe), "fork", True)
+
+    loader = loader_of(build().set_epoch(0))
+    first = list(loader)
+    state = loader.state_dict()
+    loader._iterator._shutdown_workers()
+    pipe = build().set_epoch(0)
+    again = loader_of(pipe)
+    if even == "carry":  # docs/usage.md "carry": the pipeline keeps the boundaries too
+        distshard.StatefulPipeline(pipe).load_state_dict(state)
+    again.load_state_dict(state)
+    it = iter(again)  # nothing taken: the resumed run has nothing left
+    resumed = again.state_dict()
+    it._shutdown_workers()
+    merged = distshard.merge_states([resumed])
+    rest = []
+    for rank in range(2):
+        pipe = build(rank, 2)
+        pipe.load_state_dict(merged)
+        rest += list(pipe)
+        if even == "carry":
+            rest += list(pipe.set_epoch(1))
+    if even == "carry":
+        assert Counter(first + rest) == Counter(data * 2)
+    else:
+        assert rest == []
+        assert Counter(first) == Counter(data)

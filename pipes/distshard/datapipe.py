@@ -335,14 +335,16 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._resume = None
         self._epoch, self._epoch_set = epoch, True
 
-    def _hear_loader(self, refuse: bool = True) -> None:
+    def _hear_loader(self, refuse: bool = True) -> bool:
         """When an iterator starts in a DataLoader worker: take the epoch that
         ``set_epoch`` set in the loader's process since this copy last looked (a
         persistent worker keeps its copy across epochs); ``refuse``: raise, at the
-        first element, for an epoch this copy cannot get right."""
+        first element, for an epoch this copy cannot get right. Returns whether the
+        iteration runs again an epoch whose loaded state a run here (or in another
+        worker) resumed, which its first element refuses."""
         info = get_worker_info()
         if info is None:
-            return
+            return False
         box = self._mailbox
         if box.own:  # built here, or arrived by an ordinary pickle: nobody else posts to it
             if refuse and box.by_pickle and self._started_in == os.getpid():
@@ -353,7 +355,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
                     "pipeline itself (fork, spawn and forkserver workers hear set_epoch), or call "
                     "set_epoch in the worker before each epoch"
                 )
-            return
+            return False
         news = box.news()
         if news.loads and refuse:
             raise RuntimeError(
@@ -366,20 +368,26 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if news.epoch is not None:
             self._apply_epoch(news.epoch)
             self._resumed_here = None
-        if refuse and self._pending() is None and self._epoch in (news.resumed, self._resumed_here):
+        again = self._pending() is None and self._epoch in (news.resumed, self._resumed_here)
+        if refuse and again:
             raise RuntimeError(
                 f"a state of epoch {self._epoch} was loaded into this DataLoader's workers, and a new "
                 f"iteration of epoch {self._epoch} started after the one that resumed it (StatefulDataLoader "
                 "starts one by itself after loading a state saved at the end of an epoch); it would run "
                 f"epoch {self._epoch} again: call set_epoch() with the next epoch before iterating the loader"
             )
+        return again
 
     def _new_iterator(self) -> None:
         """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
         what ``state_dict`` reports from now on is that iteration's. Refusals wait for
-        the first element (StatefulDataLoader's workers do not survive an error here)."""
-        self._hear_loader(refuse=False)
-        self._progress = None
+        the first element (StatefulDataLoader's workers do not survive an error here).
+        An iteration that will be refused for running a resumed epoch again (a
+        persistent worker's, started by StatefulDataLoader itself after a state saved
+        at the epoch's end) yields nothing: the state stays the resumed run's, at its
+        end, so that a merge of it carries only what is really left."""
+        if not self._hear_loader(refuse=False):
+            self._progress = None
 
     @property
     def epoch(self) -> int:
