@@ -203,6 +203,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         self._mailbox = Mailbox()  # how set_epoch reaches persistent DataLoader workers' copies
         self._started_in: int | None = None  # pid of a worker that iterated a copy it cannot hear
         self._resumed_here: int | None = None  # the epoch of a state loaded in this worker's copy
+        self._blind = False  # a worker's iteration of a resumed epoch, without the run that resumed it
         self._captured: tuple[int, int] | None = None
         self._loader_seed: int | None = None
         self._loader_seed_shared = False
@@ -328,6 +329,7 @@ class DistShardIterDataPipe(IterDataPipe[T]):
             self._mailbox.post_epoch(epoch)
         else:  # set here, in the worker: this copy knows its epoch
             self._started_in = self._resumed_here = None
+            self._blind = False
         return self
 
     def _apply_epoch(self, epoch: int) -> None:
@@ -385,9 +387,12 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         An iteration that will be refused for running a resumed epoch again (a
         persistent worker's, started by StatefulDataLoader itself after a state saved
         at the epoch's end) yields nothing: the state stays the resumed run's, at its
-        end, so that a merge of it carries only what is really left."""
-        if not self._hear_loader(refuse=False):
+        end, so that a merge of it carries only what is really left; a worker without
+        that run (started afresh) cannot say where the epoch stands: its state refuses."""
+        again = self._hear_loader(refuse=False)
+        if not again:
             self._progress = None
+        self._blind = again and (self._progress is None or self._progress.epoch != self._epoch)
 
     @property
     def epoch(self) -> int:
@@ -564,6 +569,14 @@ class DistShardIterDataPipe(IterDataPipe[T]):
         if progress is not None and progress.epoch == self._epoch:
             return progress.state()
         pending = self._pending()
+        if self._blind and pending is None:
+            raise RuntimeError(
+                f"a state of epoch {self._epoch} was loaded into this DataLoader's workers, and this worker's "
+                f"iteration of epoch {self._epoch} started after the one that resumed it, in a new worker "
+                "(StatefulDataLoader starts one by itself after loading a state saved at the end of an epoch, "
+                "unless persistent_workers=True) that does not have the state: it cannot say where the epoch "
+                "stands: call set_epoch() with the next epoch before iterating the loader"
+            )
         if self.even == CARRY and (pending is None or pending["slot"] is None) and self._cheap_reader():
             # under carry a state says where its run's epoch ends (that depends on the slot count), so
             # one taken before the first element is that of the run this copy would start here
