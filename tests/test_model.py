@@ -821,11 +821,6 @@ def test_every_carry_history_is_exact_or_refused_with_real_workers(spec, data):
 
 # the DataLoader hands its workers a new seed every epoch: carry's epochs, read across an
 # epoch end by persistent workers (fork and spawn), must keep each epoch's own order
-# A defect this test found, not fixed yet (docs/contract.md, "Known defect"): 23 elements,
-# shuffle, seed=214, 1 rank x 2 persistent StatefulDataLoader workers going on into epoch 1
-# and reading it whole; the loader's state taken then, resumed by a new loader (nothing left),
-# whose state merged and resumed on 2 x 2 read epoch 1 again (24 repeated)
-@pytest.mark.xfail(reason="even='carry': a persistent loader's state after an epoch it went on into", strict=False)
 @settings(MODEL_SETTINGS, max_examples=6, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(spec=carry_specs(), data=st.data())
 def test_every_carry_history_with_persistent_workers_is_exact_or_refused(spec, data):

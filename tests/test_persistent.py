@@ -249,3 +249,61 @@ def test_a_state_saved_after_the_epoch_end_never_runs_that_epoch_again(workers, 
     assert Counter(after) == Counter(DATA)
     if workers:
         after._iterator._shutdown_workers()
+
+
+@pytest.mark.parametrize(
+    "even, persistent", [(None, True), ("drop", True), ("pad", True), ("carry", True), (None, False), ("carry", False)]
+)
+def test_a_loader_resumed_after_the_epoch_end_reports_the_epoch_done_or_refuses(even, persistent):
+    """A StatefulDataLoader that loads a state saved at an epoch's end starts a new
+    iteration of that epoch by itself (its first element is refused): the state a
+    persistent worker reports meanwhile is the resumed run's, at its end, not a fresh
+    epoch. Merged and resumed on 2 ranks, nothing of the epoch comes again; under carry,
+    the next epoch then completes the epochs' one stream (23 elements: one carried over).
+    New workers (not persistent) do not have the resumed run: they refuse, unless the
+    pipeline holds the state too (carry's way, docs/usage.md)."""
+    data = DATA[:23] if even == "carry" else DATA
+
+    def build(rank=0, world=1):
+        return IterableWrapper(data).dist_shard(shuffle=True, seed=SEED, even=even, rank=rank, world_size=world)
+
+    def loader_of(pipe):
+        return StatefulDataLoader(
+            distshard.StatefulPipeline(pipe),
+            batch_size=None,
+            num_workers=WORKERS,
+            persistent_workers=persistent,
+            multiprocessing_context="fork",
+            timeout=60,
+        )
+
+    loader = loader_of(build().set_epoch(0))
+    first = list(loader)
+    state = loader.state_dict()
+    loader._iterator._shutdown_workers()
+    pipe = build().set_epoch(0)
+    again = loader_of(pipe)
+    if even == "carry":  # docs/usage.md "carry": the pipeline keeps the boundaries too
+        distshard.StatefulPipeline(pipe).load_state_dict(state)
+    again.load_state_dict(state)
+    if not persistent and even != "carry":
+        with pytest.raises(RuntimeError, match="started after the one that resumed it"):
+            iter(again)
+        again._iterator._shutdown_workers()
+        return
+    it = iter(again)  # nothing taken: the resumed run has nothing left
+    resumed = again.state_dict()
+    it._shutdown_workers()
+    merged = distshard.merge_states([resumed])
+    rest = []
+    for rank in range(2):
+        pipe = build(rank, 2)
+        pipe.load_state_dict(merged)
+        rest += list(pipe)
+        if even == "carry":
+            rest += list(pipe.set_epoch(1))
+    if even == "carry":
+        assert Counter(first + rest) == Counter(data * 2)
+    else:
+        assert rest == []
+        assert Counter(first) == Counter(data)

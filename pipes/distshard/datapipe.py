@@ -39,7 +39,7 @@ from .access import (
 )
 from .core import OptionsView, PlanModel, ShardCore
 from .engine import SlotRun
-from .errors import OptionTypeError
+from .errors import OptionTypeError, ResumeOrderError
 from .explaining import explain_model
 from .graph import (
     Pushdown,
@@ -302,18 +302,28 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         self.loader_track.epoch_set(epoch)  # posted to the workers, or, in a worker, known here
         return self
 
-    def _hear_loader(self, refuse: bool = True) -> None:
+    def _hear_loader(self, refuse: bool = True) -> bool:
         """When an iterator starts in a DataLoader worker: take the epoch ``set_epoch``
-        set in the loader's process (see :meth:`LoaderTrack.hear`)."""
+        set in the loader's process (see :meth:`LoaderTrack.hear`). Returns whether the
+        iteration runs again an epoch whose loaded state a run here (or in another
+        worker) resumed, which its first element refuses."""
         core = self.core
-        self.loader_track.hear(lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse)
+        return self.loader_track.hear(lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse)
 
     def _new_iterator(self) -> None:
         """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
         what ``state_dict`` reports from now on is that iteration's. Refusals wait for
-        the first element (StatefulDataLoader's workers do not survive an error here)."""
-        self._hear_loader(refuse=False)
-        self.core.run = None
+        the first element (StatefulDataLoader's workers do not survive an error here).
+        An iteration that will be refused for running a resumed epoch again (a
+        persistent worker's, started by StatefulDataLoader itself after a state saved
+        at the epoch's end) yields nothing: the state stays the resumed run's, at its
+        end, so that a merge of it carries only what is really left; a worker without
+        that run (started afresh) cannot say where the epoch stands: its state refuses."""
+        again = self._hear_loader(refuse=False)
+        core = self.core
+        if not again:
+            core.run = None
+        self.loader_track.blind = again and (core.run is None or core.run.epoch != core.epoch)
 
     def base_seed(self, ctx: _context.ShardContext | None = None) -> int:
         """The base seed of upstream randomness this copy uses (see ``seed``)."""
@@ -447,6 +457,15 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         :func:`distshard.merge_states` to resume with other ranks or workers.
         """
         core = self.core
+        run = core.run
+        if self.loader_track.blind and core.pending is None and (run is None or run.epoch != core.epoch):
+            raise ResumeOrderError(
+                f"a state of epoch {core.epoch} was loaded into this DataLoader's workers, and this worker's "
+                f"iteration of epoch {core.epoch} started after the one that resumed it, in a new worker "
+                "(StatefulDataLoader starts one by itself after loading a state saved at the end of an epoch, "
+                "unless persistent_workers=True) that does not have the state: it cannot say where the epoch "
+                "stands: call set_epoch() with the next epoch before iterating the loader"
+            )
 
         def fresh_run(pending: dict[str, Any] | None) -> SlotRun:
             ctx = self.context()

@@ -38,6 +38,7 @@ class LoaderTrack:
         self.workers: int | None = None  # workers of the last DataLoader iterating the pipe
         self.sharding: dict[SHARDING_PRIORITIES, tuple[int, int]] = {}  # apply_sharding overrides
         self.refusal: str | None = None  # why the loader iterating the pipe would lose data
+        self.blind = False  # a worker's iteration of a resumed epoch, without the run that resumed it
 
     def sharded(
         self, num_of_instances: int, instance_id: int, group: SHARDING_PRIORITIES, captured: tuple[int, int] | None
@@ -73,6 +74,7 @@ class LoaderTrack:
             self.mailbox.post_epoch(epoch)
         else:
             self.started_in = self.resumed_here = None
+            self.blind = False
 
     def state_loaded(self, epoch: int) -> None:
         """A state of ``epoch`` was loaded into this copy."""
@@ -89,15 +91,17 @@ class LoaderTrack:
 
     def hear(
         self, epoch: Callable[[], int], apply_epoch: Callable[[int], None], pending: Callable[[], bool], refuse: bool
-    ) -> None:
+    ) -> bool:
         """When an iterator starts in a DataLoader worker: take the epoch that
         ``set_epoch`` set in the loader's process since this copy last looked (a
         persistent worker keeps its copy across epochs); ``refuse``: raise, at the
         first element, for an epoch this copy cannot get right. ``epoch`` and
-        ``pending`` read the pipe's epoch and whether a loaded state waits for it."""
+        ``pending`` read the pipe's epoch and whether a loaded state waits for it.
+        Returns whether the iteration runs again an epoch whose loaded state a run
+        here (or in another worker) resumed, which its first element refuses."""
         info = get_worker_info()
         if info is None:
-            return
+            return False
         box = self.mailbox
         if box.own:  # built here, or arrived by an ordinary pickle: nobody else posts to it
             if refuse and box.by_pickle and self.started_in == os.getpid():
@@ -108,7 +112,7 @@ class LoaderTrack:
                     "pipeline itself (fork, spawn and forkserver workers hear set_epoch), or call "
                     "set_epoch in the worker before each epoch"
                 )
-            return
+            return False
         news = box.news()
         if news.loads and refuse:
             raise ResumeOrderError(
@@ -122,10 +126,12 @@ class LoaderTrack:
             apply_epoch(news.epoch)
             self.resumed_here = None
         now = epoch()
-        if refuse and not pending() and now in (news.resumed, self.resumed_here):
+        again = not pending() and now in (news.resumed, self.resumed_here)
+        if refuse and again:
             raise ResumeOrderError(
                 f"a state of epoch {now} was loaded into this DataLoader's workers, and a new "
                 f"iteration of epoch {now} started after the one that resumed it (StatefulDataLoader "
                 "starts one by itself after loading a state saved at the end of an epoch); it would run "
                 f"epoch {now} again: call set_epoch() with the next epoch before iterating the loader"
             )
+        return again
