@@ -38,8 +38,9 @@ from .access import (
     whole_files,
 )
 from .core import OptionsView, PlanModel, ShardCore
+from .digests import mix_seed
 from .engine import SlotRun
-from .errors import OptionTypeError, ResumeOrderError
+from .errors import OptionError, OptionTypeError, ResumeOrderError, SetupError
 from .explaining import explain_model
 from .graph import (
     Pushdown,
@@ -50,7 +51,7 @@ from .graph import (
     upstream_pipes,
 )
 from .options import ShardOptions, check_epoch, check_flag, check_options
-from .plan import CARRY, Even, mix_seed
+from .plan import CARRY, Even
 from .protocol import own_identity
 from .readers import RandomAccessReader, Reader, stable_digest
 from .state import validate_state
@@ -261,9 +262,9 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         """
         for name, value in (("num_of_instances", num_of_instances), ("instance_id", instance_id)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name}={value!r} must be an int")
+                raise OptionTypeError(f"{name}={value!r} must be an int")
         if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
-            raise ValueError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
+            raise OptionError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
         self.loader_track.sharded(num_of_instances, instance_id, sharding_group, self.core.captured)
 
     def set_seed(self, seed: int) -> "DistShardIterDataPipe[T]":
@@ -422,7 +423,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
     def __iter__(self) -> Iterator[T]:
         refusal = self.loader_track.refusal or frameworks.refusal_for_iteration()
         if refusal is not None:
-            raise RuntimeError(refusal)
+            raise SetupError(refusal)
         self._hear_loader()
         self.loader_track.iteration_started()
         core = self.core
@@ -535,7 +536,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         was left."""
         refusal = frameworks.refusal_for_iteration()  # Accelerate's IterableDatasetShard asks len() too
         if refusal is not None:
-            raise RuntimeError(refusal)
+            raise SetupError(refusal)
         total = self._total()
         ctx = self.context()
         if get_worker_info() is not None or self.loader_track.sharding:
@@ -640,7 +641,7 @@ def set_epoch(pipeline: Any, epoch: int) -> Any:
     """
     shards = shards_in(pipeline)
     if not shards:
-        raise ValueError(f"{type(pipeline).__name__} has no dist_shard upstream to set the epoch of")
+        raise OptionError(f"{type(pipeline).__name__} has no dist_shard upstream to set the epoch of")
     for shard in shards:
         shard.set_epoch(epoch)
     return pipeline

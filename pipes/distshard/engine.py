@@ -25,10 +25,10 @@ builds a reader seeded for another epoch) and in that epoch's shuffle order.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Callable, Iterator, Mapping
 
 from .context import ShardContext
+from .digests import mix_seed, salt
 from .errors import StateMismatchError, UnsupportedError
 from .layouts import Layout, choose
 from .plan import (
@@ -38,7 +38,6 @@ from .plan import (
     carry_reads,
     carry_share,
     carry_window,
-    mix_seed,
     slot_count,
 )
 from .readers import RandomAccessReader, Reader, StreamReader, WholeFilesReader, WholeUnitsReader
@@ -54,7 +53,7 @@ EpochReader = Callable[[int], RandomAccessReader]  # the reader of another epoch
 def salt_of(reader: Reader) -> int:
     """A per-source number mixed into seeds, so that two branches of one pipeline
     over different sources do not shuffle alike (same in every process)."""
-    return zlib.crc32(reader.identity().encode())
+    return salt(reader.identity())
 
 
 def shuffle_order(reader: RandomAccessReader, seed: int, epoch: int) -> Callable[[int], int]:

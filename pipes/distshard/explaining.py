@@ -20,6 +20,7 @@ from torch.utils.data.graph_settings import _is_sharding_datapipe
 from .context import ShardContext
 from .core import PlanModel
 from .engine import SlotRun, carry_run_base, layout_for, shuffle_order
+from .errors import OptionError, OptionTypeError
 from .graph import pipe_graph, pipeline_of, upstream_pipes
 from .pack import PackIterDataPipe
 from .plan import carry_summary, dropped_count, padded_count, slot_count
@@ -126,7 +127,7 @@ def _pipeline_of(obj: Any) -> IterDataPipe:
 
     found = pipeline_of(obj)
     if found is None:
-        raise TypeError(
+        raise OptionTypeError(
             f"explain() needs an IterDataPipe pipeline, or an object holding one as .pipeline or "
             f".dataset (distshard.StatefulPipeline, a DataLoader), got {type(obj).__name__}"
         )
@@ -160,7 +161,7 @@ def explain(pipeline: Any) -> Explanation:
     top = _pipeline_of(pipeline)
     shards = _shards_in(top)
     if not shards:
-        raise ValueError(
+        raise OptionError(
             f"explain() found no dist_shard in {type(top).__name__}; add .dist_shard() to the "
             "pipeline, or pass the pipeline that holds it"
         )

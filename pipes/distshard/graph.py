@@ -32,6 +32,7 @@ from torch.utils.data.graph_settings import (
     get_all_graph_pipes,
 )
 
+from .errors import OptionTypeError, SetupError
 from .protocol import declares_positional, has_sequence, sequence_of
 
 __all__ = [
@@ -117,7 +118,7 @@ def check_no_sharding(source: IterDataPipe, pipes: list[DataPipe] | None = None)
     """
     for pipe in upstream_pipes(source) if pipes is None else pipes:
         if _is_sharding_datapipe(pipe):
-            raise RuntimeError(
+            raise SetupError(
                 f"dist_shard() was applied downstream of {type(pipe).__name__}, which "
                 "already shards the stream; sharding twice loses data. Remove the "
                 f"{type(pipe).__name__} (dist_shard splits over ranks and DataLoader "
@@ -140,7 +141,7 @@ class Positional(Generic[T]):
 
     def __init__(self, sequence: Any) -> None:
         if not (hasattr(sequence, "__len__") and hasattr(sequence, "__getitem__")):
-            raise TypeError(
+            raise OptionTypeError(
                 f"positional() needs an object with __len__ and __getitem__, got "
                 f"{type(sequence).__name__}; pass anything else to IterableWrapper as is "
                 "(dist_shard then streams it)"

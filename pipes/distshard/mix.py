@@ -29,7 +29,6 @@ received, epoch, p)``: :meth:`MixSequence.element` reads it for any ``received``
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 import numbers
 import reprlib
@@ -42,8 +41,9 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.graph_settings import _is_random_datapipe
 
+from .digests import blake2b_hex, mix_seed
+from .errors import OptionError, OptionTypeError, SourceDataError, UnsupportedError
 from .graph import plan_pushdown, random_pipes
-from .plan import mix_seed
 from .protocol import has_sequence, reads_many
 from .readers import SequenceReader
 from .readers.sequence import ElementCopier
@@ -61,16 +61,18 @@ Phases = Sequence[tuple[int, Weights]]
 def digest(*values: Any) -> str:
     """A 16-hex-digit digest of the whole ``repr`` of values (every item, unlike
     ``readers.stable_digest``'s sample): for weights and costs in identities."""
-    return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
+    return blake2b_hex(repr(values).encode(), 8)
 
 
 def _check_int(name: str, value: object, *, optional: bool) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}={value!r} must be {'None or ' if optional else ''}an int (got {type(value).__name__})")
+        raise OptionTypeError(
+            f"{name}={value!r} must be {'None or ' if optional else ''}an int (got {type(value).__name__})"
+        )
     if value < 0:
-        raise ValueError(f"{name}={value} must be non-negative")
+        raise OptionError(f"{name}={value} must be non-negative")
     return value
 
 
@@ -79,7 +81,7 @@ def _names(sources: Mapping) -> list[str]:
     seen: dict[str, Any] = {}
     for key, name in zip(sources, names, strict=True):
         if name in seen:
-            raise ValueError(
+            raise OptionError(
                 f"sources {seen[name]!r} and {key!r} have the same name {name!r}; give the sources "
                 "keys that print differently"
             )
@@ -94,30 +96,30 @@ def _check_keys(keys: list, given: Mapping, what: str, missing: str) -> None:
         hint = ""
         if any(str(key) == str(e) for key in keys for e in extra):
             hint = " (the keys must be the sources' own keys, of the same type)"
-        raise ValueError(f"{what} name {extra[0]!r}, which is not a source; sources are {keys}{hint}")
+        raise OptionError(f"{what} name {extra[0]!r}, which is not a source; sources are {keys}{hint}")
     absent = [key for key in keys if key not in given]
     if absent:
-        raise ValueError(missing.format(key=absent[0]))
+        raise OptionError(missing.format(key=absent[0]))
 
 
 def _check_weights(keys: list, weights: object, where: str, zero_ok: bool) -> list[float]:
     """One phase's weights, in source order."""
     if not isinstance(weights, Mapping):
-        raise TypeError(f"{where}weights must be a mapping source -> weight, got {type(weights).__name__}")
+        raise OptionTypeError(f"{where}weights must be a mapping source -> weight, got {type(weights).__name__}")
     _check_keys(keys, weights, f"{where}weights", f"{where}source {{key!r}} has no weight; give every source a weight")
     out = []
     for key in keys:
         weight = weights[key]
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
-            raise TypeError(f"{where}the weight of source {key!r} is {weight!r}, not a number")
+            raise OptionTypeError(f"{where}the weight of source {key!r} is {weight!r}, not a number")
         if not math.isfinite(weight) or weight < 0 or (weight == 0 and not zero_ok):
-            raise ValueError(
+            raise OptionError(
                 f"{where}the weight of source {key!r} is {weight!r}; weights must be positive and "
                 "finite (drop a source instead of giving it weight 0)"
             )
         out.append(float(weight) if not isinstance(weight, int) else weight)
     if not any(out):
-        raise ValueError(f"{where}every weight is 0: give some source a positive weight")
+        raise OptionError(f"{where}every weight is 0: give some source a positive weight")
     return out
 
 
@@ -204,27 +206,27 @@ def _check_phases(keys: list, weights: object) -> list[tuple[int, list[float]]]:
         raise wrong
     assert isinstance(weights, Sequence)
     if not weights:
-        raise ValueError("weights has no phase; give [(0, {source: weight, ...}), ...]")
+        raise OptionError("weights has no phase; give [(0, {source: weight, ...}), ...]")
     phases: list[tuple[int, list[float]]] = []
     for j, phase in enumerate(weights):
         if isinstance(phase, (str, bytes)) or not isinstance(phase, Sequence) or len(phase) != 2:
-            raise TypeError(
+            raise OptionTypeError(
                 f"phase {j} is {_SHORT.repr(phase)}; each phase is a pair (start position, {{source: weight}}): "
                 + _USAGE
             )
         start, mapping = phase
         if isinstance(start, bool) or not isinstance(start, int):
-            raise TypeError(f"phase {j} starts at {start!r}, not an int position")
+            raise OptionTypeError(f"phase {j} starts at {start!r}, not an int position")
         if j == 0 and start != 0:
-            raise ValueError(f"phase 0 starts at {start}; the first phase must start at position 0")
+            raise OptionError(f"phase 0 starts at {start}; the first phase must start at position 0")
         if j and start <= phases[-1][0]:
-            raise ValueError(
+            raise OptionError(
                 f"phase {j} starts at {start}, not after phase {j - 1}'s start {phases[-1][0]}: starts must increase"
             )
         phases.append((start, _check_weights(keys, mapping, f"phase {j} (from position {start}): ", zero_ok=True)))
     for i, key in enumerate(keys):
         if not any(weights_[i] for _, weights_ in phases):
-            raise ValueError(f"source {key!r} has weight 0 in every phase; drop it instead")
+            raise OptionError(f"source {key!r} has weight 0 in every phase; drop it instead")
     return phases
 
 
@@ -234,7 +236,7 @@ def _is_sequence(value: object) -> bool:
 
 def _check_costs(key: Any, costs: object) -> list:
     if not _is_sequence(costs):
-        raise TypeError(
+        raise OptionTypeError(
             f"the costs of source {key!r} are a {type(costs).__name__}; give a sequence of "
             "per-element costs aligned with the source's positions (e.g. token counts)"
         )
@@ -242,13 +244,13 @@ def _check_costs(key: Any, costs: object) -> list:
     for index in range(len(costs)):  # type: ignore[arg-type]
         value = costs[index]  # type: ignore[index]
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"cost[{key!r}][{index}]={value!r} is not a number")
+            raise OptionTypeError(f"cost[{key!r}][{index}]={value!r} is not a number")
         value = int(value) if isinstance(value, numbers.Integral) else float(value)
         if not math.isfinite(value) or value < 0:
-            raise ValueError(f"cost[{key!r}][{index}]={value!r}; costs must be finite and non-negative")
+            raise OptionError(f"cost[{key!r}][{index}]={value!r}; costs must be finite and non-negative")
         out.append(value)
     if out and not any(out):
-        raise ValueError(
+        raise OptionError(
             f"the costs of source {key!r} are all 0: it would take every position of its phases; "
             "give its elements their costs, or drop it"
         )
@@ -269,7 +271,7 @@ def _stored_bytes(key: Any, source: IterDataPipe) -> list[int]:
     sequence = plan_pushdown(source, True).sequence
     sample_bytes = getattr(sequence, "sample_bytes", None)
     if not callable(sample_bytes):
-        raise ValueError(
+        raise UnsupportedError(
             f"cost='bytes' takes each sample's stored bytes from the index of a distshard file source "
             f"(webdataset, jsonl), but source {key!r} is a {type(source).__name__}"
             f"{'' if sequence is None else ' over ' + type(sequence).__name__}; pass "
@@ -292,26 +294,26 @@ class MixIterDataPipe(IterDataPipe):
         cost: str | Mapping[Any, Sequence[float]] | None = None,
     ) -> None:
         if not isinstance(sources, Mapping):
-            raise TypeError(
+            raise OptionTypeError(
                 f"sources must be a mapping name -> IterDataPipe, e.g. {{'web': web, 'code': code}}, "
                 f"got {type(sources).__name__}"
             )
         if not sources:
-            raise ValueError(
+            raise OptionError(
                 "sources must be a non-empty mapping name -> IterDataPipe, e.g. {'web': web, 'code': code}"
             )
         self.keys = list(sources)
         self.names = _names(sources)
         for key, source in sources.items():
             if not isinstance(source, IterDataPipe):
-                raise TypeError(
+                raise OptionTypeError(
                     f"source {key!r} is a {type(source).__name__}, not an IterDataPipe; wrap it with IterableWrapper"
                 )
         self.sources = list(sources.values())
         self.phases = _check_phases(self.keys, weights)
         self.weights = self.phases[0][1]  # the first phase's, in source order
         if not isinstance(stop, str) or stop not in STOPS:
-            raise ValueError(f"stop={stop!r} is not one of {STOPS}")
+            raise OptionError(f"stop={stop!r} is not one of {STOPS}")
         self.samples = _check_int("samples", samples, optional=True)
         self.seed = _check_int("seed", seed, optional=True)
         self.stop = stop
@@ -324,7 +326,7 @@ class MixIterDataPipe(IterDataPipe):
             for key, source, n in zip(self.keys, self.sources, self.declared, strict=True):
                 length = _source_length(source)
                 if length is not None and length != n:
-                    raise ValueError(
+                    raise OptionError(
                         f"the costs of source {key!r} have {n} entries but the source has {length} "
                         "elements; give one cost per element, aligned with its positions"
                     )
@@ -342,7 +344,7 @@ class MixIterDataPipe(IterDataPipe):
             return None, None
         if isinstance(cost, str):
             if cost != "bytes":
-                raise ValueError(
+                raise OptionError(
                     f"cost={cost!r}: give 'bytes' (distshard file sources) or a mapping source -> per-element costs"
                 )
             return "bytes", [
@@ -350,7 +352,7 @@ class MixIterDataPipe(IterDataPipe):
                 for key, source in zip(self.keys, self.sources, strict=True)
             ]
         if not isinstance(cost, Mapping):
-            raise TypeError(
+            raise OptionTypeError(
                 f"cost must be None, 'bytes' or a mapping source -> per-element costs, got {type(cost).__name__}"
             )
         _check_keys(self.keys, cost, "cost", "source {key!r} has no costs; give every source its per-element costs")
@@ -408,7 +410,7 @@ class MixIterDataPipe(IterDataPipe):
             for i, n in enumerate(counts):
                 first = schedule.position_of(i, 0) if n == 0 else None
                 if first is not None and first < self.samples:
-                    raise ValueError(f"source {self.names[i]!r} is empty but the mix needs its elements")
+                    raise SourceDataError(f"source {self.names[i]!r} is empty but the mix needs its elements")
             return self.samples
         if self.stop == "first_exhausted":
             end = schedule.first_reaching(counts)
@@ -416,7 +418,7 @@ class MixIterDataPipe(IterDataPipe):
             return end
         empty = [self.names[i] for i, n in enumerate(counts) if n == 0]
         if empty:
-            raise ValueError(
+            raise OptionError(
                 f"source {empty[0]!r} is empty: stop='all_exhausted' would never see it whole; "
                 "drop it or use stop='first_exhausted'"
             )
@@ -424,7 +426,7 @@ class MixIterDataPipe(IterDataPipe):
         for i, n in enumerate(counts):
             last = schedule.position_of(i, n - 1)
             if last is None:
-                raise ValueError(
+                raise OptionError(
                     f"source {self.names[i]!r} has weight 0 in the last phase and is not seen whole before it: "
                     "stop='all_exhausted' would never end; give it a weight in the last phase, or use samples= "
                     "or stop='first_exhausted'"
@@ -451,7 +453,7 @@ class MixIterDataPipe(IterDataPipe):
             plans.append(plan)
         counts = [len(plan.sequence) for plan in plans]
         if self.declared is not None and counts != self.declared:  # pragma: no cover - checked at construction
-            raise ValueError(f"the sources hold {counts} elements, their costs {self.declared}")
+            raise SourceDataError(f"the sources hold {counts} elements, their costs {self.declared}")
         length = self.known_length if self.known_length is not None else self.length_for(counts)
         return MixSequence(self, plans, length)
 
@@ -511,7 +513,7 @@ class MixIterDataPipe(IterDataPipe):
             if position == last_start and self.samples is None and self.stop == "all_exhausted":
                 for j in paused:
                     if not whole[j]:  # as length_for says for random access
-                        raise ValueError(
+                        raise OptionError(
                             f"source {self.names[j]!r} has weight 0 in the last phase and is not seen whole before "
                             "it: stop='all_exhausted' would never end; give it a weight in the last phase, or use "
                             "samples= or stop='first_exhausted'"
@@ -522,11 +524,11 @@ class MixIterDataPipe(IterDataPipe):
                 if not endless:
                     return  # first_exhausted
                 if not whole[i]:
-                    raise ValueError(f"source {self.names[i]!r} is empty: the mix cannot take its elements")
+                    raise SourceDataError(f"source {self.names[i]!r} is empty: the mix cannot take its elements")
                 passes[i] += 1
                 open_pass(i)
                 if ahead[i] is _END:
-                    raise ValueError(f"source {self.names[i]!r} yielded nothing in pass {passes[i]}")
+                    raise SourceDataError(f"source {self.names[i]!r} yielded nothing in pass {passes[i]}")
             element, ahead[i] = ahead[i], next(iterators[i], _END)  # type: ignore[arg-type]
             yield element
             if ahead[i] is _END and not whole[i]:
@@ -548,12 +550,12 @@ class MixIterDataPipe(IterDataPipe):
                 iterators[i] = iter(self.sources[i])
             element = next(iterators[i], _END)  # type: ignore[arg-type]
             if element is _END:
-                raise ValueError(
+                raise SourceDataError(
                     f"source {self.names[i]!r} yielded {index} elements in pass {pass_}, but its "
                     f"costs declare {declared[i]}; give one cost per element"
                 )
             if index == declared[i] - 1 and next(iterators[i], _END) is not _END:  # type: ignore[arg-type]
-                raise ValueError(
+                raise SourceDataError(
                     f"source {self.names[i]!r} yielded more than the {declared[i]} elements its "
                     "costs declare; give one cost per element"
                 )

@@ -24,6 +24,7 @@ from collections import deque
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 
+from .digests import mix_seed
 from .errors import DistshardError, OptionError, OptionTypeError, StateMismatchError
 
 T = TypeVar("T")
@@ -245,24 +246,6 @@ def _rounds(it: Iterator[T], mine: Any, pad: Any, slot: int, num_slots: int, eve
             if even == "pad":
                 yield pad
             return
-
-
-def mix_seed(*parts: int) -> int:
-    """A well-mixed non-negative 63-bit seed from integers (SplitMix64 steps).
-
-    Used to derive the seed of every upstream random pipe from ``(seed, epoch,
-    index of the pipe)``; identical on every process, unlike ``hash()``.
-    """
-    state = 0x9E3779B97F4A7C15
-    mask = (1 << 64) - 1
-    for part in parts:
-        state = (state ^ (part & mask)) & mask
-        state = (state + 0x9E3779B97F4A7C15) & mask
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        state = z ^ (z >> 31)
-    return state >> 1
 
 
 # -- chunks: whole batches in the order a DataLoader consumes them -----------------------

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
+from .errors import OptionTypeError
+
 __all__ = [
     "IdentifiedSource",
     "PositionalSource",
@@ -102,7 +104,7 @@ def sequence_of(source: Any) -> Any:
         return None
     sequence = hook(source)
     if sequence is not None and not (hasattr(sequence, "__len__") and hasattr(sequence, "__getitem__")):
-        raise TypeError(
+        raise OptionTypeError(
             f"{type(source).__name__}.__distshard_sequence__() returned {type(sequence).__name__}, "
             "which lacks __len__ or __getitem__; return a positional sequence or None"
         )

@@ -20,7 +20,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 from . import frameworks, loaders
-from .errors import ResumeOrderError
+from .errors import ResumeOrderError, SetupError
 from .mailbox import Mailbox
 
 __all__ = ["LoaderTrack"]
@@ -105,7 +105,7 @@ class LoaderTrack:
         box = self.mailbox
         if box.own:  # built here, or arrived by an ordinary pickle: nobody else posts to it
             if refuse and box.by_pickle and self.started_in == os.getpid():
-                raise RuntimeError(
+                raise SetupError(
                     f"this dist_shard reached DataLoader worker {info.id} by an ordinary pickle, not with "
                     "the worker's start, so set_epoch in the loader's process cannot reach it, and this "
                     f"persistent worker would run epoch {epoch()} again: give the DataLoader the "

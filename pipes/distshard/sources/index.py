@@ -30,7 +30,6 @@ header. Reading only the count reads the header alone.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .. import errors as _errors
+from ..digests import blake2b_hex
 from ..waits import WaitTimeout
 from .files import FileRef, file_identity, key_of
 
@@ -108,9 +108,7 @@ def cache_dir() -> Path:
 def cache_path(fmt: str, ref: FileRef) -> Path:
     """The cache entry of ``ref`` (whose identity must be known) in format ``fmt``."""
     key = key_of(ref.url)
-    digest = hashlib.blake2b(
-        f"{VERSION}\0{fmt}\0{key}\0{ref.size}\0{ref.stamp}".encode("utf-8", "surrogatepass"), digest_size=16
-    ).hexdigest()
+    digest = blake2b_hex(f"{VERSION}\0{fmt}\0{key}\0{ref.size}\0{ref.stamp}".encode("utf-8", "surrogatepass"), 16)
     name = re.sub(r"[^A-Za-z0-9._-]", "_", key.rstrip("/").rsplit("/", 1)[-1])[-60:]
     return cache_dir() / f"{name}.{fmt}.{digest}.idx"
 
@@ -135,7 +133,7 @@ def dumps(index: FileIndex) -> bytes:
             "byteorder": sys.byteorder,
             "arrays": [[n, index.arrays[n].typecode, len(index.arrays[n])] for n in names],
             "body_len": len(packed),
-            "body_digest": hashlib.blake2b(packed, digest_size=16).hexdigest(),
+            "body_digest": blake2b_hex(packed, 16),
         },
         ensure_ascii=False,
     ).encode("utf-8", "surrogatepass")
@@ -188,9 +186,7 @@ def loads(data: bytes, fmt: str, ref: FileRef, header_only: bool = False) -> Fil
     if header_only:
         return index
     packed = data[offset:]
-    if len(packed) != header.get("body_len") or hashlib.blake2b(packed, digest_size=16).hexdigest() != header.get(
-        "body_digest"
-    ):
+    if len(packed) != header.get("body_len") or blake2b_hex(packed, 16) != header.get("body_digest"):
         return None
     try:
         body = zlib.decompress(packed)

@@ -30,7 +30,6 @@ files it reads only, those of the next files it reads in the same request
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from ..digests import blake2b_hex
 from ..errors import SourceDataError, SourceMissingError
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
 from .urls import is_remote
@@ -101,7 +101,7 @@ def default_location(urls: Iterable[str]) -> str:
 
 def entry_name(fmt: str, name: str) -> str:
     """The entry of the file ``name`` (as the manifest lists it) in format ``fmt``."""
-    digest = hashlib.blake2b(f"{fmt}\0{name}".encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    digest = blake2b_hex(f"{fmt}\0{name}".encode("utf-8", "surrogatepass"), 8)
     base = re.sub(r"[^A-Za-z0-9._-]", "_", name.rstrip("/").rsplit("/", 1)[-1])[-60:]
     return f"{base}.{fmt}.{digest}.idx"
 
