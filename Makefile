@@ -21,8 +21,9 @@ check: setup
 	$(VENV)/bin/ruff format --check pipes tests
 	$(VENV)/bin/mypy
 
+# the suite on every usable core (pytest-xdist; tests/conftest.py counts them): on CI's 2 cores, two workers
 test: setup check
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 bench: setup
 	$(PY) benchmarks/bench_overhead.py
