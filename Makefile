@@ -21,8 +21,10 @@ check: setup
 	$(VENV)/bin/ruff format --check pipes tests
 	$(VENV)/bin/mypy
 
+# the suite on every usable core (pytest-xdist; tests/conftest.py counts them): on CI's 2 cores, two workers;
+# worksteal: a worker that runs out takes queued tests from the other (a few tests take a minute)
 test: setup check
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist worksteal
 
 bench: setup
 	$(PY) benchmarks/bench_overhead.py
