@@ -364,7 +364,13 @@ _WEAK: Any = None  # (pid, RangeServer, Rewriter) of this process
 class Rewriter:
     """The file of ``"e0" .. "e{n-1}"`` (version 1) and its rewrite at the same size,
     ``"x0" .. "x{n-1}"`` (version 2, another mtime): the server switches to version 2
-    after a few GETs (``before_get``); building a pipe puts version 1 back."""
+    after a few GETs of the file (``before_get``) counted from the HEAD that asks its
+    identity (``on_head``); building a pipe puts version 1 back and disarms it.
+
+    Counting from the HEAD, not from the build: a GET of an earlier example's pipe
+    still reading (a worker shutting down, a read-ahead ending) must not rewrite the
+    file before this pipe has seen version 1's identity, or the run would read
+    version 2 throughout, rightly, and the oracle would count it foreign."""
 
     V1, V2 = 1_700_000_000 * 10**9, 1_700_000_100 * 10**9  # fixed mtimes: fixed weak ETags
 
@@ -372,6 +378,8 @@ class Rewriter:
         import threading
 
         self.root, self.lock, self.gets, self.after = root, threading.Lock(), 0, 0
+        self.current: Path | None = None  # the file the pipe being built reads
+        self.armed: Path | None = None  # ... once a HEAD asked its identity
 
     def path(self, n: int) -> Path:
         return self.root / f"e{n}.jsonl"
@@ -388,16 +396,23 @@ class Rewriter:
         os.replace(tmp, path)
 
     def reset(self, n: int) -> Path:
-        """Version 1, and a rewrite after ``3 + n % 9`` GETs from now."""
+        """Version 1, and a rewrite after ``3 + n % 9`` GETs of it from its next HEAD."""
         path = self.path(n)
         with self.lock:
             if not path.exists() or path.stat().st_mtime_ns != self.V1:
                 self.write(path, "e")
-            self.gets, self.after = 0, 3 + n % 9
+            self.gets, self.after, self.armed, self.current = 0, 3 + n % 9, None, path
         return path
+
+    def head(self, path: Path) -> None:
+        with self.lock:
+            if self.armed is None and path == self.current:
+                self.armed, self.gets = path, 0
 
     def __call__(self, path: Path) -> None:
         with self.lock:
+            if path != self.armed:
+                return
             self.gets += 1
             if self.gets == self.after and path.exists() and path.stat().st_mtime_ns == self.V1:
                 self.write(path, "x")
@@ -419,7 +434,11 @@ def remote_weak_jsonl(n: int):
         root.mkdir(parents=True, exist_ok=True)
         _cleanup(root)
         rewriter = Rewriter(root)
-        _WEAK = (os.getpid(), RangeServer(root, weak=True, before_get=rewriter).start(), rewriter)
+        _WEAK = (
+            os.getpid(),
+            RangeServer(root, weak=True, before_get=rewriter, on_head=rewriter.head).start(),
+            rewriter,
+        )
     path = _WEAK[2].reset(n)
     options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
     return distshard.jsonl(_WEAK[1].url(path), read_options=options)

@@ -36,7 +36,8 @@ class RangeServer(http.server.ThreadingHTTPServer):
     ``fault_every`` makes every n-th GET fail (cycling through ``faults``);
     ``require`` names headers every request must carry (else 403); ``weak``
     sends weak ETags (``W/"..."``) and ignores ``If-Match``; ``before_get(path)``
-    runs before every GET is answered (a test that rewrites a file mid-epoch)."""
+    runs before every GET is answered (a test that rewrites a file mid-epoch), and
+    ``on_head(path)`` before every HEAD (what asks a file's identity)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -56,6 +57,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         head: bool = True,
         weak: bool = False,
         before_get: Any = None,
+        on_head: Any = None,
     ) -> None:
         super().__init__(("127.0.0.1", 0), RangeHandler)
         self.root = Path(root)
@@ -68,6 +70,7 @@ class RangeServer(http.server.ThreadingHTTPServer):
         self.head = head  # False: HEAD answers 405, as some signed URLs do
         self.weak = weak
         self.before_get = before_get
+        self.on_head = on_head
         if scheme == "https":
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(certfile, keyfile)  # type: ignore[arg-type]
@@ -195,6 +198,8 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         path = server.root / unquote(self.path.split("?", 1)[0].lstrip("/"))
         if body and server.before_get is not None:
             server.before_get(path)
+        if not body and server.on_head is not None:
+            server.on_head(path)
         try:
             st = path.stat()
             if not path.is_file():

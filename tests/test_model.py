@@ -698,6 +698,16 @@ def test_every_history_of_a_file_rewritten_behind_weak_etags_is_exact_or_refused
     check_model(spec, data, ["plain", "plain", "sdl0"])
 
 
+def test_the_weak_etag_server_rewrites_the_file_while_a_pipe_reads_it():
+    """The history test above is not vacuous: a pipe that reads the whole file sees
+    the rewrite its HEAD armed, and refuses it."""
+    from tests.model_factories import remote_weak_jsonl
+
+    pipe = remote_weak_jsonl(55).dist_shard(rank=0, world_size=1)
+    with pytest.raises(ValueError, match="changed after it was indexed"):
+        list(pipe)
+
+
 @settings(MODEL_SETTINGS, max_examples=30)
 @given(spec=specs(), data=st.data())
 def test_every_history_over_a_stored_index_is_exact_or_refused(spec, data):
