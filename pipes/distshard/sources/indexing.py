@@ -194,10 +194,31 @@ def build_stored_index(
     listed, one metadata request while it is unchanged); the entries are written
     a pack at a time, each followed by the manifest, so an interrupted build
     goes on where its last pack ended (at most :data:`FLUSH_SECONDS` of work)."""
+    urls, formats, previous, out = _what_to_index(patterns, fmt, storage_options, out)
+    remote = any(is_remote(url) for url in urls)
+    storage_options = _pooled(storage_options, urls, workers or REMOTE_WORKERS)
     access = FileAccess(storage_options=dict(storage_options) if storage_options else None)
+    location = out.rstrip("/") if out else manifest.default_location(urls)
+    if previous is None:
+        try:
+            previous = manifest.load(location, access)
+        except ValueError as exc:  # not one this distshard reads: rebuilt whole
+            log.info("%s: %s; indexing every file again", location, exc)
+    build = _Build(location, access, urls, formats, previous, storage_options, progress)
+    with _executor(remote, len(urls), workers) as pool:
+        build.run(pool)
+    return build.finish()
+
+
+def _what_to_index(
+    patterns: list[str], fmt: str | None, storage_options: Mapping[str, Any] | None, out: str | None
+) -> tuple[list[str], dict[str, str], manifest.Stored | None, str | None]:
+    """``(urls, format of each, the stored index refreshed or None, out)``: the files
+    the patterns name, or those of the one stored index's folder they name."""
     formats: dict[str, str] = {}
     previous: manifest.Stored | None = None
     if len(patterns) == 1 and out is None and _names_stored(patterns[0]):
+        access = FileAccess(storage_options=dict(storage_options) if storage_options else None)
         out = manifest.location_of(patterns[0])
         previous = manifest.load(out, access)
         if previous is None:
@@ -209,88 +230,110 @@ def build_stored_index(
     if not urls:
         raise OptionError("no files to index")
     urls = list(dict.fromkeys(urls))
-    remote = any(is_remote(url) for url in urls)
-    storage_options = _pooled(storage_options, urls, workers or REMOTE_WORKERS)
-    access = FileAccess(storage_options=dict(storage_options) if storage_options else None)
-    location = out.rstrip("/") if out else manifest.default_location(urls)
     for url in urls:
         formats.setdefault(url, fmt or format_of(url))
-    started = time.monotonic()
-    if previous is None:
-        try:
-            previous = manifest.load(location, access)
-        except ValueError as exc:  # not one this distshard reads: rebuilt whole
-            log.info("%s: %s; indexing every file again", location, exc)
-    listed: dict[str, StoredFile] = {f.url: f for f in previous.files.values()} if previous is not None else {}
-    order = {url: k for k, url in enumerate(urls)}
-    packs = _Packs(location, access, order)
-    done: dict[str, StoredFile] = {}
-    built = total_bytes = 0
-    errors: list[str] = []
+    return urls, formats, previous, out
 
-    def write_manifest() -> list[StoredFile]:
+
+class _Build:
+    """One run of the index command: what an earlier build listed, the files done,
+    the pack being filled, the bytes and errors so far."""
+
+    def __init__(
+        self,
+        location: str,
+        access: FileAccess,
+        urls: list[str],
+        formats: dict[str, str],
+        previous: manifest.Stored | None,
+        storage_options: Mapping[str, Any] | None,
+        progress: Progress | None,
+    ) -> None:
+        self.location, self.access, self.urls, self.formats = location, access, urls, formats
+        self.storage_options, self.progress = storage_options, progress
+        self.listed: dict[str, StoredFile] = {f.url: f for f in previous.files.values()} if previous else {}
+        self.order = {url: k for k, url in enumerate(urls)}
+        self.packs = _Packs(location, access, self.order)
+        self.done: dict[str, StoredFile] = {}
+        self.built = self.total_bytes = 0
+        self.errors: list[str] = []
+        self.started = time.monotonic()
+
+    def write_manifest(self) -> list[StoredFile]:
         """The files an earlier build listed and this one does not, then this
         build's in order (indexed now, kept, or as listed before while unchecked)."""
-        files = [f for url, f in listed.items() if url not in order]
-        files += [done.get(url) or listed[url] for url in urls if url in done or url in listed]
-        manifest.write(manifest.join(location, manifest.MANIFEST), manifest.dumps(location, files), access)
+        files = [f for url, f in self.listed.items() if url not in self.order]
+        files += [self.done.get(url) or self.listed[url] for url in self.urls if url in self.done or url in self.listed]
+        manifest.write(
+            manifest.join(self.location, manifest.MANIFEST), manifest.dumps(self.location, files), self.access
+        )
         return files
 
-    def finished(item: StoredFile) -> None:
-        nonlocal total_bytes
-        total_bytes += item.size
-        if progress is not None:
-            progress(len(done) + len(packs.items), len(urls), total_bytes, time.monotonic() - started)
+    def finished(self, item: StoredFile) -> None:
+        self.total_bytes += item.size
+        if self.progress is not None:
+            done = len(self.done) + len(self.packs.items)
+            self.progress(done, len(self.urls), self.total_bytes, time.monotonic() - self.started)
 
-    with _executor(remote, len(urls), workers) as pool:
-        futures: dict[Future[Any], tuple[str, bool]] = {}
-        for url in urls:
-            old = listed.get(url)
-            if old is not None and old.format == formats[url]:
-                futures[pool.submit(_unchanged, old, storage_options)] = (url, True)
-            else:
-                futures[pool.submit(_index_one, url, formats[url], storage_options)] = (url, False)
+    def submit(self, pool: Executor, url: str) -> tuple[Future[Any], tuple[str, bool]]:
+        """A listed file of the same format is checked (one metadata request); any
+        other is indexed."""
+        old = self.listed.get(url)
+        if old is not None and old.format == self.formats[url]:
+            return pool.submit(_unchanged, old, self.storage_options), (url, True)
+        return self.index(pool, url)
+
+    def index(self, pool: Executor, url: str) -> tuple[Future[Any], tuple[str, bool]]:
+        return pool.submit(_index_one, url, self.formats[url], self.storage_options), (url, False)
+
+    def run(self, pool: Executor) -> None:
+        futures: dict[Future[Any], tuple[str, bool]] = dict(self.submit(pool, url) for url in self.urls)
         while futures:
             for future in as_completed(list(futures)):
                 url, checking = futures.pop(future)
                 try:
                     result = future.result()
                 except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest kept
-                    errors.append(f"{url}: {type(exc).__name__}: {exc}")
+                    self.errors.append(f"{url}: {type(exc).__name__}: {exc}")
                     continue
                 if checking:
                     if result:  # still the indexed version: listed as it is
-                        done[url] = listed[url]
-                        finished(listed[url])
-                    else:
-                        futures[pool.submit(_index_one, url, formats[url], storage_options)] = (url, False)
-                        break  # wait for it with the others
-                    continue
-                item, data = result
-                packs.add(item, data)
-                built += 1
-                finished(item)
-                if packs.due():
-                    done.update((f.url, f) for f in packs.write())
-                    write_manifest()
-    done.update((f.url, f) for f in packs.write())
-    files = write_manifest() if done or listed else []  # (nothing indexed, nothing listed: no folder made)
-    seconds = time.monotonic() - started
-    log.info(
-        "stored index at %s: %d files (%d indexed now, %d already there), %d bytes in %.1f s",
-        location,
-        len(done),
-        built,
-        len(done) - built,
-        total_bytes,
-        seconds,
-    )
-    if errors:
-        raise OSError(
-            f"{len(errors)} of {len(urls)} files could not be indexed (the others are in {location}; "
-            "run the command again to retry them):\n  " + "\n  ".join(errors[:20])
+                        self.done[url] = self.listed[url]
+                        self.finished(self.listed[url])
+                        continue
+                    future, what = self.index(pool, url)
+                    futures[future] = what
+                    break  # wait for it with the others
+                self.add(*result)
+
+    def add(self, item: StoredFile, data: bytes) -> None:
+        self.packs.add(item, data)
+        self.built += 1
+        self.finished(item)
+        if self.packs.due():
+            self.done.update((f.url, f) for f in self.packs.write())
+            self.write_manifest()
+
+    def finish(self) -> Built:
+        """The last pack and the manifest; the errors raised, naming the files."""
+        self.done.update((f.url, f) for f in self.packs.write())
+        files = self.write_manifest() if self.done or self.listed else []  # nothing at all: no folder made
+        seconds = time.monotonic() - self.started
+        log.info(
+            "stored index at %s: %d files (%d indexed now, %d already there), %d bytes in %.1f s",
+            self.location,
+            len(self.done),
+            self.built,
+            len(self.done) - self.built,
+            self.total_bytes,
+            seconds,
         )
-    return Built(location, files, built, seconds, total_bytes)
+        if self.errors:
+            raise OSError(
+                f"{len(self.errors)} of {len(self.urls)} files could not be indexed (the others are in "
+                f"{self.location}; run the command again to retry them):\n  " + "\n  ".join(self.errors[:20])
+            )
+        return Built(self.location, files, self.built, seconds, self.total_bytes)
 
 
 def _pooled(storage_options: Mapping[str, Any] | None, urls: list[str], workers: int) -> Mapping[str, Any] | None:
