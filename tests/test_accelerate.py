@@ -3,7 +3,7 @@
 --num_processes 2``, each with ``Accelerator(cpu=True)`` (a gloo group on CPU),
 running tests/integration_scripts/accelerate_train.py.
 
-* ``accelerator.prepare(DataLoader(pipeline))`` is refused with a ``RuntimeError``
+* ``accelerator.prepare(DataLoader(pipeline))`` is refused with a ``SetupError`` (a ``RuntimeError``)
   that says what to do, before any batch is trained: with Accelerate's default
   (a ``DataLoaderDispatcher``: rank 0 alone would read, so only its shard would be
   trained) and with ``dispatch_batches=False`` (``IterableDatasetShard`` would
@@ -181,7 +181,8 @@ def check_working(ranks: list[dict]) -> None:
 
 def check_refused(result: dict, wrapper: str) -> None:
     error = result["error"]
-    assert error is not None and error.startswith("RuntimeError"), error
+    # distshard.SetupError, a RuntimeError: re-raised by the DataLoader under its own name
+    assert error is not None and error.startswith("SetupError"), error
     assert wrapper in error and "accelerator.prepare()" in error, error
     assert "batch.to(accelerator.device)" in error, error  # says what to do
     assert result["batches_before_error"] == 0 and result["ids"] == [[]], result
@@ -208,7 +209,7 @@ def test_prepare_with_dispatch_batches_false_and_the_recipes_loader_fails_in_acc
         assert result["error"].startswith("TypeError") and "'NoneType' and 'int'" in result["error"], result
         assert result["batches_before_error"] == 0 and result["ids"] == [[]], result
         assert result["len_error"].startswith("TypeError"), result
-        assert result["len_cause"].startswith("RuntimeError: Accelerate's IterableDatasetShard"), result
+        assert result["len_cause"].startswith("SetupError: Accelerate's IterableDatasetShard"), result
 
 
 def test_prepare_with_defaults_is_refused_before_any_batch(torchrun):

@@ -179,7 +179,8 @@ def _fd_count(element):
 
 
 def test_nothing_grows_per_epoch():
-    """Open descriptors stay the same in the workers and the loader's process."""
+    """Open descriptors do not grow, in the workers or in the loader's process (whose
+    count other tests' leftovers, closed by the collector meanwhile, may lower)."""
     pipe = shuffled_globally()
     loader = _loader(pipe.map(_fd_count), "fork", stateful=False)
     seen = []
@@ -187,7 +188,7 @@ def test_nothing_grows_per_epoch():
         pipe.set_epoch(epoch)
         counts = {count for _, count in loader}
         seen.append((len(os.listdir("/proc/self/fd")), counts))
-    assert all(entry == seen[1] for entry in seen[1:]), seen
+    assert all(fds <= seen[1][0] and workers == seen[1][1] for fds, workers in seen[1:]), seen
     loader._iterator._shutdown_workers()
 
 
