@@ -482,12 +482,7 @@ class Client:
                 await r.read()
                 return int(match.groups()[-1]), _http_stamp(r.headers)
         if self.kind == "s3":
-            bucket, key, version = self.fs.split_path(self.path_of(url))
-            s3 = await self._s3(bucket)
-            kw = self.fs._get_s3_method_kwargs(
-                s3.head_object, Bucket=bucket, Key=key, **({"VersionId": version} if version else {})
-            )
-            head = await _s3_call(url, "metadata", s3.head_object(**kw))
+            head = await self.s3_object(url, "head_object", "metadata")
             return int(head["ContentLength"]), str(head.get("ETag") or head.get("VersionId") or "")
         info = await self._generic_info(url)
         return _identity_of(url, info)
@@ -505,6 +500,16 @@ class Client:
         fs = self.fs
         await fs.set_session()
         return await fs.get_s3(bucket)
+
+    async def s3_object(self, url: str, method: str, what: str, **extra: Any) -> Any:
+        """One S3 call (``head_object`` / ``get_object``) on ``url``'s object, of the
+        version the URL names if it names one; ``what`` names it in errors."""
+        bucket, key, version = self.fs.split_path(self.path_of(url))
+        call = getattr(await self._s3(bucket), method)
+        if version:
+            extra["VersionId"] = version
+        kw = self.fs._get_s3_method_kwargs(call, Bucket=bucket, Key=key, **extra)
+        return await _s3_call(url, what, call(**kw))
 
     # -- range reads ----------------------------------------------------------------------------
     def submit_range(
@@ -587,17 +592,12 @@ class Client:
         return _exact(url, data, start, stop)
 
     async def _get_s3(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
-        bucket, key, version = self.fs.split_path(self.path_of(url))
-        s3 = await self._s3(bucket)
-        extra: dict[str, Any] = {"VersionId": version} if version else {}
+        extra: dict[str, Any] = {}
         etag = _strong_etag(stamp)
         if etag is not None:
             extra["IfMatch"] = etag
         what = f"bytes [{start}, {stop})"
-        kw = self.fs._get_s3_method_kwargs(
-            s3.get_object, Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **extra
-        )
-        response = await _s3_call(url, what, s3.get_object(**kw))
+        response = await self.s3_object(url, "get_object", what, Range=f"bytes={start}-{stop - 1}", **extra)
         body = response["Body"]
         try:
             seen = response.get("ETag")
@@ -658,12 +658,7 @@ class Client:
                 except Exception as exc:  # noqa: BLE001 - retried
                     raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
         if self.kind == "s3":
-            bucket, key, version = self.fs.split_path(self.path_of(url))
-            s3 = await self._s3(bucket)
-            kw = self.fs._get_s3_method_kwargs(
-                s3.get_object, Bucket=bucket, Key=key, **({"VersionId": version} if version else {})
-            )
-            response = await _s3_call(url, "the whole file", s3.get_object(**kw))
+            response = await self.s3_object(url, "get_object", "the whole file")
             body = response["Body"]
             try:
                 return bytes(await body.read())

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from .files import FileAccess, FileRef
-from .remote import Client, RemoteReadError, _check_status, _http_stamp, _looks_transient, _s3_call, _Transient
+from .remote import Client, RemoteReadError, _check_status, _http_stamp, _looks_transient, _Transient
 
 __all__ = ["Body", "open_body", "streams"]
 
@@ -152,12 +152,7 @@ async def _open(client: Client, url: str) -> tuple[Any, int, str]:
         except BaseException:
             r.close()
             raise
-    fs = client.fs
-    bucket, key, version = fs.split_path(client.path_of(url))
-    await fs.set_session()
-    s3 = await fs.get_s3(bucket)
-    kw = fs._get_s3_method_kwargs(s3.get_object, Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))
-    response = await _s3_call(url, "the whole file", s3.get_object(**kw))
+    response = await client.s3_object(url, "get_object", "the whole file")
     stamp = str(response.get("ETag") or response.get("VersionId") or "")
     return response, int(response["ContentLength"]), stamp
 
