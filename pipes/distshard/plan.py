@@ -698,26 +698,7 @@ def block_runs(
     yield range(start + skip, stop)
 
 
-RunsOf = Callable[[int, int, int, int, int, int, int], Iterator[range]]
 LeftAfter = Callable[[Sequence[int], int], "Remaining"]  # (taken per slot, positions split) -> what is left
-
-
-def slot_runs(
-    layout: str,
-    rank: int,
-    world_size: int,
-    worker_id: int,
-    num_workers: int,
-    total: int,
-    multiple: int = 1,
-    skip: int = 0,
-) -> Iterator[range]:
-    """The positions of ``[0, total)`` a slot yields under ``even="drop"`` in
-    ``layout`` (``stride``, ``blocks`` or ``chunks``), as increasing ranges, skipping
-    the first ``skip`` in O(1). (By name, for the property tests: the package asks
-    the layout's object in ``layouts.py``.)"""
-    runs: RunsOf = _RUNS_BY_NAME.get(layout, stride_runs)
-    yield from runs(rank, world_size, worker_id, num_workers, total, multiple, skip)
 
 
 def carry_reads(window: Remaining, length: int, runs: Iterable[range]) -> Iterator[tuple[int, Iterator[int]]]:
@@ -766,7 +747,7 @@ def carry_left(
     first: int,
     epoch: int,
     length: int,
-    layout: str | LeftAfter,
+    left_after: LeftAfter,
     taken: Sequence[int],
     world_size: int,
     num_workers: int,
@@ -775,8 +756,8 @@ def carry_left(
     """What is left when slot ``rank * num_workers + worker`` of a carry run of
     ``epoch`` over ``base`` consumed its first ``taken[slot]`` positions.
 
-    ``layout`` says what a run leaves: a function of ``(taken, positions split)`` (the
-    layout's ``left_after``), or its name (``stride``, ``blocks`` or ``chunks``).
+    ``left_after`` says what a run leaves: a function of ``(taken, positions split)``
+    (the run's layout's ``left_after``, ``layouts.py``).
     Returns ``(base, first, finished)``: when every slot yielded its whole share the
     epoch is over and the result is the base opening ``epoch + 1`` (the tail it
     carries included); otherwise a base opening ``epoch`` that holds the positions
@@ -799,20 +780,9 @@ def carry_left(
         )
     if all(took == share for took in taken):
         return base.compose(Remaining([(hi, None)])), epoch + 1, True
-    left_after = _left_by_name(layout, world_size, num_workers, multiple) if isinstance(layout, str) else layout
     inner = left_after(taken, count)
     pieces = [(lo + a, lo + b) for a, b in inner.clip(count).intervals]  # type: ignore[operator]
     return base.compose(Remaining([*pieces, (hi, None)])), epoch, False
-
-
-def _left_by_name(layout: str, world_size: int, num_workers: int, multiple: int) -> LeftAfter:
-    """What a carry run (``even="drop"`` rounds) in the layout named ``layout`` leaves."""
-    num_slots = world_size * num_workers
-    by_name: dict[str, LeftAfter] = {
-        "blocks": lambda taken, count: left_after_blocks(taken, num_slots, count, "drop", multiple),
-        "chunks": lambda taken, count: left_after_chunks(taken, world_size, num_workers, count, multiple),
-    }
-    return by_name.get(layout, lambda taken, count: left_after_round_robin(taken, num_slots))
 
 
 def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: int) -> tuple[int, dict[int, int], int]:
@@ -829,6 +799,3 @@ def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: in
                 earlier[e] = earlier.get(e, 0) + inside
     below_end = (epoch + 1) * length - carry_consumed(base)  # base positions before the epoch's end
     return hi - lo, earlier, max(0, below_end - hi)
-
-
-_RUNS_BY_NAME: dict[str, RunsOf] = {"chunks": chunk_runs, "blocks": block_runs, "stride": stride_runs}
