@@ -272,13 +272,16 @@ class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpF
     """Keeps the descriptions as written and shows every option's default."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distshard", description=__doc__, formatter_class=_Help)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _demo_parser(sub: argparse._SubParsersAction) -> None:
+    """``demo``'s arguments."""
     demo = sub.add_parser("demo", help="exactly-once check of dist_shard on a real gloo group", formatter_class=_Help)
     demo.add_argument("--world-size", type=_positive, default=4, help="ranks (processes of a gloo group)")
     demo.add_argument("--num-workers", type=_non_negative, default=4, help="DataLoader workers per rank")
     demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds the whole run may take")
+
+
+def _check_parser(sub: argparse._SubParsersAction) -> None:
+    """``check``'s arguments."""
     chk = sub.add_parser(
         "check",
         help="check your pipeline factory for exactly-once",
@@ -322,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the whole run may take, the factory's own calls included",
     )
     chk.add_argument("--json", action="store_true", help="print a JSON report instead")
+
+
+def _index_parser(sub: argparse._SubParsersAction) -> None:
+    """``index``'s arguments."""
     idx = sub.add_parser(
         "index",
         help="index a dataset once and store the index beside it",
@@ -344,6 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         help="files indexed at once: remote files by threads, each waiting on one streamed GET "
         "(default 32), local files by processes (default: one per CPU)",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distshard", description=__doc__, formatter_class=_Help)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _demo_parser(sub)
+    _check_parser(sub)
+    _index_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "index":
         return index(args)

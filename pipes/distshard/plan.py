@@ -171,46 +171,65 @@ def select_stream(items: Iterable[T], slot: int, num_slots: int, even: Even, ski
     before anything is yielded.
     """
     it = iter(items)
-    pad: Any = _END
     if skip_rounds == 0:
-        if even is None:
-            yield from islice(it, slot, None, num_slots)
-            return
-        if even == "pad":
-            head = list(islice(it, slot))
-            mine = next(it, _END)
-            if mine is _END:
-                if head:  # degenerate N < num_slots: repeat an earlier element
-                    yield head[slot % len(head)]
-                return
-            del head
-            pad = mine
-        else:
-            mine = _nth(it, slot)
-            if mine is _END:
-                return
-        yield from _rounds(it, mine, pad, slot, num_slots, even)
+        yield from _select_fresh(it, slot, num_slots, even)
         return
-    k = skip_rounds
+    done, pad = _skip_consumed(it, slot, num_slots, even, skip_rounds)
+    if not done:
+        yield from _select_after(it, pad, slot, num_slots, even)
+
+
+def _select_fresh(it: Iterator[T], slot: int, num_slots: int, even: Even) -> Iterator[T]:
+    """``select_stream`` from the start of the stream."""
+    pad: Any = _END
+    if even is None:
+        yield from islice(it, slot, None, num_slots)
+        return
+    if even == "pad":
+        head = list(islice(it, slot))
+        mine = next(it, _END)
+        if mine is _END:
+            if head:  # degenerate N < num_slots: repeat an earlier element
+                yield head[slot % len(head)]
+            return
+        del head
+        pad = mine
+    else:
+        mine = _nth(it, slot)
+        if mine is _END:
+            return
+    yield from _rounds(it, mine, pad, slot, num_slots, even)
+
+
+def _skip_consumed(it: Iterator[Any], slot: int, num_slots: int, even: Even, k: int) -> tuple[bool, Any]:
+    """Skip the slot's first ``k`` rounds (``k >= 1``) of ``select_stream``, up to right
+    after its ``k``-th element; ``(done, pad)``: ``done`` when the slot has nothing
+    left, ``pad`` the element ``"pad"`` repeats (its first). :class:`StreamTooShort`
+    if the stream lacks what the slot yielded."""
+    pad: Any = _END
     if even == "pad":
         seen, pad = _advance(it, slot + 1)
         if seen < slot + 1:
             if k == 1 and seen > 0:
-                return  # N < num_slots: this slot repeated an earlier element, and is done
+                return True, pad  # N < num_slots: this slot repeated an earlier element, and is done
             raise _too_short(slot, num_slots, k, seen)
         if k > 1:
             more, _ = _advance(it, (k - 1) * num_slots)
             if more < (k - 1) * num_slots:
                 seen += more
                 if seen > (k - 1) * num_slots:
-                    return  # the last round lacked this slot's element: it yielded its pad
+                    return True, pad  # the last round lacked this slot's element: it yielded its pad
                 raise _too_short(slot, num_slots, k, seen)
     else:
         want = (k - 1) * num_slots + slot + 1
         seen, _ = _advance(it, want)
         if seen < want:
             raise _too_short(slot, num_slots, k, seen)
-    # right after the slot's k-th element, at (k - 1) * num_slots + slot
+    return False, pad
+
+
+def _select_after(it: Iterator[T], pad: Any, slot: int, num_slots: int, even: Even) -> Iterator[T]:
+    """``select_stream`` from right after the slot's element at ``(k - 1) * num_slots + slot``."""
     if even is None:
         yield from islice(it, num_slots - 1, None, num_slots)
         return
