@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipes"))
 import harness  # noqa: E402
 from distshard.context import ShardContext  # noqa: E402
 from distshard.engine import SlotRun  # noqa: E402
+from distshard.merging import merge_states  # noqa: E402
 from distshard.readers import SequenceReader  # noqa: E402
-from distshard.state import merge_states  # noqa: E402
 
 
 class Shards:

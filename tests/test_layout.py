@@ -99,3 +99,34 @@ def test_the_packing_arithmetic_imports_no_torch_and_only_the_plan():
     text = modules()["distshard.packing"].read_text()
     assert "import torch" not in text and "from torch" not in text
     assert imports()["distshard.packing"] <= {"distshard.plan", "distshard.errors"}
+
+
+HOOKS = {  # the hooks protocol.py names (see its docstring)
+    "__distshard_positional__",
+    "__distshard_sequence__",
+    "__distshard_units__",
+    "distshard_identity",
+    "distshard_read",
+    "distshard_order",
+    "distshard_shuffle_kind",
+    "distshard_blocks",
+}
+
+
+def test_only_the_protocol_asks_a_source_for_a_hook():
+    """``getattr`` / ``hasattr`` of a source hook by its name happens in protocol.py only."""
+    asking = []
+    for name, path in modules().items():
+        if name == "distshard.protocol":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in HOOKS
+            ):
+                asking.append((name, node.args[1].value))
+    assert asking == []

@@ -57,6 +57,22 @@ def tokens_of(blocks) -> Counter:
     return out
 
 
+class Counting:
+    """Documents by position, counting each position's reads in ``reads``."""
+
+    __distshard_positional__ = True
+
+    def __init__(self, docs: list, reads: Counter) -> None:
+        self.docs, self.reads = docs, reads
+
+    def __len__(self):
+        return len(self.docs)
+
+    def __getitem__(self, i):
+        self.reads[i] += 1
+        return self.docs[i]
+
+
 # -- what a block is --------------------------------------------------------------------------
 
 
@@ -167,18 +183,7 @@ def test_real_dataloader_workers(shuffle):
 def test_shuffle_permutes_blocks_and_each_block_reads_only_its_documents():
     docs = corpus(30, seed=8, low=1, high=20)
     reads: Counter = Counter()
-
-    class Counting:
-        __distshard_positional__ = True
-
-        def __len__(self):
-            return len(docs)
-
-        def __getitem__(self, i):
-            reads[i] += 1
-            return docs[i]
-
-    packed = distshard.pack(IterableWrapper(Counting()), 7)
+    packed = distshard.pack(IterableWrapper(Counting(docs, reads)), 7)
     reads.clear()  # the counting pass
     plan = packed.packing()
     spans = Counter(k for b in range(plan.blocks) for k, _, _ in plan.segments(b))
@@ -194,18 +199,7 @@ def test_shuffle_permutes_blocks_and_each_block_reads_only_its_documents():
 def test_unshuffled_slots_read_each_document_about_once():
     docs = corpus(60, seed=2, low=1, high=12)
     reads: Counter = Counter()
-
-    class Counting:
-        __distshard_positional__ = True
-
-        def __len__(self):
-            return len(docs)
-
-        def __getitem__(self, i):
-            reads[i] += 1
-            return docs[i]
-
-    packed = distshard.pack(IterableWrapper(Counting()), 16)
+    packed = distshard.pack(IterableWrapper(Counting(docs, reads)), 16)
     reads.clear()
     for rank in range(4):
         list(packed.dist_shard(rank=rank, world_size=4))

@@ -244,15 +244,35 @@ def test_chunk_layout_partitions_whole_rounds_and_merges_exactly(world, workers,
 
 # -- even="carry": the epochs as one stream ---------------------------------------------------
 
+from types import SimpleNamespace  # noqa: E402
+
+from distshard.layouts import LAYOUTS  # noqa: E402
 from distshard.plan import (  # noqa: E402
     carry_after,
     carry_left,
     carry_reads,
     carry_window,
-    slot_runs,
 )
 
 carry_layouts = st.sampled_from(["stride", "blocks", "chunks"])
+
+
+def slot_runs(layout, rank, world, worker, workers, total, multiple=1, skip=0):
+    """The runs of ``even="drop"`` rounds the layout named ``layout`` gives a slot."""
+    at = SimpleNamespace(
+        rank=rank,
+        world_size=world,
+        worker_id=worker,
+        num_workers=workers,
+        slot=rank * workers + worker,
+        num_slots=world * workers,
+    )
+    return LAYOUTS[layout].runs(at, total, multiple, skip)
+
+
+def left_after(layout, world, workers, multiple):
+    """What a carry run (``even="drop"`` rounds) in the layout named ``layout`` leaves."""
+    return lambda taken, count: LAYOUTS[layout].left_after(taken, world * workers, workers, count, "drop", multiple)
 
 
 def _carry_run(base, first, epoch, n, world, workers, multiple, layout, taken=None):
@@ -359,7 +379,9 @@ def test_carry_merge_then_any_layout_goes_on_exactly(n, data):
             taken = [data.draw(st.integers(0, share)) for _ in range(num_slots)]
             reads = _carry_run(base, first, epoch, n, world, workers, multiple, layout, taken)
             seen.extend(r for mine in reads for r in mine)
-            base, first, finished = carry_left(base, first, epoch, n, layout, taken, world, workers, multiple)
+            base, first, finished = carry_left(
+                base, first, epoch, n, left_after(layout, world, workers, multiple), taken, world, workers, multiple
+            )
             assert finished == all(t == share for t in taken)
             epoch += finished
             lo = 0

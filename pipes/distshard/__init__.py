@@ -36,11 +36,11 @@ from .errors import (
 from .explaining import Explanation, explain
 from .graph import positional
 from .guard import stop_together
+from .merging import merge_states
 from .mix import mix
 from .pack import pack
 from .sample import weighted_sample
 from .sources import ReadOptions, RemoteReadError, jsonl, parquet, tokens, webdataset
-from .state import merge_states
 from .stateful import StatefulPipeline, gather_states
 from .verify import VerifyReport, verify
 from .waits import WaitTimeout

@@ -10,7 +10,8 @@
     that every job starts in a few round trips: one request a remote file (a
     streamed GET, parsed as it flows), ``--workers`` at once. Exit status: 0
     indexed, 1 some files failed (the others are kept: run it again), 2 could
-    not run.
+    not run. ``--prune`` then deletes the packs of entries no manifest names
+    that are older than ``--prune-after`` seconds (default 3600).
 """
 
 from __future__ import annotations
@@ -155,6 +156,14 @@ def index(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"could not run: --storage-options: {exc}", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
+    prune_after = getattr(args, "prune_after", None)
+    if prune_after is not None and not args.prune:
+        print("could not run: --prune-after is the grace period of --prune: add --prune", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    if args.prune and prune_after is None:
+        from .sources.pruning import DEFAULT_GRACE
+
+        prune_after = DEFAULT_GRACE
     interactive = sys.stderr.isatty()
 
     def progress(done: int, total: int, nbytes: int, seconds: float) -> None:
@@ -177,6 +186,7 @@ def index(args: argparse.Namespace) -> int:
             out=args.out,
             workers=args.workers,
             progress=progress,
+            prune_after=prune_after,
         )
     except (ValueError, TypeError, ImportError, FileNotFoundError, PermissionError) as exc:
         if interactive:
@@ -190,9 +200,15 @@ def index(args: argparse.Namespace) -> int:
         return EXIT_VIOLATED
     if interactive:
         print(file=sys.stderr)
+    pruned = built.pruned
     print(
         f"{built.location}: {len(built.files)} files ({built.built} indexed now), "
         f"{built.total_bytes / 2**20:,.1f} MiB in {built.seconds:.1f} s"
+        + (
+            ""
+            if pruned is None
+            else f"; {len(pruned.deleted)} stale packs deleted, {len(pruned.young)} younger than {prune_after:g} s kept"
+        )
     )
     return EXIT_OK
 
@@ -254,6 +270,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds >= 0")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -272,13 +298,16 @@ class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpF
     """Keeps the descriptions as written and shows every option's default."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distshard", description=__doc__, formatter_class=_Help)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _demo_parser(sub: argparse._SubParsersAction) -> None:
+    """``demo``'s arguments."""
     demo = sub.add_parser("demo", help="exactly-once check of dist_shard on a real gloo group", formatter_class=_Help)
     demo.add_argument("--world-size", type=_positive, default=4, help="ranks (processes of a gloo group)")
     demo.add_argument("--num-workers", type=_non_negative, default=4, help="DataLoader workers per rank")
     demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds the whole run may take")
+
+
+def _check_parser(sub: argparse._SubParsersAction) -> None:
+    """``check``'s arguments."""
     chk = sub.add_parser(
         "check",
         help="check your pipeline factory for exactly-once",
@@ -322,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds the whole run may take, the factory's own calls included",
     )
     chk.add_argument("--json", action="store_true", help="print a JSON report instead")
+
+
+def _index_parser(sub: argparse._SubParsersAction) -> None:
+    """``index``'s arguments."""
+    from .sources.pruning import DEFAULT_GRACE
+
     idx = sub.add_parser(
         "index",
         help="index a dataset once and store the index beside it",
@@ -344,6 +379,28 @@ def main(argv: list[str] | None = None) -> int:
         help="files indexed at once: remote files by threads, each waiting on one streamed GET "
         "(default 32), local files by processes (default: one per CPU)",
     )
+    idx.add_argument(
+        "--prune",
+        action="store_true",
+        help="once the new manifest is written (every file indexed), delete the packs of entries "
+        "(entries-*.pack) in the index folder that it does not name and that are older than --prune-after",
+    )
+    idx.add_argument(
+        "--prune-after",
+        type=_grace,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help=f"with --prune: keep unnamed packs younger than this, for jobs that loaded the previous "
+        f"manifest shortly before (default {DEFAULT_GRACE:g})",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distshard", description=__doc__, formatter_class=_Help)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _demo_parser(sub)
+    _check_parser(sub)
+    _index_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "index":
         return index(args)

@@ -9,8 +9,9 @@ its epoch, ``even="carry"``'s base, the checks of a state against this shard, bu
 a slot's :class:`~distshard.engine.SlotRun`, the state it reports, the rank captured
 when it is pickled, and its ``repr``. :class:`PlanModel` is what ``explain()`` reads.
 
-Every read of a state's fields by name in the front-ends is here (``_epoch_of`` and
-friends), so the state format is read in one place above ``state.py``.
+The front-ends read a state's fields through the typed :class:`~distshard.state.State`
+only: the core keeps a loaded state typed (``resume``, ``pending``), so the wire format
+is read in one place, ``State.from_dict``.
 """
 
 from __future__ import annotations
@@ -29,32 +30,18 @@ from .graph import Pushdown
 from .options import ShardOptions, check_flag, check_seed
 from .plan import CARRY, check_multiple
 from .readers import RandomAccessReader, Reader
-from .state import KEY, carry_base_after, check_carry_load, check_fits, fresh_state, validate_state
+from .state import KEY, State, as_state, carry_base_after, check_carry_load, check_fits, fresh_state
 
 __all__ = ["OptionsView", "PlanModel", "ShardCore"]
 
-State = dict[str, Any]
+StateDict = dict[str, Any]  # a state on the wire, as users see it
 
-# -- the state's fields the front-ends read (one place) -----------------------------
-
-
-def _epoch_of(state: State) -> int:
-    return int(state["epoch"])
-
-
-def _seed_of(state: State) -> int | None:
-    seed: int | None = state["seed"]
-    return seed
-
-
-def _slot_of(state: State) -> int | None:
-    slot: int | None = state["slot"]
-    return slot
+# -- the state as the front-ends read it: typed (state.State), never by key ------------
 
 
 def _run_of(state: State) -> tuple[Any, ...]:
     """What every slot state of one run shares (``load_carry_base``)."""
-    return (state["epoch"], repr(state["remaining"]), state["carry_from"], state["num_slots"], state["multiple_of"])
+    return (state.epoch, repr(state.remaining.to_list()), state.carry_from, state.num_slots, state.multiple_of)
 
 
 _NODE_SOURCE = "node_source"  # DistShardNode: the source node's state at the start of the epoch
@@ -62,34 +49,34 @@ _NODE_SOURCE = "node_source"  # DistShardNode: the source node's state at the st
 
 def node_source_of(state: State) -> tuple[bool, Any]:
     """``(present, value)`` of the source node's state a node state holds."""
-    return (_NODE_SOURCE in state, state.get(_NODE_SOURCE))
+    return (_NODE_SOURCE in state.extra, state.extra.get(_NODE_SOURCE))
 
 
-def with_node_source(state: State, value: Any) -> State:
+def with_node_source(state: StateDict, value: Any) -> StateDict:
     """``state`` holding ``value`` as the source node's state at the start of the epoch."""
     state[_NODE_SOURCE] = copy.deepcopy(value)
     return state
 
 
-def first_node_source(merged: State, found: Sequence[State]) -> None:
+def first_node_source(merged: StateDict, found: Sequence[StateDict]) -> None:
     """A merged node state keeps the source node's start state of the first slot state that has one."""
     merged.setdefault(_NODE_SOURCE, next((s[_NODE_SOURCE] for s in found if _NODE_SOURCE in s), None))
 
 
-def node_state(shard: State, key: str, version: int) -> State:
+def node_state(shard: StateDict, key: str, version: int) -> StateDict:
     """A ``DistShardNode``'s state: its marker ``key`` with the format ``version``, and the shard's state."""
     return {key: version, "shard": shard}
 
 
 def shard_of_node_state(state: object, key: str, version: int) -> State:
-    """The validated shard state inside a ``DistShardNode`` state (or a bare shard state)."""
+    """The validated shard state inside a ``DistShardNode`` state (or a bare shard state), typed."""
     if isinstance(state, Mapping) and key in state:
         found = state[key]
         if isinstance(found, bool) or found != version:
             raise StateMismatchError(f"not a valid DistShardNode state: version {found!r} is not {version}")
-        return validate_state(state.get("shard"))
+        return State.from_dict(state.get("shard"))
     if isinstance(state, Mapping) and KEY in state:
-        return validate_state(state)
+        return State.from_dict(state)
     hint = ""
     if isinstance(state, Mapping) and "root" in state:
         hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
@@ -183,7 +170,7 @@ class ShardCore:
         self.what = what
         self.epoch = 0
         self.epoch_set = False  # set_epoch was called: a loaded state of another epoch is void
-        self.resume: State | None = None  # a loaded state, for its epoch's next run
+        self.resume: State | None = None  # a loaded state (validated, typed), for its epoch's next run
         self.carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
         self.run: SlotRun | None = None  # the current run, never pickled
         self.captured: tuple[int, int] | None = None  # (rank, world_size) of the pickling process
@@ -232,7 +219,7 @@ class ShardCore:
     # -- epoch and loaded state -----------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch (checked); a loaded state of another epoch is discarded."""
-        if self.resume is not None and _epoch_of(self.resume) != epoch:
+        if self.resume is not None and self.resume.epoch != epoch:
             self.resume = None
         self.epoch, self.epoch_set = epoch, True
 
@@ -240,9 +227,9 @@ class ShardCore:
     def pending(self) -> State | None:
         """The loaded state the next run resumes, if it is of this epoch."""
         resume = self.resume
-        return resume if resume is not None and _epoch_of(resume) == self.epoch else None
+        return resume if resume is not None and resume.epoch == self.epoch else None
 
-    def check_against(self, found: State, reader: Reader | None) -> None:
+    def check_against(self, found: State | StateDict, reader: Reader | None) -> None:
         """Raise ``ValueError`` if ``found`` does not come from a shard like this one
         (and, given ``reader``, from its data)."""
         options = self.options
@@ -258,32 +245,33 @@ class ShardCore:
             what=self.what,
         )
 
-    def check_carry(self, found: State, in_worker: bool) -> None:
+    def check_carry(self, found: State | StateDict, in_worker: bool) -> None:
         """``even="carry"``: refuse a state whose epoch boundaries this shard lacks."""
         if self.options.even == CARRY:
             check_carry_load(found, self.carry, in_worker)
 
-    def load(self, found: State, reader: Reader | None, in_worker: bool) -> bool:
-        """Load the validated state ``found`` (checked against ``reader`` when given)
-        for its epoch's next run; ``False`` if it is void (``set_epoch`` set another
-        epoch). Under carry, the epoch boundaries it holds stay, unless set_epoch
-        already moved past its epoch. Raises, leaving the core unchanged, if it does
-        not fit."""
+    def load(self, state: State | StateDict, reader: Reader | None, in_worker: bool) -> bool:
+        """Load the validated state (typed or on the wire; checked against ``reader``
+        when given) for its epoch's next run; ``False`` if it is void (``set_epoch``
+        set another epoch). Under carry, the epoch boundaries it holds stay, unless
+        set_epoch already moved past its epoch. Raises, leaving the core unchanged, if
+        it does not fit."""
+        found = as_state(state)
         self.check_against(found, reader)
         self.check_carry(found, in_worker)
-        if self.options.even == CARRY and not (self.epoch_set and _epoch_of(found) > self.epoch):
+        if self.options.even == CARRY and not (self.epoch_set and found.epoch > self.epoch):
             self.carry = carry_base_after(found)
-        if self.epoch_set and _epoch_of(found) != self.epoch:
+        if self.epoch_set and found.epoch != self.epoch:
             return False  # a state of another epoch than the one set: void
-        self.epoch, self.resume = _epoch_of(found), found
+        self.epoch, self.resume = found.epoch, found
         return True
 
-    def load_carry_base(self, states: Sequence[State]) -> None:
+    def load_carry_base(self, states: Sequence[object]) -> None:
         """``even="carry"``: keep where the epochs after ``states``' begin (the slot
         states of one run). ``ValueError`` if they are not one run's."""
-        found = [validate_state(state) for state in states]
+        found = [State.from_dict(state) for state in states]
         runs = {_run_of(s) for s in found}
-        if self.options.even != CARRY or len(runs) != 1 or any(_slot_of(s) is None for s in found):
+        if self.options.even != CARRY or len(runs) != 1 or any(not s.is_slot for s in found):
             raise StateMismatchError("load_carry_base takes the slot states of one run of a dist_shard(even='carry')")
         for state in found:
             self.check_against(state, None)
@@ -291,7 +279,7 @@ class ShardCore:
 
     def resumed(self, state: State) -> None:
         """A run resumed ``state``: take its epoch, and under carry its epoch boundaries."""
-        self.epoch = _epoch_of(state)
+        self.epoch = state.epoch
         if self.options.even == CARRY:
             self.carry = carry_base_after(state)
 
@@ -301,7 +289,7 @@ class ShardCore:
     # -- runs -----------------------------------------------------------------------------
     def run_seed(self, resume: State | None, base: int) -> int:
         """The seed of a run: the resumed state's, else ``base``."""
-        seed = _seed_of(resume) if resume is not None else None
+        seed = resume.seed if resume is not None else None
         return seed if seed is not None else base
 
     def slot_run(
@@ -333,12 +321,12 @@ class ShardCore:
             self.run = run
         return run
 
-    def run_state(self) -> State:
+    def run_state(self) -> StateDict:
         """The state of the current run."""
         assert self.run is not None, "a run was started"
         return self.run.state()
 
-    def state(self, fresh_run: Callable[[State | None], SlotRun] | None) -> State:
+    def state(self, fresh_run: Callable[[State | None], SlotRun] | None) -> StateDict:
         """Where this shard is: its current run's state if of this epoch; else, under
         carry, that of the run ``fresh_run`` would start here (a state says where its
         run's epoch ends, which depends on the slot count; ``None``: building it would
@@ -347,10 +335,10 @@ class ShardCore:
         if run is not None and run.epoch == self.epoch:
             return run.state()
         pending = self.pending
-        if self.options.even == CARRY and (pending is None or _slot_of(pending) is None) and fresh_run is not None:
+        if self.options.even == CARRY and (pending is None or not pending.is_slot) and fresh_run is not None:
             return fresh_run(pending).state()
         if pending is not None:
-            return dict(pending)
+            return pending.to_dict()
         return fresh_state(self.epoch, self.mode, self.options.even, self.carry)
 
     def share(self, total: int, slot: int, num_slots: int) -> int:
@@ -358,7 +346,7 @@ class ShardCore:
         after the loaded state (another slot's state counts as none: that copy
         refuses it when iterated)."""
         resume = self.pending
-        if resume is not None and _slot_of(resume) is not None and _slot_of(resume) != slot:
+        if resume is not None and resume.is_slot and resume.slot != slot:
             resume = None
         options = self.options
         return remaining_share(

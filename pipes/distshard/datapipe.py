@@ -54,7 +54,7 @@ from .options import ShardOptions, check_epoch, check_flag, check_options
 from .plan import CARRY, Even
 from .protocol import own_identity
 from .readers import RandomAccessReader, Reader, stable_digest
-from .state import validate_state
+from .state import State
 from .tracking import LoaderTrack
 
 T = TypeVar("T")
@@ -468,7 +468,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
                 "stands: call set_epoch() with the next epoch before iterating the loader"
             )
 
-        def fresh_run(pending: dict[str, Any] | None) -> SlotRun:
+        def fresh_run(pending: State | None) -> SlotRun:
             ctx = self.context()
             return core.slot_run(self.reader(), ctx, core.run_seed(pending, self.base_seed(ctx)), pending)
 
@@ -486,7 +486,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         Raises ``ValueError`` for a malformed state or one from another pipeline
         (other options, other data), leaving this pipe exactly as it was.
         """
-        found = validate_state(state)
+        found = State.from_dict(state)
         if self.core.load(found, self.reader() if self._cheap_reader() else None, get_worker_info() is not None):
             self.core.run = None
             self.loader_track.state_loaded(self.core.epoch)

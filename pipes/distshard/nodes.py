@@ -30,10 +30,11 @@ from .core import (
     with_node_source,
 )
 from .errors import OptionTypeError, StateMismatchError
+from .merging import merge_states
 from .options import carry_refused, check_epoch, check_options
 from .plan import CARRY, Even
 from .readers import Reader
-from .state import check_slot, find_states, merge_states
+from .state import check_slot, find_states
 
 T = TypeVar("T")
 

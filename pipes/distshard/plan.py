@@ -171,46 +171,65 @@ def select_stream(items: Iterable[T], slot: int, num_slots: int, even: Even, ski
     before anything is yielded.
     """
     it = iter(items)
-    pad: Any = _END
     if skip_rounds == 0:
-        if even is None:
-            yield from islice(it, slot, None, num_slots)
-            return
-        if even == "pad":
-            head = list(islice(it, slot))
-            mine = next(it, _END)
-            if mine is _END:
-                if head:  # degenerate N < num_slots: repeat an earlier element
-                    yield head[slot % len(head)]
-                return
-            del head
-            pad = mine
-        else:
-            mine = _nth(it, slot)
-            if mine is _END:
-                return
-        yield from _rounds(it, mine, pad, slot, num_slots, even)
+        yield from _select_fresh(it, slot, num_slots, even)
         return
-    k = skip_rounds
+    done, pad = _skip_consumed(it, slot, num_slots, even, skip_rounds)
+    if not done:
+        yield from _select_after(it, pad, slot, num_slots, even)
+
+
+def _select_fresh(it: Iterator[T], slot: int, num_slots: int, even: Even) -> Iterator[T]:
+    """``select_stream`` from the start of the stream."""
+    pad: Any = _END
+    if even is None:
+        yield from islice(it, slot, None, num_slots)
+        return
+    if even == "pad":
+        head = list(islice(it, slot))
+        mine = next(it, _END)
+        if mine is _END:
+            if head:  # degenerate N < num_slots: repeat an earlier element
+                yield head[slot % len(head)]
+            return
+        del head
+        pad = mine
+    else:
+        mine = _nth(it, slot)
+        if mine is _END:
+            return
+    yield from _rounds(it, mine, pad, slot, num_slots, even)
+
+
+def _skip_consumed(it: Iterator[Any], slot: int, num_slots: int, even: Even, k: int) -> tuple[bool, Any]:
+    """Skip the slot's first ``k`` rounds (``k >= 1``) of ``select_stream``, up to right
+    after its ``k``-th element; ``(done, pad)``: ``done`` when the slot has nothing
+    left, ``pad`` the element ``"pad"`` repeats (its first). :class:`StreamTooShort`
+    if the stream lacks what the slot yielded."""
+    pad: Any = _END
     if even == "pad":
         seen, pad = _advance(it, slot + 1)
         if seen < slot + 1:
             if k == 1 and seen > 0:
-                return  # N < num_slots: this slot repeated an earlier element, and is done
+                return True, pad  # N < num_slots: this slot repeated an earlier element, and is done
             raise _too_short(slot, num_slots, k, seen)
         if k > 1:
             more, _ = _advance(it, (k - 1) * num_slots)
             if more < (k - 1) * num_slots:
                 seen += more
                 if seen > (k - 1) * num_slots:
-                    return  # the last round lacked this slot's element: it yielded its pad
+                    return True, pad  # the last round lacked this slot's element: it yielded its pad
                 raise _too_short(slot, num_slots, k, seen)
     else:
         want = (k - 1) * num_slots + slot + 1
         seen, _ = _advance(it, want)
         if seen < want:
             raise _too_short(slot, num_slots, k, seen)
-    # right after the slot's k-th element, at (k - 1) * num_slots + slot
+    return False, pad
+
+
+def _select_after(it: Iterator[T], pad: Any, slot: int, num_slots: int, even: Even) -> Iterator[T]:
+    """``select_stream`` from right after the slot's element at ``(k - 1) * num_slots + slot``."""
     if even is None:
         yield from islice(it, num_slots - 1, None, num_slots)
         return
@@ -698,26 +717,7 @@ def block_runs(
     yield range(start + skip, stop)
 
 
-RunsOf = Callable[[int, int, int, int, int, int, int], Iterator[range]]
 LeftAfter = Callable[[Sequence[int], int], "Remaining"]  # (taken per slot, positions split) -> what is left
-
-
-def slot_runs(
-    layout: str,
-    rank: int,
-    world_size: int,
-    worker_id: int,
-    num_workers: int,
-    total: int,
-    multiple: int = 1,
-    skip: int = 0,
-) -> Iterator[range]:
-    """The positions of ``[0, total)`` a slot yields under ``even="drop"`` in
-    ``layout`` (``stride``, ``blocks`` or ``chunks``), as increasing ranges, skipping
-    the first ``skip`` in O(1). (By name, for the property tests: the package asks
-    the layout's object in ``layouts.py``.)"""
-    runs: RunsOf = _RUNS_BY_NAME.get(layout, stride_runs)
-    yield from runs(rank, world_size, worker_id, num_workers, total, multiple, skip)
 
 
 def carry_reads(window: Remaining, length: int, runs: Iterable[range]) -> Iterator[tuple[int, Iterator[int]]]:
@@ -766,7 +766,7 @@ def carry_left(
     first: int,
     epoch: int,
     length: int,
-    layout: str | LeftAfter,
+    left_after: LeftAfter,
     taken: Sequence[int],
     world_size: int,
     num_workers: int,
@@ -775,8 +775,8 @@ def carry_left(
     """What is left when slot ``rank * num_workers + worker`` of a carry run of
     ``epoch`` over ``base`` consumed its first ``taken[slot]`` positions.
 
-    ``layout`` says what a run leaves: a function of ``(taken, positions split)`` (the
-    layout's ``left_after``), or its name (``stride``, ``blocks`` or ``chunks``).
+    ``left_after`` says what a run leaves: a function of ``(taken, positions split)``
+    (the run's layout's ``left_after``, ``layouts.py``).
     Returns ``(base, first, finished)``: when every slot yielded its whole share the
     epoch is over and the result is the base opening ``epoch + 1`` (the tail it
     carries included); otherwise a base opening ``epoch`` that holds the positions
@@ -799,20 +799,9 @@ def carry_left(
         )
     if all(took == share for took in taken):
         return base.compose(Remaining([(hi, None)])), epoch + 1, True
-    left_after = _left_by_name(layout, world_size, num_workers, multiple) if isinstance(layout, str) else layout
     inner = left_after(taken, count)
     pieces = [(lo + a, lo + b) for a, b in inner.clip(count).intervals]  # type: ignore[operator]
     return base.compose(Remaining([*pieces, (hi, None)])), epoch, False
-
-
-def _left_by_name(layout: str, world_size: int, num_workers: int, multiple: int) -> LeftAfter:
-    """What a carry run (``even="drop"`` rounds) in the layout named ``layout`` leaves."""
-    num_slots = world_size * num_workers
-    by_name: dict[str, LeftAfter] = {
-        "blocks": lambda taken, count: left_after_blocks(taken, num_slots, count, "drop", multiple),
-        "chunks": lambda taken, count: left_after_chunks(taken, world_size, num_workers, count, multiple),
-    }
-    return by_name.get(layout, lambda taken, count: left_after_round_robin(taken, num_slots))
 
 
 def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: int) -> tuple[int, dict[int, int], int]:
@@ -829,6 +818,3 @@ def carry_summary(base: Remaining, first: int, epoch: int, length: int, unit: in
                 earlier[e] = earlier.get(e, 0) + inside
     below_end = (epoch + 1) * length - carry_consumed(base)  # base positions before the epoch's end
     return hi - lo, earlier, max(0, below_end - hi)
-
-
-_RUNS_BY_NAME: dict[str, RunsOf] = {"chunks": chunk_runs, "blocks": block_runs, "stride": stride_runs}

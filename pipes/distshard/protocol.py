@@ -18,7 +18,8 @@ The sequence it returns may declare, for the reader (``readers/sequence.py``):
 * ``distshard_order(seed)``: the permutation ``shuffle=True`` visits;
 * ``distshard_shuffle_kind``: what that permutation is, for ``explain()``;
 * ``distshard_blocks``: neighbours share a file, so slots take contiguous blocks;
-* ``distshard_identity()``: as above.
+* ``distshard_identity()``: as above;
+* ``describe()``: its line in ``explain()``.
 
 The protocols below name them (``isinstance`` works with the runtime-checkable ones);
 the functions are the one place that asks a source for them. How a source becomes an
@@ -40,6 +41,12 @@ __all__ = [
     "has_sequence",
     "own_identity",
     "reads_many",
+    "sequence_blocks",
+    "sequence_description",
+    "sequence_identity",
+    "sequence_order",
+    "sequence_reader",
+    "sequence_shuffle_kind",
     "sequence_of",
     "units_of",
 ]
@@ -129,4 +136,42 @@ def own_identity(obj: Any) -> str | None:
 
 def reads_many(sequence: Any) -> bool:
     """Whether ``sequence`` reads many positions at once (``distshard_read``)."""
-    return callable(getattr(sequence, "distshard_read", None))
+    return sequence_reader(sequence) is not None
+
+
+# -- what the reader asks a source's sequence (readers/sequence.py) --------------------
+
+
+def sequence_reader(sequence: Any) -> Callable[[Iterable[int], bool], Iterator[Any]] | None:
+    """``sequence.distshard_read`` (read many positions at once), or ``None``."""
+    many = getattr(sequence, "distshard_read", None)
+    return many if callable(many) else None
+
+
+def sequence_order(sequence: Any, seed: int) -> Callable[[int], int] | None:
+    """The permutation ``sequence.distshard_order(seed)`` gives, or ``None`` (no hook)."""
+    own = getattr(sequence, "distshard_order", None)
+    return own(seed) if callable(own) else None
+
+
+def sequence_shuffle_kind(sequence: Any) -> str | None:
+    """What ``sequence``'s permutation is (``distshard_shuffle_kind``), or ``None``."""
+    kind = getattr(sequence, "distshard_shuffle_kind", None)
+    return kind if isinstance(kind, str) else None
+
+
+def sequence_blocks(sequence: Any) -> bool:
+    """Whether ``sequence`` asks for contiguous blocks per slot (``distshard_blocks``)."""
+    return bool(getattr(sequence, "distshard_blocks", False))
+
+
+def sequence_identity(sequence: Any) -> str | None:
+    """What ``sequence`` says it is (``distshard_identity()``), or ``None``."""
+    own = getattr(sequence, "distshard_identity", None)
+    return str(own()) if callable(own) else None
+
+
+def sequence_description(sequence: Any) -> str | None:
+    """``sequence.describe()``, its line in ``explain()``, or ``None``."""
+    described = getattr(sequence, "describe", None)
+    return str(described()) if callable(described) else None

@@ -1,5 +1,5 @@
-"""Checkpoint state of ``dist_shard``: its format, validation, and the merge that
-makes elastic resume possible.
+"""Checkpoint state of ``dist_shard``: its format and validation (the merge that
+makes elastic resume possible is ``merging.py``).
 
 A *slot state* is what one copy of the pipeline (one rank's DataLoader worker)
 reports: the epoch and seed it runs, the part of the epoch its run splits
@@ -31,7 +31,7 @@ do not merge) a ``StateMismatchError``, a merge that cannot be exact an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
 
 from .errors import OptionError, StateMismatchError, UnsupportedError
@@ -43,9 +43,7 @@ from .plan import (
     Even,
     Remaining,
     carry_after,
-    carry_left,
     carry_window,
-    slot_count,
 )
 
 VERSION = 3  # 3: carry_from (even="carry")
@@ -66,7 +64,6 @@ __all__ = [
     "check_slot",
     "fresh_state",
     "validate_state",
-    "merge_states",
     "find_states",
 ]
 
@@ -105,7 +102,7 @@ class State:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.whole_files != _is_whole_files(self.source):
+        if self.whole_files != is_whole_files(self.source):
             raise OptionError(
                 f"whole_files={self.whole_files} but source={self.source!r}: the identity of whole files "
                 f"begins with {WHOLE_FILES_SOURCE!r}"
@@ -166,7 +163,7 @@ class State:
             **{f.name: wire[f.name] for f in fields(cls) if f.name in _WIRE_AS_IS},
             layout=layout,
             remaining=remaining,
-            whole_files=_is_whole_files(wire["source"]),
+            whole_files=is_whole_files(wire["source"]),
             extra={k: v for k, v in wire.items() if k not in _WIRE_KEYS},
         )
         if found.is_carry:
@@ -174,7 +171,8 @@ class State:
         return found
 
 
-def _is_whole_files(source: str | None) -> bool:
+def is_whole_files(source: str | None) -> bool:
+    """Whether ``source`` is the identity of whole files (each streamed to one slot)."""
     return source is not None and source.startswith(WHOLE_FILES_SOURCE)
 
 
@@ -450,165 +448,6 @@ def find_typed_states(obj: object) -> list[State]:
 
     walk(obj)
     return found
-
-
-# -- the merge ------------------------------------------------------------------------------------
-
-
-def merge_states(states: Iterable[object]) -> dict[str, Any]:
-    """Merge the states of *all* slots of a run into one slot-agnostic state.
-
-    Pass what every rank saved (pipeline or StatefulDataLoader states; nested
-    lists and dicts are searched). The result describes what is left of the epoch
-    and can be loaded by a run with any number of ranks and workers: that run
-    splits the remainder exactly once among its slots. Raises ``ValueError`` if a
-    slot is missing or appears twice, or the states come from different epochs,
-    seeds or pipelines, or claim more than their share.
-    """
-    return merge(find_typed_states(list(states))).to_dict()
-
-
-def merge(found: list[State]) -> State:
-    """:func:`merge_states` of states already found and typed."""
-    if not found:
-        raise OptionError("merge_states found no distshard state in what was given")
-    first = _same_run(found)
-    sized = [s for s in found if s.is_slot]
-    if not sized:  # only merged/fresh states: nothing to combine
-        return first
-    run = _RunOf.agreed(sized)
-    taken, absent = _every_slot_once(sized, len(found) - len(sized), run.num_slots)
-    merged = replace(
-        first, even=run.even, layout=None, num_slots=None, slot=None, taken=0, multiple_of=run.multiple, workers=None
-    )
-    if run.even == CARRY:
-        return _carry_left(merged, run, taken)
-    if not absent and all(s.finished for s in sized):
-        return replace(merged, remaining=Remaining([]), total=0, finished=True)
-    return _epoch_left(merged, run, taken)
-
-
-_OPTIONAL = ("seed", "total", "length", "source", "shuffle")  # states that do not know them yet say None
-
-
-def _wire(state: State, key: str) -> Any:
-    """``key``'s value as the wire format writes it (what a disagreement names)."""
-    value = getattr(state, key)
-    return value.to_list() if isinstance(value, Remaining) else getattr(value, "name", value)
-
-
-def _agree(found: list[State], key: str, optional: bool) -> Any:
-    """The value every state has for ``key`` (``optional``: ignoring ``None``)."""
-    values = {repr(_wire(s, key)) for s in found if not (optional and getattr(s, key) is None)}
-    if len(values) > 1:
-        raise StateMismatchError(
-            f"states disagree on {key} ({', '.join(sorted(values))}): they come from "
-            "different epochs, runs or pipelines; merge the states all slots saved at one step"
-        )
-    return next((getattr(s, key) for s in found if getattr(s, key) is not None), None)
-
-
-def _same_run(found: list[State]) -> State:
-    """The first state with what every state must share (their epoch, data, seed and
-    what is left of the epoch before the run): states of one run of one pipeline."""
-    keys = ("epoch", "mode", "remaining", "seed", "total", "length", "source", "shuffle")
-    common = {key: _agree(found, key, optional=key in _OPTIONAL) for key in keys}
-    if len({s.is_carry for s in found}) > 1:
-        raise StateMismatchError(
-            "some states come from a run with even='carry' and others not: they count positions "
-            "differently (through the epochs or within one) and cannot be merged"
-        )
-    common["carry_from"] = _agree(found, "carry_from", False)
-    return replace(found[0], **common, whole_files=_is_whole_files(common["source"]))
-
-
-@dataclass(frozen=True)
-class _RunOf:
-    """How the run the slot states come from split: only slots that ran know it."""
-
-    even: Even
-    layout: Layout
-    multiple: int
-    workers: int | None
-    num_slots: int
-
-    @classmethod
-    def agreed(cls, sized: list[State]) -> "_RunOf":
-        even, layout = _agree(sized, "even", False), _agree(sized, "layout", False)
-        multiple, workers = _agree(sized, "multiple_of", False), _agree(sized, "workers", True)
-        num_slots = sized[0].num_slots
-        assert num_slots is not None  # a slot's state
-        if any(s.num_slots != num_slots for s in sized):
-            raise StateMismatchError(
-                f"states come from runs with different slot counts: {sorted({s.num_slots or 0 for s in sized})}"
-            )
-        return cls(even, layout, multiple, workers, num_slots)
-
-
-def _every_slot_once(sized: list[State], blank: int, num_slots: int) -> tuple[list[int], list[int]]:
-    """Every slot's count of yielded elements, and the slots without a state; ``blank``
-    states (slots that consumed nothing yet, no slot known) stand for those."""
-    by_slot: dict[int, State] = {}
-    for s in sized:
-        assert s.slot is not None  # a slot's state
-        if s.slot in by_slot:
-            raise StateMismatchError(f"slot {s.slot} appears twice; pass one state per slot")
-        by_slot[s.slot] = s
-    absent = [slot for slot in range(num_slots) if slot not in by_slot]
-    if len(absent) > blank:
-        raise StateMismatchError(
-            f"states of slots {absent} of {num_slots} are missing; every rank's every worker "
-            "must contribute (gather them with all_gather_object or save one file per rank)"
-        )
-    if len(absent) < blank:
-        raise StateMismatchError(f"{len(sized) + blank} states for {num_slots} slots: some appear twice")
-    return [by_slot[slot].taken if slot in by_slot else 0 for slot in range(num_slots)], absent
-
-
-def _carry_left(merged: State, run: _RunOf, taken: list[int]) -> State:
-    """Under ``even="carry"``: the base the run leaves (``plan.carry_left``)."""
-    workers, num_slots = run.workers, run.num_slots
-    if workers is None or num_slots % workers:
-        raise _fail(f"workers={workers} does not divide num_slots={num_slots}")
-    assert merged.carry_from is not None and merged.length is not None  # a carry slot state's
-
-    def left_after(taken: Any, count: int) -> Remaining:
-        return run.layout.left_after(taken, num_slots, workers, count, "drop", run.multiple)
-
-    base, opens, finished = carry_left(
-        merged.remaining,
-        merged.carry_from,
-        merged.epoch,
-        merged.length,
-        left_after,
-        taken,
-        num_slots // workers,
-        workers,
-        run.multiple,
-    )
-    return replace(merged, remaining=base, carry_from=opens, total=None, finished=finished)
-
-
-def _epoch_left(merged: State, run: _RunOf, taken: list[int]) -> State:
-    """What the run leaves of the epoch: its layout's leftover, within what the run split."""
-    refusal = run.layout.refuse_merge(merged.whole_files)
-    if refusal is not None:
-        raise refusal
-    count = merged.total
-    if count is not None:
-        for slot, took in enumerate(taken):
-            share = slot_count(slot, run.num_slots, count, run.even, run.multiple)
-            if took > share:
-                raise StateMismatchError(
-                    f"slot {slot}'s state says it yielded {took} elements, but its share of the {count} "
-                    f"positions its run split is {share}: the state was altered or comes from another run"
-                )
-    outer = merged.remaining
-    inner = run.layout.left_after(taken, run.num_slots, run.workers, count, run.even, run.multiple)
-    left = outer.compose(inner)
-    if count is not None:
-        left = left.clip(outer.index(count - 1) + 1) if count else Remaining([])
-    return replace(merged, remaining=left, total=left.length(), finished=False)
 
 
 # -- carry: the base a pipe keeps from one epoch to the next ------------------------------------

@@ -17,7 +17,8 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .datapipe import DistShardIterDataPipe, shards_in
 from .errors import OptionError, OptionTypeError, StateMismatchError
-from .state import State, find_typed_states, merge, merge_states
+from .merging import merge, merge_states
+from .state import State, find_typed_states
 from .waits import naming_collective_timeouts
 
 __all__ = ["StatefulPipeline", "gather_states"]

@@ -7,6 +7,14 @@ import copy
 import warnings
 from typing import Any, Callable, Iterable, Iterator
 
+from ..protocol import (
+    sequence_blocks,
+    sequence_description,
+    sequence_identity,
+    sequence_order,
+    sequence_reader,
+    sequence_shuffle_kind,
+)
 from .base import RandomAccessReader, stable_digest
 
 __all__ = ["SequenceReader", "DEEPCOPY_WARNING", "ElementCopier"]
@@ -73,9 +81,9 @@ class SequenceReader(RandomAccessReader):
         self.sequence = sequence
         self.copy_elements = copy_elements
         # sources whose neighbours share a file (distshard's file sources) ask for blocks
-        self.prefers_blocks = bool(getattr(sequence, "distshard_blocks", False))
-        kind = getattr(sequence, "distshard_shuffle_kind", None)
-        if isinstance(kind, str):
+        self.prefers_blocks = sequence_blocks(sequence)
+        kind = sequence_shuffle_kind(sequence)
+        if kind is not None:
             self.shuffle_kind = kind
 
     def length(self) -> int:
@@ -83,9 +91,9 @@ class SequenceReader(RandomAccessReader):
 
     def identity(self) -> str:
         sequence = self.sequence
-        own = getattr(sequence, "distshard_identity", None)
-        if callable(own):
-            return str(own())
+        own = sequence_identity(sequence)
+        if own is not None:
+            return own
         n = len(sequence)
         sample: tuple = ()
         if type(sequence) in (list, tuple, range) and n:  # builtins only: indexing them reads nothing
@@ -93,18 +101,18 @@ class SequenceReader(RandomAccessReader):
         return f"sequence:{type(sequence).__qualname__}:{n}:{stable_digest(*sample)}"
 
     def describe(self) -> str:
-        described = getattr(self.sequence, "describe", None)
-        what = described() if callable(described) else f"{type(self.sequence).__name__} of {len(self.sequence)}"
+        what = sequence_description(self.sequence)
+        if what is None:
+            what = f"{type(self.sequence).__name__} of {len(self.sequence)}"
         return f"random access into {what}: each slot indexes its own positions (read once, O(1) to resume)"
 
     def order(self, seed: int) -> Callable[[int], int]:
-        own = getattr(self.sequence, "distshard_order", None)
-        return own(seed) if callable(own) else super().order(seed)
+        own = sequence_order(self.sequence, seed)
+        return own if own is not None else super().order(seed)
 
     def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
-        sequence = self.sequence
-        many = getattr(sequence, "distshard_read", None)
-        if callable(many) and not self.copy_elements:
+        many = sequence_reader(self.sequence)
+        if many is not None and not self.copy_elements:
             return many(positions, shuffled)
         return self._read_each(positions)
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import secrets
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..errors import OptionError, SourceMissingError, UnsupportedError
@@ -30,12 +31,13 @@ from .files import FileAccess, FileRef, file_identity
 from .index import dumps, load_cached
 from .jsonl import JsonlFormat
 from .manifest import StoredFile
-from .packs import pack_entry
+from .packs import entry_range, pack_entry
 from .parquet import ParquetFormat, require_pyarrow
+from .pruning import Pruned, check_grace, prune_packs
 from .tar import TarFormat
 from .urls import expand_urls, is_remote
 
-__all__ = ["Built", "build_stored_index", "format_named", "format_of"]
+__all__ = ["Built", "build_stored_index", "format_named", "format_of", "named_packs"]
 
 log = logging.getLogger("distshard")
 
@@ -79,13 +81,15 @@ def format_of(url: str) -> str:
 
 @dataclass
 class Built:
-    """What a build did: where, the files listed, how many were indexed now."""
+    """What a build did: where, the files listed, how many were indexed now, and
+    (``prune_after``) the packs it deleted or kept."""
 
     location: str
     files: list[StoredFile]
     built: int
     seconds: float
     total_bytes: int
+    pruned: Pruned | None = field(default=None)
 
 
 #: a pack (and the manifest naming it) is written when it holds this many bytes of
@@ -185,6 +189,7 @@ def build_stored_index(
     out: str | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    prune_after: float | None = None,
 ) -> Built:
     """Index the files ``patterns`` name (paths, URLs, globs, brace patterns; or
     one stored index's folder, whose files are indexed again) into ``out``
@@ -193,7 +198,13 @@ def build_stored_index(
     A remote file costs one request (a streamed GET; a file an earlier build
     listed, one metadata request while it is unchanged); the entries are written
     a pack at a time, each followed by the manifest, so an interrupted build
-    goes on where its last pack ended (at most :data:`FLUSH_SECONDS` of work)."""
+    goes on where its last pack ended (at most :data:`FLUSH_SECONDS` of work).
+
+    ``prune_after`` (seconds): once the manifest is written and every file indexed,
+    delete the packs in ``out`` it does not name that are older than that
+    (:func:`.pruning.prune_packs`); ``None`` keeps them all."""
+    if prune_after is not None:
+        check_grace(prune_after)
     urls, formats, previous, out = _what_to_index(patterns, fmt, storage_options, out)
     remote = any(is_remote(url) for url in urls)
     storage_options = _pooled(storage_options, urls, workers or REMOTE_WORKERS)
@@ -207,7 +218,15 @@ def build_stored_index(
     build = _Build(location, access, urls, formats, previous, storage_options, progress)
     with _executor(remote, len(urls), workers) as pool:
         build.run(pool)
-    return build.finish()
+    built = build.finish()
+    if prune_after is not None and built.files:
+        built.pruned = prune_packs(location, named_packs(built.files), prune_after, storage_options)
+    return built
+
+
+def named_packs(files: list[StoredFile]) -> set[str]:
+    """The names of the packs the entries of ``files`` are in (what their manifest names)."""
+    return {posixpath.basename(found[0]) for found in map(entry_range, (f.entry for f in files)) if found is not None}
 
 
 def _what_to_index(

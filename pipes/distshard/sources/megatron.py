@@ -129,6 +129,22 @@ def parse_index(data: bytes, where: str, bin_size: int, bin_name: str) -> tuple[
     its counts, and the sequences against the ``.bin``'s ``bin_size`` bytes.
     ``ValueError`` naming the file and the fix otherwise."""
     np = require_numpy()
+    code, n, d, expected = _check_header(data, where)
+    lengths = np.frombuffer(data, "<i4", n, HEADER.size)
+    pointers = np.frombuffer(data, "<i8", n, HEADER.size + 4 * n)
+    documents = np.frombuffer(data, "<i8", d, HEADER.size + 12 * n)
+    _check_sequences(lengths, pointers, np.dtype(DTYPES[code]).itemsize, where, bin_size, bin_name)
+    if d and (int(documents[0]) < 0 or int(documents[-1]) > n or bool((np.diff(documents) < 0).any())):
+        raise SourceDataError(
+            f"{where}: its document indices are not sequence numbers in increasing order within [0, {n}]: "
+            f"the file is corrupt; {_WRITE_BOTH}"
+        )
+    return code, lengths, pointers, max(0, d - 1), len(data) == expected + n and n > 0
+
+
+def _check_header(data: bytes, where: str) -> tuple[int, int, int, int]:
+    """``(dtype code, sequences, document indices, bytes they take)`` of an ``.idx``'s
+    header, checked against the file's length."""
     if len(data) < HEADER.size:
         raise SourceDataError(
             f"{where}: {len(data)} bytes, shorter than the {HEADER.size}-byte MMIDIDX header: "
@@ -156,13 +172,17 @@ def parse_index(data: bytes, where: str, bin_size: int, bin_name: str) -> tuple[
             f"{where}: {len(data)} bytes, but {n} sequences and {d} document indices take {expected} "
             f"(or {expected + n} with sequence modes): the file is corrupt; {_WRITE_BOTH}"
         )
-    lengths = np.frombuffer(data, "<i4", n, HEADER.size)
-    pointers = np.frombuffer(data, "<i8", n, HEADER.size + 4 * n)
-    documents = np.frombuffer(data, "<i8", d, HEADER.size + 12 * n)
+    return code, n, d, expected
+
+
+def _check_sequences(lengths: Any, pointers: Any, itemsize: int, where: str, bin_size: int, bin_name: str) -> None:
+    """The sequences (numpy ``lengths`` and byte ``pointers``) lie in the ``.bin``'s
+    ``bin_size`` bytes and fill them."""
+    np = require_numpy()
+    n = len(lengths)
     if n and int(lengths.min()) < 0:
         i = int(np.argmax(lengths < 0))
         raise SourceDataError(f"{where}: sequence {i} has length {int(lengths[i])}: the file is corrupt; {_WRITE_BOTH}")
-    itemsize = np.dtype(DTYPES[code]).itemsize
     ends = pointers + lengths.astype(np.int64) * itemsize
     if n and int(pointers.min()) < 0:
         i = int(np.argmax(pointers < 0))
@@ -181,12 +201,6 @@ def parse_index(data: bytes, where: str, bin_size: int, bin_name: str) -> tuple[
             f"{bin_name}: {bin_size} bytes, but the sequences of {where} end at byte {end}: "
             f"the .bin belongs to another .idx (the pair does not match); {_WRITE_BOTH}"
         )
-    if d and (int(documents[0]) < 0 or int(documents[-1]) > n or bool((np.diff(documents) < 0).any())):
-        raise SourceDataError(
-            f"{where}: its document indices are not sequence numbers in increasing order within [0, {n}]: "
-            f"the file is corrupt; {_WRITE_BOTH}"
-        )
-    return code, lengths, pointers, max(0, d - 1), len(data) == expected + n and n > 0
 
 
 def _array(typecode: str, values: Any) -> array:
