@@ -53,6 +53,10 @@ def test_both_front_ends_share_the_core_and_its_repr():
 def test_the_core_carries_the_captured_rank_through_pickling(monkeypatch):
     pipe = IterableWrapper(range(4)).dist_shard()
     monkeypatch.setattr(_context, "dist_rank_world", lambda: (1, 2))
+    # unpickling notes the captured rank for this process: put it back after the test,
+    # or a later test's in-process worker would resolve to rank 1 of 2
+    monkeypatch.setattr(_context, "_pickled", None)
+    monkeypatch.setattr(_context, "_pickled_pid", None)
     blob = pickle.dumps(pipe)
     assert pipe.core.captured is None  # captured in the copy, not here
     clone = pickle.loads(blob)
