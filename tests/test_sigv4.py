@@ -74,7 +74,9 @@ def test_the_signature_is_botocores(key, query, host, region, secret, token, met
     query = list({name: value for name, value in query}.items())  # botocore's params are a dict
     creds = sigv4.Credentials("AKIDEXAMPLE", secret, token)
     ours = sigv4.sign(method, host, path, query, extra, creds, region, now=NOW)
-    theirs = botocore_headers(method, scheme, host, path, query, extra, Credentials("AKIDEXAMPLE", secret, token), region)
+    theirs = botocore_headers(
+        method, scheme, host, path, query, extra, Credentials("AKIDEXAMPLE", secret, token), region
+    )
     assert ours["authorization"] == theirs["authorization"]
     for name in ("x-amz-date", "x-amz-content-sha256", "x-amz-security-token"):
         assert ours.get(name) == theirs.get(name), name

@@ -2,7 +2,7 @@
 
 A remote file is indexed from a single request: a GET of the whole object whose
 response gives the file's identity (its size, and the ETag / Last-Modified the
-store sends, exactly as a HEAD would: see :func:`.remote._http_stamp`) and whose
+store sends, exactly as a HEAD would: see :func:`.answers.http_stamp`) and whose
 body is parsed as it flows (tar headers, JSON-line offsets), in pieces of at
 most :data:`CHUNK` bytes: the file is never held whole, and no HEAD comes first.
 The body belongs to that one response, so it is one version of the file.
@@ -25,8 +25,9 @@ import time
 from typing import Any
 
 from ..errors import UnsupportedError
+from .answers import RemoteReadError, Transient, check_status, http_stamp, looks_transient
 from .files import FileAccess, FileRef
-from .remote import Client, RemoteReadError, _check_status, _http_stamp, _looks_transient, _Transient
+from .remote import Client
 
 __all__ = ["Body", "open_body", "streams"]
 
@@ -144,11 +145,11 @@ async def _open(client: Client, url: str) -> tuple[Any, int, str]:
         kw.setdefault("allow_redirects", True)
         r = await session.get(fs.encode_url(url), headers=headers, **kw)
         try:
-            _check_status(url, r.status, "the whole file")
+            check_status(url, r.status, "the whole file")
             size = r.headers.get("Content-Length")
             if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
                 raise UnsupportedError(f"{url}: the server does not report the file's size; random access needs it")
-            return r, int(size), _http_stamp(r.headers)
+            return r, int(size), http_stamp(r.headers)
         except BaseException:
             r.close()
             raise
@@ -176,6 +177,8 @@ def open_body(url: str, access: FileAccess) -> Body:
     """The body of one GET of ``url`` (its opening and first :data:`CHUNK` bytes
     retried): one wait on the client's event loop for a small file."""
     client = access.client(url)
+    if not isinstance(client, Client):  # the direct S3 client: the index command streams through s3fs
+        client = client.fallback
     options = access.options
     response, size, stamp, first = client.run(
         client._retrying(url, "the whole file", lambda: _start(client, url), options), f"{url}: the whole file", options
@@ -197,12 +200,12 @@ def index_streamed(fmt: Any, url: str, access: FileAccess) -> tuple[FileRef, Any
             index = fmt.index_stream(io.BufferedReader(body, CHUNK), ref)
             body.finish()
             return ref, index
-        except (_Cut, _Transient) as exc:
+        except (_Cut, Transient) as exc:
             failure: BaseException = exc
         except (ValueError, FileNotFoundError, PermissionError, TypeError):
             raise
         except Exception as exc:  # noqa: BLE001 - connection errors of aiohttp / botocore
-            if not _looks_transient(exc):
+            if not looks_transient(exc):
                 raise
             failure = exc
         finally:
