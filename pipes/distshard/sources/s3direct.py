@@ -461,8 +461,11 @@ class DirectS3Client:
         if meant is not None:
             raise meant
         said = _MESSAGE.search(answer.body or b"")
-        message = said.group(1).decode("utf-8", "replace") if said else ""
-        raise ValueError(f"{url}: HTTP {answer.status} {code} {message} reading {what}".replace("  ", " "))
+        parts = [f"HTTP {answer.status}", code, said.group(1).decode("utf-8", "replace") if said else ""]
+        region = answer.headers.get("x-amz-bucket-region")
+        if region:
+            parts.append(f"(the bucket is in {region}: give client_kwargs={{'region_name': {region!r}}})")
+        raise ValueError(f"{url}: {' '.join(p for p in parts if p)} reading {what}")
 
     def _retrying(
         self, url: str, what: str, attempt: Callable[[], T], options: ReadOptions, stored: str | None = None
