@@ -3,7 +3,11 @@
 fsspec is an optional extra: ``pip install distshard[remote]`` (``http(s)``;
 it brings aiohttp) or ``distshard[s3]`` (s3fs), ``gcsfs`` for ``gs://``.
 ``storage_options`` are handed to the filesystem as fsspec takes them; the
-environment (``AWS_*``, ...) keeps working as it does for fsspec.
+environment (``AWS_*``, ...) keeps working as it does for fsspec. An ``s3://``
+client is :mod:`.s3direct`'s (``http.client``, no s3fs on the path) when its
+outcome is certainly s3fs's (``DISTSHARD_S3_CLIENT``: ``auto``, ``s3fs``,
+``direct``; see :func:`client_for`); what answers mean and the retries are
+shared with it in :mod:`.answers`.
 
 What this module adds to fsspec:
 
@@ -131,7 +135,12 @@ STATS = ClientStats()
 
 
 def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """This process's client for ``url``'s protocol and ``storage_options``."""
+    """This process's client for ``url``'s protocol and ``storage_options``: for
+    ``s3://`` and ``s3a://`` the direct client (:class:`.s3direct.DirectS3Client`)
+    when :func:`.s3direct.direct_config` finds it eligible, unless the environment
+    variable ``DISTSHARD_S3_CLIENT`` is ``s3fs`` (``direct``: raise naming the
+    reason when it is not eligible; ``auto``, the default: s3fs then); else
+    :class:`Client` (fsspec)."""
     protocol = url.split("://", 1)[0].lower()
     key = (protocol, _frozen(storage_options or {}))
     client = _CLIENTS.get(key)
