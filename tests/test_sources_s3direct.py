@@ -318,3 +318,25 @@ def _fork_check(tmp_path, bucket, endpoint):
     assert client.process is parent and client.read_range(url, 200, 300, size, stamp) == data[200:300]
     assert client.identity(url) == (size, stamp)
     assert all(parent.connections.get(k) is c for k, c in connections.items())  # the same sockets, still in use
+
+
+def test_the_index_command_streams_through_faults_with_the_direct_client(tmp_path, bucket, proxy, monkeypatch):
+    """`python -m distshard index` reads each shard with one streamed GET of the
+    direct client (``open_stream``) through SlowDown, resets and cut bodies; the
+    stored index then reads every sample once."""
+    from distshard.__main__ import main
+    from distshard.sources._lru import clear_all
+
+    paths, expected = write_shards(tmp_path, shards=6, per_shard=5)
+    upload(bucket, paths, "streamed")
+    options = {"endpoint_url": proxy.endpoint}
+    pattern = f"s3://{BUCKET}/streamed/shard-{{000000..000005}}.tar"
+    monkeypatch.setenv("DISTSHARD_S3_CLIENT", "direct")
+    assert main(["index", pattern, "--storage-options", json.dumps(options)]) == 0
+    assert proxy.faulted and proxy.requests["HEAD"] == 0, (proxy.faulted, proxy.requests)
+    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "fresh"))
+    clear_all()
+    got = list(distshard.webdataset(pattern, storage_options=options).dist_shard(rank=0, world_size=1))
+    assert Counter(f"{Path(s['__url__']).name}#{s['__key__']}" for s in got) == Counter(
+        f"{Path(s['__url__']).name}#{s['__key__']}" for s in expected
+    )

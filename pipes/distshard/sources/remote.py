@@ -608,6 +608,43 @@ class Client:
         except FileNotFoundError:
             raise _missing(url) from None
 
+    # -- one streamed GET (the index command) ------------------------------------------------------
+    def open_stream(self, url: str, options: ReadOptions = _DEFAULT) -> tuple["_LoopStream", int, str]:
+        """One GET of the whole object, its opening retried: ``(stream, size,
+        stamp)``, the identity from the response (as a HEAD would give it) and a
+        stream whose ``read(n)`` returns up to ``n`` bytes of the body (fewer only
+        at its end) and ``close(whole)`` releases it (HTTP(S) and S3 only)."""
+        if self.kind not in ("http", "s3"):
+            raise UnsupportedError(f"{url}: no streamed GET for {self.protocol}:// (index it by ranges)")
+        response, size, stamp = self.run(
+            self._retrying(url, "the whole file", lambda: self._open_whole(url), options),
+            f"{url}: the whole file",
+            options,
+        )
+        return _LoopStream(self, response, options.timeout), size, stamp
+
+    async def _open_whole(self, url: str) -> tuple[Any, int, str]:
+        if self.kind == "http":
+            fs = self.fs
+            session = await fs.set_session()
+            kw = dict(fs.kwargs)
+            headers = dict(kw.pop("headers", None) or {})
+            headers["Accept-Encoding"] = "identity"
+            kw.setdefault("allow_redirects", True)
+            r = await session.get(fs.encode_url(url), headers=headers, **kw)
+            try:
+                _check_status(url, r.status, "the whole file")
+                size = r.headers.get("Content-Length")
+                if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                    raise UnsupportedError(f"{url}: the server does not report the file's size; random access needs it")
+                return r, int(size), _http_stamp(r.headers)
+            except BaseException:
+                r.close()
+                raise
+        response = await self.s3_object(url, "get_object", "the whole file")
+        stamp = str(response.get("ETag") or response.get("VersionId") or "")
+        return response, int(response["ContentLength"]), stamp
+
     def put(self, url: str, data: bytes) -> None:
         """Write a whole object (a stored index's entry or manifest)."""
         if self.kind == "http":
@@ -658,6 +695,47 @@ class Client:
             if wait is None:
                 raise attempts.error()
             await asyncio.sleep(wait)
+
+
+class _LoopStream:
+    """The body of a response of :meth:`Client.open_stream`, read on the client's
+    event loop: each ``read`` waits at most ``timeout`` (and 30 s more)."""
+
+    def __init__(self, client: Client, response: Any, timeout: float) -> None:
+        self.client, self.response, self.timeout = client, response, timeout
+
+    def read(self, n: int) -> bytes:
+        future = self.client.submit(asyncio.wait_for(self._read(n), self.timeout))
+        try:
+            return future.result(self.timeout + 30)
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def _read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (fewer at the end only): the pieces the connection
+        hands over are gathered here, so the reading thread waits once."""
+        read = self.response.content.read if self.client.kind == "http" else self.response["Body"].read
+        parts, got = [], 0
+        while got < n:
+            piece = await read(n - got)
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        return b"".join(parts)
+
+    def close(self, whole: bool) -> None:
+        self.client.submit(self._close(whole))
+
+    async def _close(self, whole: bool) -> None:
+        if self.client.kind == "http":
+            if whole:  # read to its end: the connection serves the next request
+                self.response.release()
+            else:
+                self.response.close()
+        else:
+            self.response["Body"].close()
 
 
 async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:

@@ -18,9 +18,9 @@ included), the same checks of every answer and the same retries
 (:mod:`.answers`); a bucket in another region is followed once on real AWS
 (``x-amz-bucket-region``) and remembered.
 
-Writes (the index command's entries and manifest), globs and the index
-command's streamed GET go through an s3fs client made on first use, off the
-job's path. ``DISTSHARD_S3_CLIENT`` picks: ``auto`` (the default: this client
+Writes (the index command's entries and manifest) and globs go through an
+s3fs client made on first use, off the job's path (globs: s3fs's, so that the
+files a pattern names are exactly fsspec's). ``DISTSHARD_S3_CLIENT`` picks: ``auto`` (the default: this client
 when eligible, else s3fs), ``s3fs`` (always s3fs), ``direct`` (this client, or
 a ``ValueError`` naming why not).
 
@@ -281,10 +281,42 @@ _ORPHANS: list[_Process] = []  # what forked children inherited: kept referenced
 
 
 class _Answer:
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("status", "headers", "body", "stream")
 
     def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes) -> None:
         self.status, self.headers, self.body = status, headers, body
+        self.stream: _DirectStream | None = None  # the unread body of a streamed GET
+
+
+class _DirectStream:
+    """The body of a streamed GET, read in the calling thread; its connection
+    goes back to the thread's pool when the body was read whole."""
+
+    def __init__(
+        self, state: _Process, host: str, response: http.client.HTTPResponse, conn: http.client.HTTPConnection
+    ) -> None:
+        self.state, self.host, self.response, self.conn = state, host, response, conn
+
+    def read(self, n: int) -> bytes:
+        parts, got = [], 0
+        while got < n:
+            piece = self.response.read(n - got)
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        return b"".join(parts)
+
+    def close(self, whole: bool) -> None:
+        if self.state.pid != os.getpid():  # a forked child: never the parent's socket
+            return
+        if whole and not self.response.will_close and self.response.isclosed():
+            key = (threading.get_ident(), self.host)
+            with self.state.lock:
+                if key not in self.state.connections:
+                    self.state.connections[key] = self.conn
+                    return
+        self.conn.close()
 
 
 class DirectS3Client:
@@ -395,9 +427,11 @@ class DirectS3Client:
         options: ReadOptions,
         query: list[tuple[str, str]] | None = None,
         bucket_key: tuple[str, str] | None = None,
+        stream: bool = False,
     ) -> _Answer:
         """One request (a region redirect followed once; a stale kept-alive
-        connection replaced once); the answer read whole."""
+        connection replaced once); the answer read whole, but a successful one's
+        with ``stream`` (its ``stream`` then reads it, on its own connection)."""
         bucket, key = bucket_key or self._split(url)
         state = self.process
         for redirect in (False, True):
@@ -419,6 +453,12 @@ class DirectS3Client:
                 try:
                     conn.request(method, target, headers=sent)
                     response = conn.getresponse()
+                    if stream and response.status in (200, 206):
+                        with state.lock:  # the body's own until it is read
+                            state.connections.pop((threading.get_ident(), host), None)
+                        answer = _Answer(response.status, response.headers, b"")
+                        answer.stream = _DirectStream(state, host, response, conn)
+                        return answer
                     body = response.read()
                 except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                     self._drop(state, host, conn)
@@ -568,6 +608,23 @@ class DirectS3Client:
             return bytes(answer.body)
 
         return self._retrying(url, "the whole file", get, options)
+
+    def open_stream(self, url: str, options: ReadOptions = _DEFAULT) -> tuple[_DirectStream, int, str]:
+        """One GET of the whole object, its opening retried: ``(stream, size,
+        stamp)`` as :meth:`.remote.Client.open_stream` (the index command)."""
+
+        def start() -> tuple[_DirectStream, int, str]:
+            answer = self._send("GET", url, "the whole file", {}, options, stream=True)
+            self._refuse(url, "the whole file", answer)
+            assert answer.stream is not None
+            size = answer.headers.get("Content-Length")
+            if size is None:
+                answer.stream.close(False)
+                raise Transient("a GET answer without Content-Length")
+            stamp = str(answer.headers.get("ETag") or answer.headers.get("x-amz-version-id") or "")
+            return answer.stream, int(size), stamp
+
+        return self._retrying(url, "the whole file", start, options)
 
     def put(self, url: str, data: bytes) -> None:
         """Write a whole object: through s3fs (the index command's writes)."""
