@@ -340,3 +340,16 @@ def test_the_index_command_streams_through_faults_with_the_direct_client(tmp_pat
     assert Counter(f"{Path(s['__url__']).name}#{s['__key__']}" for s in got) == Counter(
         f"{Path(s['__url__']).name}#{s['__key__']}" for s in expected
     )
+
+
+def test_explain_says_which_client_reads(bucket, endpoint, monkeypatch):
+    url = f"s3://{BUCKET}/x.tar"
+    direct = distshard.webdataset(url, storage_options={"endpoint_url": endpoint}).describe()
+    assert "S3 read directly" in direct, direct
+    slow = distshard.webdataset(url, storage_options={"endpoint_url": endpoint, "use_ssl": False}).describe()
+    assert "S3 through s3fs (not read directly: the storage option use_ssl=False)" in slow, slow
+    monkeypatch.setenv("DISTSHARD_S3_CLIENT", "s3fs")
+    assert (
+        "S3 through s3fs (DISTSHARD_S3_CLIENT=s3fs)"
+        in distshard.webdataset(url, storage_options={"endpoint_url": endpoint}).describe()
+    )

@@ -152,6 +152,22 @@ def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> An
     return client
 
 
+def s3_client_choice(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """For ``explain()``: which client reads an ``s3://`` URL and, for s3fs, why
+    (``None`` for other URLs); makes no client."""
+    protocol = url.split("://", 1)[0].lower()
+    if protocol not in ("s3", "s3a"):
+        return None
+    from .s3direct import ENV, direct_config
+
+    if (os.environ.get(ENV) or "auto").strip().lower() == "s3fs":
+        return f"S3 through s3fs ({ENV}=s3fs)"
+    config = direct_config(storage_options)
+    if isinstance(config, str):
+        return f"S3 through s3fs (not read directly: {config})"
+    return "S3 read directly (http.client, no s3fs)"
+
+
 def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: Any) -> Any:
     """The direct S3 client (:mod:`.s3direct`) where it is eligible and
     ``DISTSHARD_S3_CLIENT`` allows it, else fsspec's."""
