@@ -353,3 +353,65 @@ def test_explain_says_which_client_reads(bucket, endpoint, monkeypatch):
         "S3 through s3fs (DISTSHARD_S3_CLIENT=s3fs)"
         in distshard.webdataset(url, storage_options={"endpoint_url": endpoint}).describe()
     )
+
+
+GLOB_KEYS = [
+    "data/shard-000000.tar",
+    "data/shard-000001.tar",
+    "data/shard-000002.tar",
+    "data/shard-000010.tar",
+    "data/shard-dir/inner.tar",
+    "data/sub/x.tar",
+    "data/sub2/",
+    "data/",
+    "data/.hidden.tar",
+    "data/a b.tar",
+    "data/x+y%z.tar",
+    "data/ünï.tar",
+    "data/[x].tar",
+    "data2/shard-000000.tar",
+    "shard-top.tar",
+]
+GLOBS = [
+    "data/shard-*.tar",
+    "data/*",
+    "data/*.tar",
+    "data/shard-00000?.tar",
+    "data/shard-[0-0]*",
+    "data/shard-[!0]*",
+    "data/sub*",
+    "data/.h*",
+    "data/a *",
+    "data/x+y*",
+    "data/ü*",
+    "data/[[]x].tar",
+    "data/?",
+    "data/nothing*",
+    "shard-*",
+    "*.tar",
+    "data/sub2/*",
+]
+DELEGATED = ["data/**/*.tar", "data*/shard-000000.tar", "data/*/x.tar"]  # to s3fs
+
+
+def test_globs_find_what_s3fs_finds(bucket, endpoint, monkeypatch):
+    """The direct client's glob (one ListObjectsV2 listing, continued: two keys a
+    page here) against s3fs's on a tree with folders, folder markers, dot files,
+    spaces, ``+``, ``%``, unicode and brackets in keys."""
+    for key in GLOB_KEYS:
+        bucket.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    options = {"endpoint_url": endpoint}
+    direct = remote.client_for(f"s3://{BUCKET}/", options)
+    assert isinstance(direct, DirectS3Client)
+    monkeypatch.setenv("DISTSHARD_S3_CLIENT", "s3fs")
+    remote.forget_clients()
+    via_s3fs = remote.client_for(f"s3://{BUCKET}/", options)
+    found = {}
+    for glob in GLOBS + DELEGATED:
+        pattern = f"s3://{BUCKET}/{glob}"
+        found[glob] = expected = via_s3fs.glob(pattern)
+        assert direct.glob(pattern, max_keys=2) == expected, glob
+        assert direct.glob(pattern) == expected, glob
+        if glob == GLOBS[-1]:
+            assert direct._fallback is None  # every pattern so far listed by the direct client
+    assert len(found["data/*"]) == 12 and found["data/[[]x].tar"] == [f"s3://{BUCKET}/data/[x].tar"], found

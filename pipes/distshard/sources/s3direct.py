@@ -18,9 +18,9 @@ included), the same checks of every answer and the same retries
 (:mod:`.answers`); a bucket in another region is followed once on real AWS
 (``x-amz-bucket-region``) and remembered.
 
-Writes (the index command's entries and manifest) and globs go through an
-s3fs client made on first use, off the job's path (globs: s3fs's, so that the
-files a pattern names are exactly fsspec's). ``DISTSHARD_S3_CLIENT`` picks: ``auto`` (the default: this client
+Writes (the index command's entries and manifest) go through an s3fs client
+made on first use, off the job's path; so do globs other than the common one
+(wildcards in the last segment only, listed here: see :meth:`DirectS3Client.glob`). ``DISTSHARD_S3_CLIENT`` picks: ``auto`` (the default: this client
 when eligible, else s3fs), ``s3fs`` (always s3fs), ``direct`` (this client, or
 a ``ValueError`` naming why not).
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import configparser
+import fnmatch
 import http.client
 import logging
 import os
@@ -42,6 +43,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TypeVar
+from urllib.parse import unquote_plus
+from xml.etree import ElementTree
 
 from .answers import (
     Attempts,
@@ -630,6 +633,72 @@ class DirectS3Client:
         """Write a whole object: through s3fs (the index command's writes)."""
         self.fallback.put(url, data)
 
-    def glob(self, pattern: str) -> list[str]:
-        """The URLs matching ``pattern``: s3fs's glob (fsspec's semantics exactly)."""
-        return list(self.fallback.glob(pattern))
+    def glob(self, pattern: str, options: ReadOptions = _DEFAULT, max_keys: int = 1000) -> list[str]:
+        """The URLs matching ``pattern``, as s3fs's glob finds them: when the
+        wildcards (``*``, ``?``, ``[...]``) are in the last segment only, one
+        ListObjectsV2 listing (``/`` delimited, from the stem before the first
+        wildcard; continued) whose objects and common prefixes are matched as
+        fsspec matches them; any other pattern (``**``, wildcards in folders or
+        the bucket, a trailing ``/``) through s3fs itself."""
+        parts = _simple_glob(pattern)
+        if parts is None:
+            return list(self.fallback.glob(pattern))
+        bucket, folder, segment = parts
+        stem = segment[: min(i for i in (segment.find(c) for c in "*?[") if i >= 0)]
+        base = f"{folder}/" if folder else ""
+        names = self._retrying(
+            pattern, "a listing", lambda: self._list(pattern, bucket, base + stem, options, max_keys), options
+        )
+        found = {name for name in names if name[len(base) :] and fnmatch.fnmatchcase(name[len(base) :], segment)}
+        return sorted(f"s3://{bucket}/{name}" for name in found)
+
+    def _list(self, url: str, bucket: str, prefix: str, options: ReadOptions, max_keys: int) -> list[str]:
+        """Keys and common prefixes (without their ``/``) under ``prefix``, one level."""
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            query = [("list-type", "2"), ("prefix", prefix), ("delimiter", "/"), ("encoding-type", "url")]
+            if max_keys != 1000:
+                query.append(("max-keys", str(max_keys)))
+            if token is not None:
+                query.append(("continuation-token", token))
+            answer = self._send("GET", url, "a listing", {}, options, query=query, bucket_key=(bucket, ""))
+            self._refuse(url, "a listing", answer)
+            try:
+                root = ElementTree.fromstring(answer.body)
+            except ElementTree.ParseError as exc:
+                raise Transient(f"a listing that is not XML: {exc}") from None
+            fields: dict[str, list[str]] = {}
+            for child in root:
+                tag = child.tag.rsplit("}", 1)[-1]
+                if tag in ("Contents", "CommonPrefixes"):
+                    for inner in child:
+                        if inner.tag.rsplit("}", 1)[-1] in ("Key", "Prefix"):
+                            fields.setdefault(tag, []).append(inner.text or "")
+                else:
+                    fields.setdefault(tag, []).append(child.text or "")
+            # keys come URL-encoded when the answer says so (as botocore decodes them)
+            decode = unquote_plus if fields.get("EncodingType") == ["url"] else str
+            names += [decode(k) for k in fields.get("Contents", [])]
+            names += [decode(p)[:-1] for p in fields.get("CommonPrefixes", []) if decode(p).endswith("/")]
+            if (fields.get("IsTruncated") or ["false"])[0].strip().lower() != "true":
+                return names
+            token = (fields.get("NextContinuationToken") or [""])[0]
+            if not token:
+                raise Transient("a truncated listing without a continuation token")
+
+
+def _simple_glob(pattern: str) -> tuple[str, str, str] | None:
+    """``(bucket, folder, last segment)`` of a pattern whose wildcards are in its
+    last segment only (see :meth:`DirectS3Client.glob`), else ``None``."""
+    path = pattern.split("://", 1)[1] if "://" in pattern else pattern
+    if path.endswith("/") or "**" in path or "?versionId=" in path:
+        return None
+    path = path.lstrip("/")
+    bucket, _, rest = path.partition("/")
+    if not rest or any(c in bucket for c in "*?["):
+        return None
+    folder, _, segment = rest.rpartition("/")
+    if any(c in folder for c in "*?[") or not any(c in segment for c in "*?["):
+        return None
+    return bucket, folder, segment
