@@ -4,7 +4,8 @@ answers instead with a fault: ``503 SlowDown`` (S3's XML error), a reset
 connection, or a body cut short (the full ``Content-Length`` announced, half
 sent). With ``region`` set it plays AWS's region redirect: a request signed for
 another region gets ``301 PermanentRedirect`` with ``x-amz-bucket-region``.
-Counts requests by method and faults by kind; reaches nothing beyond 127.0.0.1.
+With ``tls`` (a certificate and its key) it speaks https. Counts requests by
+method and faults by kind; reaches nothing beyond 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import http.client
 import http.server
 import re
 import socket
+import ssl
 import struct
 import threading
 from collections import Counter
@@ -30,9 +32,20 @@ class S3Proxy(http.server.ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(
-        self, upstream: str, fault_every: int = 0, faults: tuple[str, ...] = FAULTS, region: str | None = None
+        self,
+        upstream: str,
+        fault_every: int = 0,
+        faults: tuple[str, ...] = FAULTS,
+        region: str | None = None,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
+        self.scheme = "http"
+        if tls is not None:  # (certificate, key): https
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+            self.scheme = "https"
         host, _, port = upstream.split("://", 1)[1].rstrip("/").partition(":")
         self.upstream = (host, int(port or 80))
         self.fault_every = fault_every
@@ -47,7 +60,19 @@ class S3Proxy(http.server.ThreadingHTTPServer):
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.server_address[1]}"
+
+    def get_request(self) -> Any:
+        sock, address = super().get_request()
+        if isinstance(sock, ssl.SSLSocket):
+            sock.settimeout(10)
+            try:
+                sock.do_handshake()
+            except (OSError, ssl.SSLError):
+                sock.close()
+                raise
+            sock.settimeout(None)
+        return sock, address
 
     def start(self) -> "S3Proxy":
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -415,3 +415,31 @@ def test_globs_find_what_s3fs_finds(bucket, endpoint, monkeypatch):
         if glob == GLOBS[-1]:
             assert direct._fallback is None  # every pattern so far listed by the direct client
     assert len(found["data/*"]) == 12 and found["data/[[]x].tar"] == [f"s3://{BUCKET}/data/[x].tar"], found
+
+
+def test_https_with_the_ca_bundle_of_aws_ca_bundle(tmp_path, bucket, endpoint):
+    """An https endpoint (the proxy with a self-signed certificate) is read with
+    the bundle AWS_CA_BUNDLE names, as botocore does; without it the certificate
+    is refused at once, naming the variable."""
+    from tests.range_server import self_signed
+
+    made = self_signed(tmp_path)
+    if made is None:
+        pytest.skip("no openssl command to make a test certificate")
+    server = S3Proxy(endpoint, tls=made).start()
+    try:
+        paths, _ = write_shards(tmp_path, shards=1, per_shard=3)
+        [url] = upload(bucket, paths, "tls")
+        data = Path(paths[0]).read_bytes()
+        env = {**CREDS, "AWS_CONFIG_FILE": "/nonexistent", "AWS_CA_BUNDLE": made[0]}
+        config = direct_config({"endpoint_url": server.endpoint}, env)
+        assert isinstance(config, Config) and config.scheme == "https" and config.ca_bundle == made[0]
+        client = DirectS3Client("s3", {}, config, lambda: None)
+        size, stamp = client.identity(url)
+        assert client.read_range(url, 5, 700, size, stamp) == data[5:700]
+        assert client.fetch(url) == data
+        untrusted = DirectS3Client("s3", {}, dataclasses.replace(config, ca_bundle=None), lambda: None)
+        with pytest.raises(PermissionError, match="AWS_CA_BUNDLE"):
+            untrusted.identity(url)
+    finally:
+        server.stop()

@@ -468,6 +468,12 @@ class DirectS3Client:
                     if fresh or fresh_try:
                         raise Transient(f"{type(exc).__name__}: {exc}") from None
                     continue  # a kept-alive connection the server had closed: once more on a new one
+                except ssl.SSLCertVerificationError as exc:
+                    self._drop(state, host, conn)
+                    raise PermissionError(
+                        f"{url}: the certificate of {host} was not verified ({exc.verify_message}): give the "
+                        "bundle that signs it in AWS_CA_BUNDLE"
+                    ) from None
                 except http.client.IncompleteRead as exc:
                     self._drop(state, host, conn)
                     raise Transient(f"the body was cut: {len(exc.partial)} bytes of {exc.expected} more") from None
