@@ -50,7 +50,7 @@ def botocore_headers(method, scheme, host, path, query, headers, creds, region):
     return {name.lower(): value for name, value in request.headers.items()}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     key=keys,
     query=params,

@@ -188,6 +188,11 @@ def test_identity_is_the_one_s3fs_reports(tmp_path, bucket, endpoint, monkeypatc
     assert direct.fetch(url) == via_s3fs.fetch(url) == Path(paths[0]).read_bytes()
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         direct.fetch(f"s3://{BUCKET}/nothing-here")
+    size, stamp = direct.identity(url)
+    data = Path(paths[0]).read_bytes()
+    for concurrency in (2, 12, 4):  # the pool grows to the largest asked, and never shrinks
+        assert direct.read_range(url, 1, 99, size, stamp, ReadOptions(concurrency=concurrency)) == data[1:99]
+    assert direct.process.size == 12
 
 
 def test_the_switch(bucket, endpoint, monkeypatch):
