@@ -448,3 +448,28 @@ def test_https_with_the_ca_bundle_of_aws_ca_bundle(tmp_path, bucket, endpoint):
             untrusted.identity(url)
     finally:
         server.stop()
+
+
+def test_buckets_botocore_addresses_its_own_way_go_through_s3fs(clean):
+    """Access point ARNs and S3 Express directory buckets: botocore's endpoints
+    for them are its own, so the direct client hands such URLs to s3fs."""
+
+    class Fallback:
+        def __init__(self):
+            self.calls = []
+
+        def identity(self, url, options):
+            self.calls.append(("identity", url))
+            return 3, '"e"'
+
+        def fetch(self, url, options):
+            self.calls.append(("fetch", url))
+            return b"abc"
+
+    config = direct_config({"client_kwargs": {"region_name": "us-west-2"}}, clean)
+    fallback = Fallback()
+    client = DirectS3Client("s3", {}, config, lambda: fallback)
+    arn = "s3://arn:aws:s3:us-west-2:123456789012:accesspoint/ap/key.tar"
+    express = "s3://fast--usw2-az1--x-s3/key.tar"
+    assert client.identity(arn) == (3, '"e"') and client.fetch(express) == b"abc"
+    assert fallback.calls == [("identity", arn), ("fetch", express)]

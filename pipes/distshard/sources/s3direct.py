@@ -542,9 +542,18 @@ class DirectS3Client:
             )
 
     # -- the interface --------------------------------------------------------------------------
+    def _botocores(self, url: str) -> bool:
+        """Whether ``url`` names a bucket botocore addresses its own way (an ARN:
+        access points, Object Lambda, multi-region; an S3 Express directory bucket,
+        ``--x-s3``): such a URL goes through the s3fs client."""
+        bucket = self._split(url)[0]
+        return ":" in bucket or bucket.endswith("--x-s3")
+
     def identity(self, url: str, options: ReadOptions = _DEFAULT) -> tuple[int, str]:
         """``(size, stamp)`` of ``url`` now: one HEAD (retried); the stamp is the
         ETag as botocore returns it (quotes included), else the version id."""
+        if self._botocores(url):
+            return self.fallback.identity(url, options)
 
         def head() -> tuple[int, str]:
             answer = self._send("HEAD", url, "metadata", {}, options)
@@ -582,6 +591,8 @@ class DirectS3Client:
     ) -> Pending:
         """Bytes ``[start, stop)`` of ``url`` checked against ``(size, stamp)``,
         retried, on the pool; a future-like object (``result()``, ``cancel()``)."""
+        if self._botocores(url):
+            return self.fallback.submit_range(url, start, stop, size, stamp, options, stored)
         what = f"bytes [{start}, {stop})"
 
         def run() -> tuple[bool, Any]:
@@ -607,6 +618,8 @@ class DirectS3Client:
 
     def fetch(self, url: str, options: ReadOptions = _DEFAULT) -> bytes:
         """The whole object in one GET (retried); ``FileNotFoundError`` if there is none."""
+        if self._botocores(url):
+            return self.fallback.fetch(url, options)
 
         def get() -> bytes:
             answer = self._send("GET", url, "the whole file", {}, options)
@@ -621,6 +634,8 @@ class DirectS3Client:
     def open_stream(self, url: str, options: ReadOptions = _DEFAULT) -> tuple[_DirectStream, int, str]:
         """One GET of the whole object, its opening retried: ``(stream, size,
         stamp)`` as :meth:`.remote.Client.open_stream` (the index command)."""
+        if self._botocores(url):
+            return self.fallback.open_stream(url, options)
 
         def start() -> tuple[_DirectStream, int, str]:
             answer = self._send("GET", url, "the whole file", {}, options, stream=True)
