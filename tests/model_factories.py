@@ -38,10 +38,14 @@ import distshard
 # rewrites the file at the same size in the middle of the history: "remote-weak"
 # (reading must refuse, never yield the new version's elements); the "remote" file with
 # its index stored beside it by `python -m distshard index` (no HEAD; entries fetched
-# by the slots that read it, through the same faults): "remote-stored"; the same file
-# in a bucket of moto's S3 server behind a proxy that answers every 7th GET with a 503
-# SlowDown, a reset or a cut body, its index stored in the bucket beside it, read by
-# the direct S3 client (sources/s3direct.py): "remote-s3"
+# by the slots that read it, through the same faults): "remote-stored"; a file indexed
+# the same way by the command, from a server with strong ETags, that is
+# rewritten at the same size in the middle of the history, so the stored index goes
+# stale under a running job (every range carries If-Match: the store answers 412;
+# reading must refuse, never yield the new version's elements): "remote-stale";
+# the "remote" file in a bucket of moto's S3 server behind a proxy that answers every 7th
+# GET with a 503 SlowDown, a reset or a cut body, its index stored in the bucket beside it,
+# read by the direct S3 client (sources/s3direct.py): "remote-s3"
 SOURCES = (
     "list",
     "list+map",
@@ -62,6 +66,7 @@ SOURCES = (
     "remote-weak",
     "remote-stored",
     "remote-s3",
+    "remote-stale",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -104,6 +109,7 @@ class Spec:
             "remote-weak",
             "remote-stored",
             "remote-s3",
+            "remote-stale",
             *MIXES,
         ) or (self.units and self.sized)
 
@@ -534,6 +540,55 @@ def remote_s3_jsonl(n: int):
     return distshard.jsonl(url, storage_options={"endpoint_url": proxy.endpoint, **credentials}, read_options=options)
 
 
+class StaleRewriter(Rewriter):
+    """A :class:`Rewriter` for a file with a stored index: a job asks no HEAD, so the
+    GET of the index's manifest (what every build of a pipe asks first) arms it."""
+
+    def __call__(self, path: Path) -> None:
+        if path.name == "manifest.json" and self.current is not None and path.parent == self.root / ".distshard":
+            self.head(self.current)
+            return
+        super().__call__(path)
+
+
+_STALE: Any = None  # (pid, RangeServer, StaleRewriter) of this process
+
+
+def remote_stale_jsonl(n: int):
+    """``distshard.jsonl`` of version 1 of :class:`Rewriter`'s file, indexed once
+    by ``python -m distshard index`` into ``.distshard/`` beside it, over HTTP from a
+    loopback server with strong ETags (``If-Match``) that rewrites the file at the same
+    size a few GETs after a build read the manifest: the stored index goes stale under
+    the running job."""
+    import os
+    import tempfile
+
+    from distshard.__main__ import main
+    from distshard.sources import ReadOptions
+    from tests.range_server import RangeServer
+
+    global _STALE
+    jsonl_file(0)  # the cache directory
+    if _STALE is None or _STALE[0] != os.getpid():
+        root = Path(tempfile.gettempdir()) / "distshard-model" / f"stale-{os.getpid()}"
+        root.mkdir(parents=True, exist_ok=True)
+        _cleanup(root)
+        rewriter = StaleRewriter(root)
+        # no faults: a retried GET would move the rewrite by a request, so the elements drawn
+        # before it would vary between hypothesis' replays of one example ("remote-stored"
+        # has the faults with a stored index)
+        _STALE = (os.getpid(), RangeServer(root, before_get=rewriter).start(), rewriter)
+    server, rewriter = _STALE[1], _STALE[2]
+    path = rewriter.reset(n)  # version 1, armed by the next manifest GET
+    url = server.url(path)
+    if not (root_done := rewriter.root / ".distshard" / f"done-{n}").exists():
+        assert main(["index", url, "--out", str(rewriter.root / ".distshard")]) == 0
+        root_done.touch()
+        rewriter.reset(n)  # the command's own manifest GET must not arm the rewrite
+    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    return distshard.jsonl(url, read_options=options)
+
+
 def _cleanup(root: Path) -> None:
     """Remove a folder of this process's own at its exit."""
     import atexit
@@ -580,6 +635,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_stored_jsonl(spec.n)
     elif spec.source == "remote-s3":
         source = remote_s3_jsonl(spec.n)
+    elif spec.source == "remote-stale":
+        source = remote_stale_jsonl(spec.n)
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     elif spec.source == "tokens":
@@ -623,6 +680,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(remote_stored_jsonl(spec.n), **options)
     if spec.source == "remote-s3":
         return DistShardNode(remote_s3_jsonl(spec.n), **options)
+    if spec.source == "remote-stale":
+        return DistShardNode(remote_stale_jsonl(spec.n), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":

@@ -143,13 +143,14 @@ REFUSALS = [
         r"merge_states",
         lambda s: s.even == "carry",
     ),
-    # docs/contract.md: "a file that changes during a job raises" (weak ETags compared, issue 21)
+    # docs/contract.md: "a file that changes during a job raises" (weak ETags compared, issue 21;
+    # a stored index gone stale: If-Match answered 412, issue 22, naming the refresh command)
     Refusal(
         "a remote file rewritten during the job",
         frozenset({"iterate", "iterate-own", "iterate-merged", "late"}),
         ValueError,
-        r"changed after it was indexed",
-        lambda s: s.source == "remote-weak",
+        r"changed after it was indexed|changed after the stored index at .* refresh it with `python -m distshard index",
+        lambda s: s.source in ("remote-weak", "remote-stale"),
     ),
 ]
 CONSTRUCT = [r for r in REFUSALS if "construct" in r.stages]
@@ -740,6 +741,29 @@ def test_the_s3_model_source_reads_through_the_direct_client_and_its_faults():
     assert set(model_factories._S3[2].faulted) == {"slowdown", "reset", "short"}
     assert model_factories._S3[2].requests["HEAD"] == 0
     remote.forget_clients()
+
+
+@settings(MODEL_SETTINGS, max_examples=20)
+@given(spec=specs(), data=st.data())
+def test_every_history_over_a_stored_index_gone_stale_is_exact_or_refused(spec, data):
+    """The file of a stored index rewritten at the same size under the running job
+    (issue 22): every range asks ``If-Match`` of the manifest's ETag, the store answers
+    412, and the run refuses naming the refresh command; it never yields the new
+    version's elements ("x3")."""
+    check_model(replace(spec, source="remote-stale", n=max(spec.n, 1)), data, ["plain", "sdl0"])
+
+
+def test_the_stale_index_server_rewrites_the_file_while_a_pipe_reads_it():
+    """The history test above is not vacuous: a pipe that reads the whole file asks
+    no HEAD (the stored index), sees the rewrite its manifest GET armed, and refuses it."""
+    from tests import model_factories
+
+    pipe = model_factories.remote_stale_jsonl(55).dist_shard(rank=0, world_size=1)
+    server = model_factories._STALE[1]
+    heads = server.requests["HEAD"]
+    with pytest.raises(ValueError, match=r"changed after the stored index at .*python -m distshard index"):
+        list(pipe)
+    assert server.requests["HEAD"] == heads  # the stored index answered the file's identity
 
 
 @st.composite
