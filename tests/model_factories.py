@@ -42,7 +42,10 @@ import distshard
 # the same way by the command, from a server with strong ETags, that is
 # rewritten at the same size in the middle of the history, so the stored index goes
 # stale under a running job (every range carries If-Match: the store answers 412;
-# reading must refuse, never yield the new version's elements): "remote-stale"
+# reading must refuse, never yield the new version's elements): "remote-stale";
+# the "remote" file in a bucket of moto's S3 server behind a proxy that answers every 7th
+# GET with a 503 SlowDown, a reset or a cut body, its index stored in the bucket beside it,
+# read by the direct S3 client (sources/s3direct.py): "remote-s3"
 SOURCES = (
     "list",
     "list+map",
@@ -62,6 +65,7 @@ SOURCES = (
     "pack",
     "remote-weak",
     "remote-stored",
+    "remote-s3",
     "remote-stale",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
@@ -104,6 +108,7 @@ class Spec:
             "pack",
             "remote-weak",
             "remote-stored",
+            "remote-s3",
             "remote-stale",
             *MIXES,
         ) or (self.units and self.sized)
@@ -473,6 +478,68 @@ def remote_stored_jsonl(n: int):
     return distshard.jsonl(url, read_options=source.access.options)
 
 
+_S3: Any = None  # (pid, moto's server, S3Proxy, the files in its bucket) of this process
+S3_BUCKET = "model"
+
+
+def remote_s3_jsonl(n: int):
+    """:func:`jsonl_file`'s file in a bucket of moto's S3 server on 127.0.0.1
+    (started once per process, in a thread), indexed once with the command into
+    ``.distshard/`` beside it, read through a proxy that answers every 7th GET with
+    a 503 SlowDown, a reset connection or a cut body (``tests/s3_proxy.py``), with
+    explicit credentials and endpoint: the direct S3 client's path."""
+    import json
+    import os
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    from distshard.__main__ import main
+    from distshard.sources import ReadOptions
+    from tests.s3_proxy import S3Proxy
+
+    global _S3
+    credentials = {"key": "testing", "secret": "testing"}
+    if _S3 is None or _S3[0] != os.getpid():
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        proxy = S3Proxy(f"http://127.0.0.1:{port}", fault_every=7).start()
+        _S3 = (os.getpid(), server, proxy, set())
+        main_options = {"endpoint_url": f"http://127.0.0.1:{port}", **credentials}
+        _S3[1].options = main_options
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=main_options["endpoint_url"],
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket=S3_BUCKET)
+    _, server, proxy, uploaded = _S3
+    url = f"s3://{S3_BUCKET}/data-{n}/e{n}.jsonl"  # a folder each: the stored index found beside it
+    if n not in uploaded:
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=server.options["endpoint_url"],
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).put_object(Bucket=S3_BUCKET, Key=f"data-{n}/e{n}.jsonl", Body=Path(jsonl_file(n)).read_bytes())
+        assert main(["index", url, "--storage-options", json.dumps(server.options)]) == 0
+        uploaded.add(n)
+    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    return distshard.jsonl(url, storage_options={"endpoint_url": proxy.endpoint, **credentials}, read_options=options)
+
+
 class StaleRewriter(Rewriter):
     """A :class:`Rewriter` for a file with a stored index: a job asks no HEAD, so the
     GET of the index's manifest (what every build of a pipe asks first) arms it."""
@@ -566,6 +633,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_weak_jsonl(spec.n)
     elif spec.source == "remote-stored":
         source = remote_stored_jsonl(spec.n)
+    elif spec.source == "remote-s3":
+        source = remote_s3_jsonl(spec.n)
     elif spec.source == "remote-stale":
         source = remote_stale_jsonl(spec.n)
     elif spec.source == "gz":
@@ -609,6 +678,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(remote_weak_jsonl(spec.n), **options)
     if spec.source == "remote-stored":
         return DistShardNode(remote_stored_jsonl(spec.n), **options)
+    if spec.source == "remote-s3":
+        return DistShardNode(remote_s3_jsonl(spec.n), **options)
     if spec.source == "remote-stale":
         return DistShardNode(remote_stale_jsonl(spec.n), **options)
     if spec.source == "gz":

@@ -719,6 +719,32 @@ def test_every_history_over_a_stored_index_is_exact_or_refused(spec, data):
 
 @settings(MODEL_SETTINGS, max_examples=20)
 @given(spec=specs(), data=st.data())
+def test_every_history_over_a_stored_index_on_s3_is_exact_or_refused(spec, data):
+    """The same file in a bucket of moto's S3 server, its index stored beside it,
+    read by the direct S3 client through a proxy that answers every 7th GET with a
+    503 SlowDown, a reset or a cut body: no HEAD, faults retried, exactly once."""
+    pytest.importorskip("moto.server")
+    check_model(replace(spec, source="remote-s3", n=max(spec.n, 1)), data, ["plain", "sdl0"])
+
+
+def test_the_s3_model_source_reads_through_the_direct_client_and_its_faults():
+    """The history test above is not vacuous: the source's client is the direct
+    one, and its proxy injects every kind of fault while a pipe reads."""
+    pytest.importorskip("moto.server")
+    from distshard.sources import remote
+    from distshard.sources.s3direct import DirectS3Client
+    from tests import model_factories
+
+    pipe = model_factories.remote_s3_jsonl(150)
+    assert isinstance(pipe.access.client(pipe.urls[0]), DirectS3Client)
+    assert sorted(pipe.dist_shard(rank=0, world_size=1)) == sorted(f"e{i}" for i in range(150))
+    assert set(model_factories._S3[2].faulted) == {"slowdown", "reset", "short"}
+    assert model_factories._S3[2].requests["HEAD"] == 0
+    remote.forget_clients()
+
+
+@settings(MODEL_SETTINGS, max_examples=20)
+@given(spec=specs(), data=st.data())
 def test_every_history_over_a_stored_index_gone_stale_is_exact_or_refused(spec, data):
     """The file of a stored index rewritten at the same size under the running job
     (issue 22): every range asks ``If-Match`` of the manifest's ETag, the store answers

@@ -1,7 +1,9 @@
 """s3:// sources against a real S3 API: moto's server on 127.0.0.1 (started and
-stopped here), reached through s3fs with ``storage_options`` (and through the
-environment, which keeps working): exact through DataLoader workers, a
-rewritten object refused, globs."""
+stopped here), reached with ``storage_options`` (and through the environment,
+which keeps working): exact through DataLoader workers, a rewritten object
+refused, globs. Every test runs on both clients (``DISTSHARD_S3_CLIENT``: the
+direct one of ``sources/s3direct.py`` and s3fs), but those about s3fs's
+sessions."""
 
 from __future__ import annotations
 
@@ -42,6 +44,30 @@ def endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+S3FS_ONLY = {  # about aiobotocore's sessions, which the direct client does not have
+    "test_a_process_makes_one_session_and_fork_workers_reuse_the_ranks",
+    "test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_for_it",
+    "test_an_inherited_session_gets_fresh_credential_locks",
+}
+
+
+def pytest_generate_tests(metafunc):
+    if "s3_client" in metafunc.fixturenames:
+        kinds = ["s3fs"] if metafunc.function.__name__ in S3FS_ONLY else ["direct", "s3fs"]
+        metafunc.parametrize("s3_client", kinds, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def s3_client(request, monkeypatch) -> str:
+    """The client every s3:// read of the test goes through (``direct`` raises
+    when the direct client is not eligible, so it is really the one tested)."""
+    from distshard.sources import remote
+
+    monkeypatch.setenv("DISTSHARD_S3_CLIENT", request.param)
+    remote.forget_clients()
+    return request.param
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import distshard
-from distshard.sources import ReadOptions, index, remote, webdataset
+from distshard.sources import ReadOptions, answers, index, remote, webdataset
 from distshard.sources.files import FileRef
 from distshard.verify import run_on_group
 from distshard.waits import CollectiveTimeout, WaitTimeout
@@ -73,7 +73,7 @@ def test_a_read_whose_event_loop_never_answers_raises_naming_the_url_and_range(t
         expected = [{**sample, "__url__": urls[paths.index(sample["__url__"])]} for sample in expected]
         options = ReadOptions(timeout=1, retry_seconds=0, retries=0)
         sequence = webdataset(urls, read_options=options).__distshard_sequence__()  # indexed: the loop works
-        monkeypatch.setattr(remote, "_QUEUE_SLACK", 0.5)
+        monkeypatch.setattr(answers, "QUEUE_SLACK", 0.5)  # the bound every client waits by
         client = remote.client_for(urls[0])
         release = threading.Event()
         client.loop.call_soon_threadsafe(release.wait, 120)  # the client's event loop is stuck

@@ -673,6 +673,12 @@ class FileSourceIterDataPipe(IterDataPipe):
             hint = self.stored_hint()
             if self._stored is not None:
                 text += f"; index stored at {self._stored.location}"
+            first_remote = next((url for url in self.urls if is_remote(url)), None)
+            if first_remote is not None:
+                from .remote import s3_client_choice
+
+                client = s3_client_choice(first_remote, self.access.storage_options)
+                text += f"; {client}" if client else ""
             return text if hint is None else f"{text}; {hint}"
         compressed = sum(1 for url in self.urls if self.fmt.compression(url))
         which = "" if compressed == n else f" ({compressed} of {n} files compressed)"

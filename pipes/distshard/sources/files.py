@@ -141,7 +141,7 @@ def check_identity(ref: FileRef, size: int, stamp: str, when: str = "read") -> N
     """Raise ``ValueError`` if the file is no longer the one that was indexed."""
     if ref.size is not None and (ref.size != size or ref.stamp != stamp):
         if ref.stored is not None:
-            from .remote import changed_error
+            from .answers import changed_error
 
             raise changed_error(ref.url, f"size {ref.size} -> {size}, stamp {ref.stamp} -> {stamp}", ref.stored)
         raise SourceChangedError(

@@ -3,7 +3,11 @@
 fsspec is an optional extra: ``pip install distshard[remote]`` (``http(s)``;
 it brings aiohttp) or ``distshard[s3]`` (s3fs), ``gcsfs`` for ``gs://``.
 ``storage_options`` are handed to the filesystem as fsspec takes them; the
-environment (``AWS_*``, ...) keeps working as it does for fsspec.
+environment (``AWS_*``, ...) keeps working as it does for fsspec. An ``s3://``
+client is :mod:`.s3direct`'s (``http.client``, no s3fs on the path) when its
+outcome is certainly s3fs's (``DISTSHARD_S3_CLIENT``: ``auto``, ``s3fs``,
+``direct``; see :func:`client_for`); what answers mean and the retries are
+shared with it in :mod:`.answers`.
 
 What this module adds to fsspec:
 
@@ -39,15 +43,24 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import random
 import re
 import threading
 import time
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from ..errors import DistshardError, SourceChangedError, SourceMissingError, UnsupportedError
-from ..waits import WaitTimeout
+from ..errors import UnsupportedError
+from .answers import CONTENT_RANGE as _CONTENT_RANGE
+from .answers import Attempts, RemoteReadError, RemoteReadTimeout, http_change, s3_error, wait_bound
+from .answers import Changed as _Changed
+from .answers import Pending as _Pending
+from .answers import Transient as _Transient
+from .answers import check_content_range as _check_content_range
+from .answers import check_status as _check_status
+from .answers import exact as _exact
+from .answers import http_stamp as _http_stamp
+from .answers import missing as _missing
+from .answers import strong_etag as _strong_etag
 from .options import ReadOptions
 
 log = logging.getLogger("distshard")
@@ -70,52 +83,6 @@ __all__ = [
 T = TypeVar("T")
 
 _DEFAULT = ReadOptions()
-
-
-class RemoteReadError(DistshardError, OSError):
-    """A remote read that kept failing after its retries (names the URL and range)."""
-
-
-class RemoteReadTimeout(RemoteReadError, WaitTimeout):
-    """A remote request whose answer did not come within its bound (:func:`wait_bound`):
-    the event loop that runs it is stuck or gone (names the URL and range)."""
-
-
-def wait_bound(options: ReadOptions) -> float:
-    """The longest a caller waits for one request's answer: its retries take at
-    most ``retry_seconds`` plus one attempt (``timeout``); twice that, and 30 s
-    more, leaves room for the requests queued before it (``concurrency``)."""
-    return 2 * (options.retry_seconds + options.timeout) + _QUEUE_SLACK
-
-
-_QUEUE_SLACK = 30.0
-
-
-class _Transient(Exception):
-    """A failure worth retrying."""
-
-
-class _Changed(Exception):
-    """The store says the object is no longer the indexed version."""
-
-
-def _missing(url: str) -> FileNotFoundError:
-    return SourceMissingError(f"{url}: no such file (named by the source's urls)")
-
-
-def changed_error(url: str, what: str, stored: str | None = None) -> ValueError:
-    """A file that is no longer the indexed version; ``stored``: the stored index
-    (``python -m distshard index``) its identity came from, whose refresh is named."""
-    if stored is not None:  # the entry's URL: the index is its folder
-        location = stored.rsplit("/", 1)[0]
-        return SourceChangedError(
-            f"{url} changed after the stored index at {location} was written ({what}); refusing to read it "
-            f"with a stale index: refresh it with `python -m distshard index {location}`"
-        )
-    return SourceChangedError(
-        f"{url} changed after it was indexed ({what}); refusing to read it with a stale index: "
-        "build the source again (the index is rebuilt for the new file)"
-    )
 
 
 def _import_fsspec(url: str) -> Any:
@@ -144,7 +111,7 @@ def _frozen(value: Any) -> Any:
 
 # -- per-process clients --------------------------------------------------------------------
 _LOCK = threading.Lock()
-_CLIENTS: dict[Any, "Client"] = {}
+_CLIENTS: dict[Any, Any] = {}  # Client, or s3direct.DirectS3Client
 _ORPHANS: list[Any] = []  # what a forked child inherited: kept alive, never closed or collected
 _INHERITED: dict[Any, Any] = {}  # a forked child: the parent's aiobotocore sessions, by client key
 
@@ -167,8 +134,13 @@ class ClientStats:
 STATS = ClientStats()
 
 
-def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> "Client":
-    """This process's client for ``url``'s protocol and ``storage_options``."""
+def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """This process's client for ``url``'s protocol and ``storage_options``: for
+    ``s3://`` and ``s3a://`` the direct client (:class:`.s3direct.DirectS3Client`)
+    when :func:`.s3direct.direct_config` finds it eligible, unless the environment
+    variable ``DISTSHARD_S3_CLIENT`` is ``s3fs`` (``direct``: raise naming the
+    reason when it is not eligible; ``auto``, the default: s3fs then); else
+    :class:`Client` (fsspec)."""
     protocol = url.split("://", 1)[0].lower()
     key = (protocol, _frozen(storage_options or {}))
     client = _CLIENTS.get(key)
@@ -176,8 +148,46 @@ def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> "C
         with _LOCK:
             client = _CLIENTS.get(key)
             if client is None:
-                client = _CLIENTS[key] = Client(url, protocol, dict(storage_options or {}), _INHERITED.get(key))
+                client = _CLIENTS[key] = _make_client(url, protocol, dict(storage_options or {}), _INHERITED.get(key))
     return client
+
+
+def s3_client_choice(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """For ``explain()``: which client reads an ``s3://`` URL and, for s3fs, why
+    (``None`` for other URLs); makes no client."""
+    protocol = url.split("://", 1)[0].lower()
+    if protocol not in ("s3", "s3a"):
+        return None
+    from .s3direct import ENV, direct_config
+
+    if (os.environ.get(ENV) or "auto").strip().lower() == "s3fs":
+        return f"S3 through s3fs ({ENV}=s3fs)"
+    config = direct_config(storage_options)
+    if isinstance(config, str):
+        return f"S3 through s3fs (not read directly: {config})"
+    return "S3 read directly (http.client, no s3fs)"
+
+
+def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: Any) -> Any:
+    """The direct S3 client (:mod:`.s3direct`) where it is eligible and
+    ``DISTSHARD_S3_CLIENT`` allows it, else fsspec's."""
+    if protocol in ("s3", "s3a"):
+        from .s3direct import ENV, DirectS3Client, direct_config
+
+        choice = (os.environ.get(ENV) or "auto").strip().lower()
+        if choice not in ("auto", "s3fs", "direct"):
+            raise ValueError(f"{ENV}={os.environ.get(ENV)!r}: use auto (the default), s3fs or direct")
+        if choice != "s3fs":
+            config = direct_config(options)
+            if not isinstance(config, str):
+                return DirectS3Client(protocol, options, config, lambda: Client(url, protocol, options))
+            if choice == "direct":
+                raise ValueError(
+                    f"{ENV}=direct, but {protocol}:// with these storage options cannot be read directly: {config}; "
+                    f"unset {ENV} (or set it to s3fs) to read through s3fs"
+                )
+            log.debug("%s:// goes through s3fs, not the direct client: %s", protocol, config)
+    return Client(url, protocol, options, inherited)
 
 
 _WARMING: dict[Any, threading.Thread] = {}  # clients being started in the background, by key (see warm_up)
@@ -271,6 +281,7 @@ def _keep_inherited_filesystems() -> None:
         if isinstance(cache, dict):
             inherited.extend(cache.values())
     for client in _ORPHANS:
+        client = getattr(client, "_fallback", None) or client  # a direct S3 client's s3fs one
         if isinstance(client, Client) and client._fs is not None:
             inherited.append(client._fs)
     _ORPHANS.extend(inherited)
@@ -287,67 +298,6 @@ if hasattr(os, "register_at_fork"):
 
 
 # -- the client -----------------------------------------------------------------------------
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
-_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-_S3_RETRY_CODES = {
-    "SlowDown",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestTimeout",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeTooSkewed",
-    "500",
-    "502",
-    "503",
-    "504",
-}
-
-
-def _http_stamp(headers: Mapping[str, str]) -> str:
-    """The version an HTTP answer names: a strong ETag alone; a weak one
-    (``W/"..."``, which ``If-Match`` cannot check) with `` lm:`` and the
-    Last-Modified; else ``lm:`` and the Last-Modified."""
-    etag, modified = headers.get("ETag") or "", headers.get("Last-Modified") or ""
-    if etag and _strong_etag(etag) is None and modified:
-        return f"{etag} lm:{modified}"
-    return etag or (f"lm:{modified}" if modified else "")
-
-
-def _stamp_parts(stamp: str) -> tuple[str, str]:
-    """``(ETag, Last-Modified)`` of a stamp made by :func:`_http_stamp` (``""`` for none)."""
-    if stamp.startswith("lm:"):
-        return "", stamp[3:]
-    etag, _, modified = stamp.partition(" lm:")
-    return etag, modified
-
-
-def _opaque(etag: str) -> str:
-    """An ETag without its weakness marker: weak comparison (RFC 9110 8.8.3.2)."""
-    return etag[2:] if etag.startswith("W/") else etag
-
-
-def http_change(stamp: str | None, headers: Mapping[str, str]) -> str | None:
-    """What tells that an HTTP answer is of another version than ``stamp`` (the
-    indexed one), or ``None``: a strong ETag compared exactly, a weak one by weak
-    comparison, the Last-Modified recorded with a weak ETag or alone compared."""
-    if not stamp:
-        return None
-    etag, modified = _stamp_parts(stamp)
-    seen = headers.get("ETag")
-    if etag and seen and (seen != etag if _strong_etag(etag) else _opaque(seen) != _opaque(etag)):
-        return f"ETag {etag} -> {seen}"
-    seen_modified = headers.get("Last-Modified")
-    if modified and seen_modified and seen_modified != modified:
-        return f"Last-Modified {modified} -> {seen_modified}"
-    return None
-
-
-def _strong_etag(stamp: str | None) -> str | None:
-    """The ETag to send as ``If-Match`` (a strong one, ``"..."``), if ``stamp`` is one."""
-    if stamp and stamp.startswith('"') and stamp.endswith('"') and len(stamp) >= 2:
-        return stamp
-    return None
 
 
 class Client:
@@ -674,6 +624,43 @@ class Client:
         except FileNotFoundError:
             raise _missing(url) from None
 
+    # -- one streamed GET (the index command) ------------------------------------------------------
+    def open_stream(self, url: str, options: ReadOptions = _DEFAULT) -> tuple["_LoopStream", int, str]:
+        """One GET of the whole object, its opening retried: ``(stream, size,
+        stamp)``, the identity from the response (as a HEAD would give it) and a
+        stream whose ``read(n)`` returns up to ``n`` bytes of the body (fewer only
+        at its end) and ``close(whole)`` releases it (HTTP(S) and S3 only)."""
+        if self.kind not in ("http", "s3"):
+            raise UnsupportedError(f"{url}: no streamed GET for {self.protocol}:// (index it by ranges)")
+        response, size, stamp = self.run(
+            self._retrying(url, "the whole file", lambda: self._open_whole(url), options),
+            f"{url}: the whole file",
+            options,
+        )
+        return _LoopStream(self, response, options.timeout), size, stamp
+
+    async def _open_whole(self, url: str) -> tuple[Any, int, str]:
+        if self.kind == "http":
+            fs = self.fs
+            session = await fs.set_session()
+            kw = dict(fs.kwargs)
+            headers = dict(kw.pop("headers", None) or {})
+            headers["Accept-Encoding"] = "identity"
+            kw.setdefault("allow_redirects", True)
+            r = await session.get(fs.encode_url(url), headers=headers, **kw)
+            try:
+                _check_status(url, r.status, "the whole file")
+                size = r.headers.get("Content-Length")
+                if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                    raise UnsupportedError(f"{url}: the server does not report the file's size; random access needs it")
+                return r, int(size), _http_stamp(r.headers)
+            except BaseException:
+                r.close()
+                raise
+        response = await self.s3_object(url, "get_object", "the whole file")
+        stamp = str(response.get("ETag") or response.get("VersionId") or "")
+        return response, int(response["ContentLength"]), stamp
+
     def put(self, url: str, data: bytes) -> None:
         """Write a whole object (a stored index's entry or manifest)."""
         if self.kind == "http":
@@ -711,128 +698,60 @@ class Client:
         options: ReadOptions,
         stored: str | None = None,
     ) -> T:
-        started = time.monotonic()
-        delay = 0.05
-        failures: list[str] = []
-        for number in range(options.retries + 1):
+        attempts = Attempts(url, what, options, stored)
+        while True:
             try:
                 value = await asyncio.wait_for(attempt(), options.timeout)
-                self._first_answer(url, what, started)
+                self._first_answer(url, what, attempts.started)
                 return value
-            except _Changed as exc:
-                raise changed_error(url, str(exc), stored) from None
-            except _Transient as exc:
-                failures.append(str(exc))
             except asyncio.TimeoutError:
-                failures.append(f"no answer within {options.timeout:g} s")
-            except (ValueError, FileNotFoundError, PermissionError, ImportError, TypeError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - connection errors of aiohttp / botocore
-                if not _looks_transient(exc):
-                    raise
-                failures.append(f"{type(exc).__name__}: {exc}")
-            elapsed = time.monotonic() - started
-            if number == options.retries or elapsed + delay > options.retry_seconds:
-                break
-            log.warning("retrying %s %s (attempt %d failed: %s)", url, what, number + 1, failures[-1])
-            await asyncio.sleep(delay * (0.5 + random.random() / 2))
-            delay = min(delay * 2, 5.0)
-        raise RemoteReadError(
-            f"{url}: {what}: {len(failures)} attempt{'s' if len(failures) != 1 else ''} failed in "
-            f"{time.monotonic() - started:.1f} s (retries={options.retries}, retry_seconds="
-            f"{options.retry_seconds:g}); last: {failures[-1] if failures else '?'}"
-        )
+                wait = attempts.failed(TimeoutError())
+            except Exception as exc:  # noqa: BLE001 - classified (and raised when not transient) by Attempts
+                wait = attempts.failed(exc)
+            if wait is None:
+                raise attempts.error()
+            await asyncio.sleep(wait)
 
 
-class _Pending:
-    """The future of a range read (see ``Client.submit_range``)."""
+class _LoopStream:
+    """The body of a response of :meth:`Client.open_stream`, read on the client's
+    event loop: each ``read`` waits at most ``timeout`` (and 30 s more)."""
 
-    __slots__ = ("future", "what", "bound")
+    def __init__(self, client: Client, response: Any, timeout: float) -> None:
+        self.client, self.response, self.timeout = client, response, timeout
 
-    def __init__(self, future: "concurrent.futures.Future[tuple[bool, Any]]", what: str, bound: float) -> None:
-        self.future, self.what, self.bound = future, what, bound
-
-    def result(self, timeout: float | None = None) -> bytes:
-        """The bytes; waits at most ``timeout`` (default: the read's bound), then
-        raises :class:`RemoteReadTimeout`."""
-        limit = self.bound if timeout is None else timeout
+    def read(self, n: int) -> bytes:
+        future = self.client.submit(asyncio.wait_for(self._read(n), self.timeout))
         try:
-            ok, value = self.future.result(limit)
-        except concurrent.futures.TimeoutError:
-            raise RemoteReadTimeout(
-                f"{self.what}: no answer within {limit:g} s (the client's event loop is stuck)"
-            ) from None
-        if not ok:
-            raise value
-        return value
+            return future.result(self.timeout + 30)
+        except BaseException:
+            future.cancel()
+            raise
 
-    def cancel(self) -> bool:
-        return self.future.cancel()
+    async def _read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (fewer at the end only): the pieces the connection
+        hands over are gathered here, so the reading thread waits once."""
+        read = self.response.content.read if self.client.kind == "http" else self.response["Body"].read
+        parts, got = [], 0
+        while got < n:
+            piece = await read(n - got)
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        return b"".join(parts)
 
+    def close(self, whole: bool) -> None:
+        self.client.submit(self._close(whole))
 
-def _looks_transient(exc: BaseException) -> bool:
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    transient = {
-        "ClientError",
-        "ClientConnectionError",
-        "ClientPayloadError",
-        "ServerDisconnectedError",
-        "ClientOSError",
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-        "IncompleteReadError",
-        "ResponseStreamingError",
-        "HTTPClientError",
-        "ConnectionError",
-        "TimeoutError",
-        "ProtocolError",
-    }
-    if "ClientResponseError" in names:
-        return getattr(exc, "status", 0) in _RETRY_STATUS
-    return (
-        bool(names & transient)
-        or isinstance(exc, OSError)
-        and not isinstance(exc, (FileNotFoundError, PermissionError))
-    )
-
-
-def _check_status(url: str, status: int, what: str) -> None:
-    if status in (200, 206):
-        return
-    if status == 404:
-        raise _missing(url)
-    if status in (401, 403):
-        raise PermissionError(
-            f"{url}: access denied (HTTP {status}) reading {what}: check the credentials "
-            "or headers given in storage_options"
-        )
-    if status == 416:
-        raise _Changed(f"the server says {what} is beyond the end of the file (HTTP 416)")
-    if status in _RETRY_STATUS or status >= 500:
-        raise _Transient(f"HTTP {status}")
-    raise ValueError(f"{url}: HTTP {status} reading {what}")
-
-
-def _check_content_range(url: str, header: str | None, start: int, stop: int, size: int | None) -> None:
-    match = _CONTENT_RANGE.match(header or "")
-    if match is None:
-        raise UnsupportedError(
-            f"{url}: asked for bytes [{start}, {stop}) and the answer has no Content-Range "
-            f"({header!r}): the server does not serve range requests"
-        )
-    first, last, total = int(match.group(1)), int(match.group(2)), match.group(3)
-    if size is not None and total != "*" and int(total) != size:
-        raise _Changed(f"size {size} -> {total}")
-    if (first, last + 1) != (start, stop):
-        raise _Changed(f"asked for bytes [{start}, {stop}), the server sent [{first}, {last + 1})")
-
-
-def _exact(url: str, data: bytes, start: int, stop: int) -> bytes:
-    if len(data) != stop - start:
-        raise _Transient(f"a short body: {len(data)} of {stop - start} bytes")
-    return bytes(data)
+    async def _close(self, whole: bool) -> None:
+        if self.client.kind == "http":
+            if whole:  # read to its end: the connection serves the next request
+                self.response.release()
+            else:
+                self.response.close()
+        else:
+            self.response["Body"].close()
 
 
 async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:
@@ -844,20 +763,10 @@ async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:
             raise
         code = str((response.get("Error") or {}).get("Code", ""))
         status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode", 0)
-        if code in ("PreconditionFailed", "412") or status == 412:
-            raise _Changed("the store's version no longer matches the indexed ETag") from None
-        if code in ("NoSuchKey", "404", "NotFound") or status == 404:
-            raise _missing(url) from None
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
-            raise PermissionError(
-                f"{url}: access denied ({code}) reading {what}: check the credentials in "
-                "storage_options or the environment"
-            ) from None
-        if code == "InvalidRange" or status == 416:
-            raise _Changed(f"{what} is beyond the end of the object") from None
-        if code in _S3_RETRY_CODES or status >= 500 or status == 429:
-            raise _Transient(f"{code or status}") from None
-        raise
+        meant = s3_error(url, what, code, status)
+        if meant is None:
+            raise
+        raise meant from None
 
 
 def _identity_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:

@@ -2,7 +2,7 @@
 
 A remote file is indexed from a single request: a GET of the whole object whose
 response gives the file's identity (its size, and the ETag / Last-Modified the
-store sends, exactly as a HEAD would: see :func:`.remote._http_stamp`) and whose
+store sends, exactly as a HEAD would: see :func:`.answers.http_stamp`) and whose
 body is parsed as it flows (tar headers, JSON-line offsets), in pieces of at
 most :data:`CHUNK` bytes: the file is never held whole, and no HEAD comes first.
 The body belongs to that one response, so it is one version of the file.
@@ -16,7 +16,6 @@ request, then ranges).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import logging
@@ -24,9 +23,8 @@ import random
 import time
 from typing import Any
 
-from ..errors import UnsupportedError
+from .answers import RemoteReadError, Transient, looks_transient
 from .files import FileAccess, FileRef
-from .remote import Client, RemoteReadError, _check_status, _http_stamp, _looks_transient, _Transient
 
 __all__ = ["Body", "open_body", "streams"]
 
@@ -35,20 +33,21 @@ log = logging.getLogger("distshard")
 CHUNK = 1 << 20  # the most bytes one read of a body hands over
 
 
-def streams(client: Client) -> bool:
+def streams(client: Any) -> bool:
     """Whether ``client``'s store is read here with one streamed GET per file."""
     return client.kind in ("http", "s3")
 
 
 class Body(io.RawIOBase):
     """The body of one GET as a non-seekable raw stream (``read``, ``readinto``,
-    ``tell``); ``size`` and ``stamp`` are the file's identity from the response."""
+    ``tell``); ``size`` and ``stamp`` are the file's identity from the response.
+    ``stream``: what the client's ``open_stream`` returned (``read(n)``: up to
+    ``n`` bytes, fewer only at the end; ``close(whole)``)."""
 
-    def __init__(self, client: Client, url: str, response: Any, size: int, stamp: str, timeout: float) -> None:
+    def __init__(self, url: str, stream: Any, size: int, stamp: str) -> None:
         super().__init__()
-        self.client, self.url, self.response = client, url, response
+        self.url, self.stream = url, stream
         self.size, self.stamp = size, stamp
-        self.timeout = timeout
         self.pos = 0
         self.pending = b""
 
@@ -66,7 +65,7 @@ class Body(io.RawIOBase):
         if want <= 0:
             return 0
         if not self.pending:
-            if self.response is None:
+            if self.stream is None:
                 raise _Cut(f"{self.url}: the body ended at byte {self.pos} of {self.size}")
             self.pending = self._next(min(CHUNK, max(want, 64 << 10)))
         take = self.pending[:want]
@@ -76,11 +75,9 @@ class Body(io.RawIOBase):
         return len(take)
 
     def _next(self, n: int) -> bytes:
-        future = self.client.submit(asyncio.wait_for(_read(self.client, self.response, n), self.timeout))
         try:
-            data = future.result(self.timeout + 30)
+            data = self.stream.read(n)
         except Exception as exc:  # noqa: BLE001 - a cut or stalled body: the caller starts the file again
-            future.cancel()
             raise _Cut(
                 f"{self.url}: the body stopped at byte {self.pos} of {self.size}: {type(exc).__name__}: {exc}"
             ) from None
@@ -91,7 +88,7 @@ class Body(io.RawIOBase):
     def finish(self, limit: int = CHUNK) -> None:
         """Read what is left of the body when it is at most ``limit`` bytes (a
         tar's end-of-archive padding), so that the connection serves the next file."""
-        if self.response is None or self.size - self.pos - len(self.pending) > limit:
+        if self.stream is None or self.size - self.pos - len(self.pending) > limit:
             return
         with contextlib.suppress(_Cut):
             while self.pos < self.size:
@@ -100,9 +97,9 @@ class Body(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            response, self.response = self.response, None
-            if response is not None:
-                self.client.submit(_close(self.client, response, self.pos >= self.size))
+            stream, self.stream = self.stream, None
+            if stream is not None:
+                stream.close(self.pos >= self.size)
         super().close()
 
 
@@ -110,79 +107,12 @@ class _Cut(Exception):
     """A body that stopped before its end: the file is read again."""
 
 
-async def _read(client: Client, response: Any, n: int) -> bytes:
-    """Up to ``n`` bytes of the body (fewer at its end only): the pieces the
-    connection hands over are gathered here, so the reading thread waits once."""
-    read = response.content.read if client.kind == "http" else response["Body"].read
-    parts, got = [], 0
-    while got < n:
-        piece = await read(n - got)
-        if not piece:
-            break
-        parts.append(piece)
-        got += len(piece)
-    return b"".join(parts)
-
-
-async def _close(client: Client, response: Any, whole: bool) -> None:
-    if client.kind == "http":
-        if whole:  # read to its end: the connection serves the next request
-            response.release()
-        else:
-            response.close()
-    else:
-        response["Body"].close()
-
-
-async def _open(client: Client, url: str) -> tuple[Any, int, str]:
-    if client.kind == "http":
-        fs = client.fs
-        session = await fs.set_session()
-        kw = dict(fs.kwargs)
-        headers = dict(kw.pop("headers", None) or {})
-        headers["Accept-Encoding"] = "identity"
-        kw.setdefault("allow_redirects", True)
-        r = await session.get(fs.encode_url(url), headers=headers, **kw)
-        try:
-            _check_status(url, r.status, "the whole file")
-            size = r.headers.get("Content-Length")
-            if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-                raise UnsupportedError(f"{url}: the server does not report the file's size; random access needs it")
-            return r, int(size), _http_stamp(r.headers)
-        except BaseException:
-            r.close()
-            raise
-    response = await client.s3_object(url, "get_object", "the whole file")
-    stamp = str(response.get("ETag") or response.get("VersionId") or "")
-    return response, int(response["ContentLength"]), stamp
-
-
-async def _start(client: Client, url: str) -> tuple[Any, int, str, bytes]:
-    """The response, the identity, and the body's first :data:`CHUNK` bytes (a
-    small file whole: its response is then released, and ``None``)."""
-    response, size, stamp = await _open(client, url)
-    try:
-        first = await _read(client, response, min(size, CHUNK))
-    except BaseException:
-        await _close(client, response, False)
-        raise
-    if len(first) >= size:
-        await _close(client, response, True)
-        response = None
-    return response, size, stamp, first
-
-
 def open_body(url: str, access: FileAccess) -> Body:
-    """The body of one GET of ``url`` (its opening and first :data:`CHUNK` bytes
-    retried): one wait on the client's event loop for a small file."""
+    """The body of one GET of ``url`` (its opening retried): the client's
+    ``open_stream`` (both clients of :func:`.remote.client_for` have it)."""
     client = access.client(url)
-    options = access.options
-    response, size, stamp, first = client.run(
-        client._retrying(url, "the whole file", lambda: _start(client, url), options), f"{url}: the whole file", options
-    )
-    body = Body(client, url, response, size, stamp, options.timeout)
-    body.pending = first
-    return body
+    stream, size, stamp = client.open_stream(url, access.options)
+    return Body(url, stream, size, stamp)
 
 
 def index_streamed(fmt: Any, url: str, access: FileAccess) -> tuple[FileRef, Any]:
@@ -197,12 +127,12 @@ def index_streamed(fmt: Any, url: str, access: FileAccess) -> tuple[FileRef, Any
             index = fmt.index_stream(io.BufferedReader(body, CHUNK), ref)
             body.finish()
             return ref, index
-        except (_Cut, _Transient) as exc:
+        except (_Cut, Transient) as exc:
             failure: BaseException = exc
         except (ValueError, FileNotFoundError, PermissionError, TypeError):
             raise
         except Exception as exc:  # noqa: BLE001 - connection errors of aiohttp / botocore
-            if not _looks_transient(exc):
+            if not looks_transient(exc):
                 raise
             failure = exc
         finally:
