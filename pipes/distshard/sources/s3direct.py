@@ -412,6 +412,12 @@ class DirectS3Client:
                     self._fallback = self._make_fallback()
         return self._fallback
 
+    @property
+    def fs(self) -> Any:
+        """The s3fs filesystem of the same options (what writes, lists and deletes,
+        as :attr:`.remote.Client.fs`): made on first use, off a job's read path."""
+        return self.fallback.fs
+
     # -- one request ----------------------------------------------------------------------------
     def _split(self, url: str) -> tuple[str, str]:
         path = url.split("://", 1)[1] if "://" in url else url
