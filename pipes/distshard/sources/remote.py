@@ -49,7 +49,7 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from ..errors import UnsupportedError
+from ..errors import OptionError, UnsupportedError
 from .answers import CONTENT_RANGE as _CONTENT_RANGE
 from .answers import Attempts, RemoteReadError, RemoteReadTimeout, http_change, s3_error, wait_bound
 from .answers import Changed as _Changed
@@ -176,13 +176,13 @@ def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: An
 
         choice = (os.environ.get(ENV) or "auto").strip().lower()
         if choice not in ("auto", "s3fs", "direct"):
-            raise ValueError(f"{ENV}={os.environ.get(ENV)!r}: use auto (the default), s3fs or direct")
+            raise OptionError(f"{ENV}={os.environ.get(ENV)!r}: use auto (the default), s3fs or direct")
         if choice != "s3fs":
             config = direct_config(options)
             if not isinstance(config, str):
                 return DirectS3Client(protocol, options, config, lambda: Client(url, protocol, options))
             if choice == "direct":
-                raise ValueError(
+                raise OptionError(
                     f"{ENV}=direct, but {protocol}:// with these storage options cannot be read directly: {config}; "
                     f"unset {ENV} (or set it to s3fs) to read through s3fs"
                 )
