@@ -90,7 +90,7 @@ def _rank_waits_for_its_worker(rank, world_size):
 
 @pytest.mark.timeout(180)
 def test_run_on_group_dumps_ranks_and_workers_before_it_kills_them_at_its_timeout():
-    outcomes = run_on_group(_rank_waits_for_its_worker, world_size=1, timeout=40)
+    outcomes = run_on_group(_rank_waits_for_its_worker, world_size=1, timeout=20)
     error = outcomes[0].error
     assert error is not None and "killed" in error and "stacks" in error, error
     path = Path(error.rsplit(": ", 1)[1].strip())

@@ -159,6 +159,7 @@ def test_timeouts_must_be_numbers(timeout):
     ],
     ids=["raises", "sys.exit(0)", "os._exit(3)", "hangs", "ranks-os._exit(0)"],
 )
+@pytest.mark.spawn_ranks  # the library's default start of the ranks: exits and kills of fresh interpreters
 def test_a_factory_that_cannot_run_is_an_error_not_a_verdict(build, words):
     report = distshard.verify(build, world_size=2, timeout=10 if build is vf.hangs else TIMEOUT)
     assert report.error is not None and not report.ok and not report.violated, report.summary()
@@ -177,6 +178,24 @@ def test_the_group_listens_on_loopback_only(workers):
     for o in outcomes:
         assert o.value, "found no listening socket: the check would prove nothing"
         assert all(vf.is_loopback(address) for address in o.value), (o.rank, o.value)
+
+
+def _environment(rank, world_size, names):
+    return {name: os.environ.get(name) for name in names}
+
+
+def test_ranks_from_a_forkserver_get_the_callers_environment(monkeypatch):
+    """A forkserver's children have the environment the server started with; the ranks get
+    the caller's at the call, as under spawn (less RANK / WORLD_SIZE, as mp.spawn code)."""
+    import multiprocessing.forkserver
+
+    multiprocessing.forkserver.ensure_running()  # started before the change below
+    monkeypatch.setenv("DISTSHARD_TEST_SET_AFTER_THE_SERVER", "now")
+    monkeypatch.setenv("RANK", "5")
+    names = ("DISTSHARD_TEST_SET_AFTER_THE_SERVER", "RANK")
+    outcomes = run_on_group(_environment, world_size=2, args=(names,), start_method="forkserver", timeout=TIMEOUT)
+    want = {"DISTSHARD_TEST_SET_AFTER_THE_SERVER": "now", "RANK": None}
+    assert [(o.value, o.error) for o in outcomes] == [(want, None)] * 2
 
 
 def test_a_carry_report_tells_the_tail_from_what_is_missing():

@@ -95,9 +95,12 @@ def _failure() -> str:
     return text
 
 
-def _child_setup() -> None:
+def _child_setup(env: dict[str, str]) -> None:
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # a process group of its own, so a kill reaches its DataLoader workers too
+    if os.environ != env:  # a forkserver's child has the server's environment, not the caller's
+        os.environ.clear()
+        os.environ.update(env)
     for name in ("RANK", "WORLD_SIZE"):  # as mp.spawn code: the group comes from the arguments
         os.environ.pop(name, None)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -134,11 +137,18 @@ def _send(results: Any, who: Any, call: Callable[[], Any]) -> None:
 
 
 def _group_main(
-    rank: int, world_size: int, init_method: str, deadline: float, fn: Callable[..., Any], args: tuple, results: Any
+    rank: int,
+    world_size: int,
+    init_method: str,
+    deadline: float,
+    fn: Callable[..., Any],
+    args: tuple,
+    results: Any,
+    env: dict[str, str],
 ) -> None:
     import torch.distributed as dist
 
-    _child_setup()
+    _child_setup(env)
     os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # gloo listens on 127.0.0.1 only
 
     def call() -> Any:
@@ -158,8 +168,10 @@ def _group_main(
             dist.destroy_process_group()
 
 
-def _reference_main(build: Callable[[], IterDataPipe], epochs: int, num_slots: int, results: Any) -> None:
-    _child_setup()
+def _reference_main(
+    build: Callable[[], IterDataPipe], epochs: int, num_slots: int, results: Any, env: dict[str, str]
+) -> None:
+    _child_setup(env)
     _send(results, "reference", lambda: _reference(build, epochs, num_slots))
 
 
@@ -179,12 +191,13 @@ def _run(
     results = ctx.Queue()
     store = tempfile.mkdtemp(prefix="distshard-group-")
     init_method = "file://" + os.path.join(store, "store")
+    env = dict(os.environ)  # the caller's, now: under forkserver, children would get the server's
     procs: dict[Any, Any] = {
-        rank: ctx.Process(target=_group_main, args=(rank, world_size, init_method, deadline, fn, args, results))
+        rank: ctx.Process(target=_group_main, args=(rank, world_size, init_method, deadline, fn, args, results, env))
         for rank in range(world_size)
     }
     if reference is not None:
-        procs["reference"] = ctx.Process(target=_reference_main, args=(*reference, results))
+        procs["reference"] = ctx.Process(target=_reference_main, args=(*reference, results, env))
     try:
         for proc in procs.values():
             proc.start()
@@ -296,8 +309,9 @@ def run_on_group(
     Each rank is a new process (``start_method``) that joins a gloo group with
     ``init_process_group(rank=..., world_size=...)`` through a file store in a
     temporary directory, with gloo on the loopback interface (no socket listens
-    beyond 127.0.0.1) and no ``RANK`` / ``WORLD_SIZE`` in its environment, as
-    ``mp.spawn`` code does. ``fn`` and ``args`` must be picklable; ``fn``'s return
+    beyond 127.0.0.1) and the caller's environment less ``RANK`` / ``WORLD_SIZE``,
+    as ``mp.spawn`` code does (under ``forkserver`` too, whose children would
+    otherwise have the server's). ``fn`` and ``args`` must be picklable; ``fn``'s return
     value comes back. ``timeout`` (seconds, finite and positive) bounds the whole
     run: the group's collectives time out by then, and ranks still running about 2
     seconds later are killed with their DataLoader workers and reported with an
@@ -679,7 +693,10 @@ def verify(
         even: which ``even`` guarantee to check; by default the one of the
             pipeline's ``dist_shard``.
         start_method: how DataLoader workers start: ``fork``, ``spawn`` or ``forkserver``.
-        rank_start_method: how the rank processes (and the reference run) start.
+        rank_start_method: how the rank processes (and the reference run) start:
+            ``spawn`` (a fresh interpreter each), or ``forkserver``, which after
+            ``multiprocessing.set_forkserver_preload(["torch", "distshard"])`` forks
+            each from a server that imported them once (seconds of CPU less per rank).
         timeout: seconds (finite, positive) the whole run may take, the calls of
             ``build`` and the reference run included; the collectives and the
             DataLoader time out by then, processes still alive about 2 seconds later
