@@ -145,11 +145,9 @@ def s3_store(bucket: str, objects: dict[str, str]) -> str:
     """An S3 API on 127.0.0.1 (moto's server, stopped by :func:`cleanup`) holding
     ``objects`` (key -> local path) in ``bucket``; test credentials in the environment
     while it runs. Returns its endpoint URL."""
-    import logging
-    import socket
-
     import boto3
-    from moto.server import ThreadedMotoServer
+
+    from tests.moto_server import start_moto
 
     saved = {
         name: os.environ.get(name)
@@ -181,14 +179,8 @@ def s3_store(bucket: str, objects: dict[str, str]) -> str:
         AWS_EC2_METADATA_DISABLED="true",
     )
     _CLEANUPS.append(restore)
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server, endpoint = start_moto()
     _CLEANUPS.append(server.stop)
-    endpoint = f"http://127.0.0.1:{port}"
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     client.create_bucket(Bucket=bucket)
     for key, path in objects.items():

@@ -490,28 +490,19 @@ def remote_s3_jsonl(n: int):
     explicit credentials and endpoint: the direct S3 client's path."""
     import json
     import os
-    import socket
-
-    from moto.server import ThreadedMotoServer
 
     from distshard.__main__ import main
     from distshard.sources import ReadOptions
+    from tests.moto_server import start_moto
     from tests.s3_proxy import S3Proxy
 
     global _S3
     credentials = {"key": "testing", "secret": "testing"}
     if _S3 is None or _S3[0] != os.getpid():
-        import logging
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        proxy = S3Proxy(f"http://127.0.0.1:{port}", fault_every=7).start()
+        server, endpoint = start_moto()
+        proxy = S3Proxy(endpoint, fault_every=7).start()
         _S3 = (os.getpid(), server, proxy, set())
-        main_options = {"endpoint_url": f"http://127.0.0.1:{port}", **credentials}
+        main_options = {"endpoint_url": endpoint, **credentials}
         _S3[1].options = main_options
         import boto3
 

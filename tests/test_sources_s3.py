@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import socket
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -18,30 +17,22 @@ from typing import Iterator
 import pytest
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 import distshard  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
+from tests.moto_server import start_moto  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
 from tests.source_factories import write_jsonl, write_shards  # noqa: E402
 
 BUCKET = "shards"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server, url = start_moto()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         server.stop()
 

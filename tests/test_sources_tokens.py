@@ -398,18 +398,15 @@ def test_over_http_a_rewritten_bin_is_refused(tmp_path, server):
 
 def test_on_s3_through_fork_workers_is_exact(tmp_path):
     pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("moto.server")
     import boto3
 
-    from tests.test_sources_s3 import _free_port
+    from tests.moto_server import start_moto
 
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server, endpoint = start_moto()
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
     try:
-        endpoint = f"http://127.0.0.1:{port}"
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
         client.create_bucket(Bucket="tok")
         prefixes, expected = corpus(tmp_path, pairs=2, dtype="int32")

@@ -1,0 +1,27 @@
+"""moto's S3 server on 127.0.0.1, for the tests that need an S3 API (started by
+the caller, which stops it): one place that picks the port and quiets its log."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_moto() -> tuple[Any, str]:
+    """``(server, endpoint URL)`` of a started ``ThreadedMotoServer`` on 127.0.0.1;
+    ``server.stop()`` stops it."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    return server, f"http://127.0.0.1:{port}"
