@@ -14,7 +14,6 @@ import http.server
 import os
 import re
 import socket
-import ssl
 import struct
 import threading
 import time
@@ -25,12 +24,14 @@ from urllib.parse import unquote
 
 import pytest
 
+from tests.loopback_server import LoopbackServer
+
 __all__ = ["RangeServer", "serve"]
 
 FAULTS = ("500", "503", "reset", "short")
 
 
-class RangeServer(http.server.ThreadingHTTPServer):
+class RangeServer(LoopbackServer):
     """See the module docstring. ``latency`` seconds before each response;
     ``bandwidth`` bytes per second per response (``None``: no cap);
     ``fault_every`` makes every n-th GET fail (cycling through ``faults``);
@@ -39,8 +40,6 @@ class RangeServer(http.server.ThreadingHTTPServer):
     runs before every GET is answered (a test that rewrites a file mid-epoch), and
     ``on_head(path)`` before every HEAD (what asks a file's identity)."""
 
-    daemon_threads = True
-    allow_reuse_address = True
     request_queue_size = 256
 
     def __init__(
@@ -59,25 +58,19 @@ class RangeServer(http.server.ThreadingHTTPServer):
         before_get: Any = None,
         on_head: Any = None,
     ) -> None:
-        super().__init__(("127.0.0.1", 0), RangeHandler)
+        super().__init__(RangeHandler, (certfile, keyfile) if scheme == "https" else None)  # type: ignore[arg-type]
         self.root = Path(root)
         self.latency = latency
         self.bandwidth = bandwidth
         self.fault_every = fault_every
         self.faults = faults
-        self.scheme = scheme
         self.require = dict(require or {})  # headers a request must carry (else 403)
         self.head = head  # False: HEAD answers 405, as some signed URLs do
         self.weak = weak
         self.before_get = before_get
         self.on_head = on_head
-        if scheme == "https":
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(certfile, keyfile)  # type: ignore[arg-type]
-            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.lock = threading.Lock()
         self.reset_counters()
-        self._thread: threading.Thread | None = None
 
     def reset_counters(self) -> None:
         with self.lock:
@@ -105,24 +98,6 @@ class RangeServer(http.server.ThreadingHTTPServer):
         relative = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
         return f"{self.scheme}://127.0.0.1:{self.server_address[1]}/{relative}"
 
-    def start(self) -> "RangeServer":
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that goes away mid-answer (a cancelled read, a reset) is no error of the server's."""
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
-
     def next_fault(self) -> str | None:
         """The fault the next GET gets, if any (thread-safe)."""
         with self.lock:
@@ -132,18 +107,6 @@ class RangeServer(http.server.ThreadingHTTPServer):
                 self.faulted[kind] += 1
                 return kind
         return None
-
-    def get_request(self):
-        sock, address = super().get_request()
-        if isinstance(sock, ssl.SSLSocket):
-            sock.settimeout(10)
-            try:
-                sock.do_handshake()  # in the handler's thread would be nicer; bounded here
-            except (OSError, ssl.SSLError):
-                sock.close()
-                raise
-            sock.settimeout(None)
-        return sock, address
 
 
 class RangeHandler(http.server.BaseHTTPRequestHandler):

@@ -14,11 +14,12 @@ import http.client
 import http.server
 import re
 import socket
-import ssl
 import struct
 import threading
 from collections import Counter
 from typing import Any
+
+from tests.loopback_server import LoopbackServer
 
 __all__ = ["S3Proxy"]
 
@@ -26,9 +27,7 @@ FAULTS = ("slowdown", "reset", "short")
 _SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([^/]+)/s3/aws4_request")
 
 
-class S3Proxy(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class S3Proxy(LoopbackServer):
     request_queue_size = 128
 
     def __init__(
@@ -39,13 +38,7 @@ class S3Proxy(http.server.ThreadingHTTPServer):
         region: str | None = None,
         tls: tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.scheme = "http"
-        if tls is not None:  # (certificate, key): https
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(*tls)
-            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
-            self.scheme = "https"
+        super().__init__(_Handler, tls)  # tls: (certificate, key) for https
         host, _, port = upstream.split("://", 1)[1].rstrip("/").partition(":")
         self.upstream = (host, int(port or 80))
         self.fault_every = fault_every
@@ -56,40 +49,10 @@ class S3Proxy(http.server.ThreadingHTTPServer):
         self.faulted: Counter = Counter()
         self.requests: Counter = Counter()
         self.redirected = 0
-        self._thread: threading.Thread | None = None
 
     @property
     def endpoint(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.server_address[1]}"
-
-    def get_request(self) -> Any:
-        sock, address = super().get_request()
-        if isinstance(sock, ssl.SSLSocket):
-            sock.settimeout(10)
-            try:
-                sock.do_handshake()
-            except (OSError, ssl.SSLError):
-                sock.close()
-                raise
-            sock.settimeout(None)
-        return sock, address
-
-    def start(self) -> "S3Proxy":
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
 
     def next_fault(self, method: str) -> str | None:
         with self.lock:
