@@ -347,6 +347,25 @@ def _options(spec: Spec, rank: int | None, world_size: int | None) -> dict[str, 
 _SERVER: Any = None  # (pid, RangeServer) of this process
 
 
+def small_reads():
+    """The remote sources' read options: small ranges, so a slot makes several
+    requests and faults (or a rewrite) land inside epochs."""
+    from distshard.sources import ReadOptions
+
+    return ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+
+
+def _process_root(kind: str) -> Path:
+    """A folder of this process's own for a remote source's files, removed at its exit."""
+    import os
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / "distshard-model" / f"{kind}-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    _cleanup(root)
+    return root
+
+
 def remote_jsonl(n: int, cached: bool = False):
     """``distshard.jsonl`` of :func:`jsonl_file` over HTTP from a loopback range
     server (started once per process, in a thread) that answers every 7th GET
@@ -355,15 +374,13 @@ def remote_jsonl(n: int, cached: bool = False):
     the processes of a test and smaller than the file, so it evicts as it goes."""
     import os
 
-    from distshard.sources import ReadOptions
     from tests.range_server import RangeServer
 
     global _SERVER
     path = jsonl_file(n)
     if _SERVER is None or _SERVER[0] != os.getpid():
         _SERVER = (os.getpid(), RangeServer(Path(path).parent, fault_every=7).start())
-    # small ranges: a slot makes several requests, so faults land inside epochs
-    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    options = small_reads()
     if cached:
         options = dataclasses.replace(options, cache_dir=str(Path(path).parent / "ranges"), cache_bytes=300)
     return distshard.jsonl(_SERVER[1].url(path), read_options=options)
@@ -433,17 +450,13 @@ def remote_weak_jsonl(n: int):
     """``distshard.jsonl`` over HTTP from a loopback server with weak ETags that
     rewrites the file mid-history (:class:`Rewriter`)."""
     import os
-    import tempfile
 
-    from distshard.sources import ReadOptions
     from tests.range_server import RangeServer
 
     global _WEAK
     jsonl_file(0)  # the cache directory
     if _WEAK is None or _WEAK[0] != os.getpid():
-        root = Path(tempfile.gettempdir()) / "distshard-model" / f"weak-{os.getpid()}"
-        root.mkdir(parents=True, exist_ok=True)
-        _cleanup(root)
+        root = _process_root("weak")
         rewriter = Rewriter(root)
         _WEAK = (
             os.getpid(),
@@ -451,7 +464,7 @@ def remote_weak_jsonl(n: int):
             rewriter,
         )
     path = _WEAK[2].reset(n)
-    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    options = small_reads()
     return distshard.jsonl(_WEAK[1].url(path), read_options=options)
 
 
@@ -492,7 +505,6 @@ def remote_s3_jsonl(n: int):
     import os
 
     from distshard.__main__ import main
-    from distshard.sources import ReadOptions
     from tests.moto_server import start_moto
     from tests.s3_proxy import S3Proxy
 
@@ -527,7 +539,7 @@ def remote_s3_jsonl(n: int):
         ).put_object(Bucket=S3_BUCKET, Key=f"data-{n}/e{n}.jsonl", Body=Path(jsonl_file(n)).read_bytes())
         assert main(["index", url, "--storage-options", json.dumps(server.options)]) == 0
         uploaded.add(n)
-    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    options = small_reads()
     return distshard.jsonl(url, storage_options={"endpoint_url": proxy.endpoint, **credentials}, read_options=options)
 
 
@@ -552,18 +564,14 @@ def remote_stale_jsonl(n: int):
     size a few GETs after a build read the manifest: the stored index goes stale under
     the running job."""
     import os
-    import tempfile
 
     from distshard.__main__ import main
-    from distshard.sources import ReadOptions
     from tests.range_server import RangeServer
 
     global _STALE
     jsonl_file(0)  # the cache directory
     if _STALE is None or _STALE[0] != os.getpid():
-        root = Path(tempfile.gettempdir()) / "distshard-model" / f"stale-{os.getpid()}"
-        root.mkdir(parents=True, exist_ok=True)
-        _cleanup(root)
+        root = _process_root("stale")
         rewriter = StaleRewriter(root)
         # no faults: a retried GET would move the rewrite by a request, so the elements drawn
         # before it would vary between hypothesis' replays of one example ("remote-stored"
@@ -576,7 +584,7 @@ def remote_stale_jsonl(n: int):
         assert main(["index", url, "--out", str(rewriter.root / ".distshard")]) == 0
         root_done.touch()
         rewriter.reset(n)  # the command's own manifest GET must not arm the rewrite
-    options = ReadOptions(max_range=64, budget=256, max_gap=8, window=128, retry_seconds=20)
+    options = small_reads()
     return distshard.jsonl(url, read_options=options)
 
 
