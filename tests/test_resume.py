@@ -91,6 +91,35 @@ def test_plain_loop_resume_equals_an_uninterrupted_run(name, even):
                         assert head + list(fresh) == full, (name, even, world, rank, worker, k)
 
 
+@pytest.mark.parametrize("even", [None, "drop", "pad"])
+@pytest.mark.parametrize("world2", [1, 2])
+def test_a_pad_yielded_before_its_own_position_leaves_that_position_to_come(even, world2):
+    """8 slots over a 2-element stream under "pad": slot 7 owns nothing and repeats
+    e1 (an element of the start of the stream) while slot 1, which owns e1, has not
+    run yet. A pad consumes no position: after merging the eight states, e0 and e1
+    are both still to come under any ``even``, so e1 is seen twice in all, the one
+    repeat "pad" allows, and nothing is lost (found by the model, whose oracle had
+    counted the pad as e1's own position)."""
+
+    def make(rank, world, even):
+        return IterableWrapper(_Stream(["e0", "e1"])).dist_shard(rank=rank, world_size=world, even=even)
+
+    states, seen = [], []
+    for rank in range(8):
+        pipe = make(rank, 8, "pad")
+        if rank == 7:
+            seen += list(pipe)
+        states.append(json.loads(json.dumps(pipe.state_dict())))
+    assert seen == ["e1"]
+    merged = distshard.merge_states(states)
+    rest = []
+    for rank in range(world2):
+        pipe = make(rank, world2, even)
+        pipe.load_state_dict(merged)
+        rest += list(pipe)
+    assert sorted(rest) == ["e0", "e1"]
+
+
 def test_state_at_the_end_of_an_epoch_resumes_an_empty_rest_then_set_epoch_starts_the_next():
     def make():
         return distshard.StatefulPipeline(PIPES["stream + shuffle"](None, 0, 2))
