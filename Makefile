@@ -17,7 +17,7 @@ demo: setup
 
 # lint, format and types (seconds); `make test` runs them before the suite
 check: setup
-	$(VENV)/bin/ruff check pipes tests
+	$(VENV)/bin/ruff check pipes tests benchmarks
 	$(VENV)/bin/ruff format --check pipes tests
 	$(VENV)/bin/mypy
 

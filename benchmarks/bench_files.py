@@ -80,9 +80,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+
 import harness
 from harness import Col
-from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 WORLD_SIZE, NUM_WORKERS, BATCH = 4, 2, 32
 NUM_SLOTS = WORLD_SIZE * NUM_WORKERS

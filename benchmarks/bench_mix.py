@@ -179,7 +179,7 @@ def make_records(name: str, n: int) -> list[dict[str, Any]]:
 def phases(steps: int) -> list[tuple[int, dict[str, float]]]:
     """The phased rows' weights: 70 / 20 / 10, then from the middle 30 / 30 / 40
     (an annealing mix), the boundary inside a global batch."""
-    return [(0, dict(zip(NAMES, WEIGHTS))), (steps * GLOBAL_BATCH // 2 + 100, dict(zip(NAMES, PHASE_WEIGHTS)))]
+    return [(0, dict(zip(NAMES, WEIGHTS, strict=True))), (steps * GLOBAL_BATCH // 2 + 100, dict(zip(NAMES, PHASE_WEIGHTS, strict=True)))]
 
 
 def mix_options(key: str, data: dict[str, list], steps: int) -> dict[str, Any]:
@@ -187,9 +187,9 @@ def mix_options(key: str, data: dict[str, list], steps: int) -> dict[str, Any]:
     if key == "distshard_phases":
         return {"weights": phases(steps)}
     if key == "distshard_cost":
-        return {"weights": dict(zip(NAMES, WEIGHTS)),
+        return {"weights": dict(zip(NAMES, WEIGHTS, strict=True)),
                 "cost": {name: [r["tokens"] for r in records] for name, records in data.items()}}
-    return {"weights": dict(zip(NAMES, WEIGHTS))}
+    return {"weights": dict(zip(NAMES, WEIGHTS, strict=True))}
 
 
 # -- the rows ----------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def build(key: str, data: dict[str, list], decode: Decode, rank: int, world_size
     """What rank ``rank`` iterates: an iterable of batches."""
     from torch.utils.data import DataLoader
 
-    weights = dict(zip(NAMES, WEIGHTS))
+    weights = dict(zip(NAMES, WEIGHTS, strict=True))
     if key == "distshard_nodes":
         from torch.utils.data.datapipes.iter import IterableWrapper
         from torchdata.nodes import Batcher, Loader, ParallelMapper
@@ -281,8 +281,14 @@ def build(key: str, data: dict[str, list], decode: Decode, rank: int, world_size
         return DataLoader(pipe, batch_size=RANK_BATCH, num_workers=workers,
                           multiprocessing_context="fork" if workers else None, **collate)
     if key in ("nodes", "nodes_default"):
-        from torchdata.nodes import Batcher, IterableWrapper, Loader, MultiNodeWeightedSampler, ParallelMapper
-        from torchdata.nodes import StopCriteria
+        from torchdata.nodes import (
+            Batcher,
+            IterableWrapper,
+            Loader,
+            MultiNodeWeightedSampler,
+            ParallelMapper,
+            StopCriteria,
+        )
 
         Take = _take_node()
         nodes = {name: IterableWrapper(records[rank::world_size]) for name, records in data.items()}
@@ -298,7 +304,7 @@ def build(key: str, data: dict[str, list], decode: Decode, rank: int, world_size
 
         shards = (8, 8, 8) if key == "hf" else (20, 5, 2)
         sources = [Dataset.from_dict({column: [r[column] for r in records] for column in ("source", "idx", "text")})
-                   .to_iterable_dataset(num_shards=k) for (name, records), k in zip(data.items(), shards)]
+                   .to_iterable_dataset(num_shards=k) for (name, records), k in zip(data.items(), shards, strict=True)]
         # a seed per rank decorrelates the ranks' draws; where split_dataset_by_node skips,
         # every rank must draw the same stream (one seed), or the ranks' shares overlap
         ds = interleave_datasets(sources, probabilities=list(WEIGHTS), seed=SEED + rank if key == "hf" else SEED,
@@ -342,9 +348,9 @@ def _take_node() -> type:
 def pairs(batch: Any) -> list[tuple[int, int]]:
     """``[(source id, index), ...]`` of one batch, whatever the loader collated."""
     if isinstance(batch, dict):  # HF rows through default_collate
-        return list(zip(batch["sid"].tolist(), batch["idx"].tolist()))
+        return list(zip(batch["sid"].tolist(), batch["idx"].tolist(), strict=True))
     if isinstance(batch, (list, tuple)) and len(batch) == 2 and hasattr(batch[0], "tolist"):
-        return list(zip(batch[0].tolist(), batch[1].tolist()))  # tuples through default_collate
+        return list(zip(batch[0].tolist(), batch[1].tolist(), strict=True))  # tuples through default_collate
     return [(int(s), int(i)) for s, i in batch]  # torchdata's Batcher: a list of tuples
 
 
@@ -377,7 +383,7 @@ class MixJob(harness.Job):
 
     def prepare(self, rank: int) -> None:
         import_libraries(self.key)
-        self.data = {name: make_records(name, n) for name, n in zip(NAMES, self.sizes)}  # they exist before the job
+        self.data = {name: make_records(name, n) for name, n in zip(NAMES, self.sizes, strict=True)}  # they exist before the job
         harness.share_counts("decodes")
 
     def build(self, rank: int) -> Any:
@@ -415,7 +421,7 @@ def expected_stream(key: str, sizes: list[int], steps: int) -> list[tuple[int, i
 
     import distshard
 
-    data = {name: make_records(name, n) for name, n in zip(NAMES, sizes)}
+    data = {name: make_records(name, n) for name, n in zip(NAMES, sizes, strict=True)}
     sources = {name: IterableWrapper(records) for name, records in data.items()}
     mixed = distshard.mix(sources, samples=steps * GLOBAL_BATCH, **mix_options(key, data, steps))
     return [(NAMES.index(r["source"]), r["idx"]) for r in mixed]
@@ -429,12 +435,12 @@ def prefix_bound(key: str, order: list[tuple[int, int]], steps: int) -> dict[str
     if key == "distshard_phases":
         starts = [start for start, _ in phases(steps)] + [len(order)]
         worst = 0.0
-        for (start, weights), end in zip(phases(steps), starts[1:]):
+        for (start, weights), end in zip(phases(steps), starts[1:], strict=True):
             total = sum(weights.values())
             counts = [0] * len(NAMES)
             for p, (sid, _) in enumerate(order[start:end], 1):
                 counts[sid] += 1
-                worst = max(worst, max(abs(c - p * weights[n] / total) for c, n in zip(counts, NAMES)))
+                worst = max(worst, max(abs(c - p * weights[n] / total) for c, n in zip(counts, NAMES, strict=True)))
         return {"worst": worst, "bound": 1.0, "unit": "elements", "strict": True}
     largest = max(high for _, high in TOKENS.values())
     total = sum(WEIGHTS)
@@ -443,7 +449,7 @@ def prefix_bound(key: str, order: list[tuple[int, int]], steps: int) -> dict[str
         c = tokens(NAMES[sid], index)
         cost += c
         own[sid] += c
-        worst = max(worst, max(abs(o - cost * w / total) for o, w in zip(own, WEIGHTS)))
+        worst = max(worst, max(abs(o - cost * w / total) for o, w in zip(own, WEIGHTS, strict=True)))
     counts = Counter(sid for sid, _ in order)
     return {"worst": worst / largest, "bound": 1.0, "issue_bound": float(len(NAMES) - 1), "unit": "largest cost",
             "strict": False, "token_shares": [o / cost for o in own],
@@ -482,7 +488,7 @@ def per_pass(delivered: list[tuple[int, int]], sizes: list[int]) -> dict[str, An
     out: dict[str, Any] = {"left_out": 0, "beyond": 0, "per_source": {}}
     by_source = Counter(s for s, _ in delivered)
     counts = Counter((s, i) for s, i in delivered)
-    for s, (name, n) in enumerate(zip(NAMES, sizes)):
+    for s, (name, n) in enumerate(zip(NAMES, sizes, strict=True)):
         d = by_source[s]
         low, high = d // n, -(-d // n)
         seen = [counts[(s, i)] for i in range(n)]
@@ -688,7 +694,7 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
     peers = [row["cpu_s"] for row in rows if "cpu_s" in row and not BY_KEY[row["key"]].key.startswith("distshard")]
     best_peer = min(peers) if peers else None
     print(session.header(
-        f"sources {' / '.join(f'{n} {s:,}' for n, s in zip(NAMES, sizes))}, weights "
+        f"sources {' / '.join(f'{n} {s:,}' for n, s in zip(NAMES, sizes, strict=True))}, weights "
         f"{' / '.join(f'{w:g}' for w in WEIGHTS)}; {steps} steps × global batch {GLOBAL_BATCH} = {draws:,} draws; "
         f"{WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; decode {cost * 1e6:.0f} µs CPU; {rounds} round(s), "
         "CPU medians"))

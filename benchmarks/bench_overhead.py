@@ -87,16 +87,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Sequence
 
-import harness
-from harness import Col, IterOnly
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_sharding
 
 import distshard  # noqa: F401  (registers .dist_shard())
+import harness
 from distshard.baselines import ClassicModuloIterDataPipe
 from distshard.context import forced_distributed
+from harness import Col, IterOnly
 
 DEFAULT_N = 500_000  # see the module docstring
 DEFAULT_REPEATS = 7

@@ -113,14 +113,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import harness
-from harness import Col, IterOnly
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import distshard  # noqa: F401  (registers .dist_shard())
+import harness
 from distshard.baselines import ClassicModuloIterDataPipe
+from harness import Col, IterOnly
 
 WORLD_SIZE = 4
 NUM_WORKERS = 2
@@ -248,7 +248,7 @@ VARIANTS = [
             "IterableWrapper(iter_only).dist_shard().map(decode)"),
     Variant("no_pushdown", "dist_shard, decode before, pushdown=False",
             "IterableWrapper(iter_only).map(decode).dist_shard(pushdown=False)"),
-    Variant("pushdown", "dist_shard pushdown", 
+    Variant("pushdown", "dist_shard pushdown",
             "IterableWrapper(iter_only).map(decode).dist_shard()", target=True),
     Variant("fast_path", "dist_shard fast path",
             "IterableWrapper(list(range(N))).map(decode).dist_shard()", target=True),

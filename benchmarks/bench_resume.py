@@ -107,17 +107,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import harness
-from harness import Col, IterOnly
 import torch.utils.data.dataloader as _torch_dataloader
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.graph_settings import apply_sharding
-
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader import stateful_dataloader as _sdl_module
 
 import distshard  # (registers .dist_shard())
+import harness
+from harness import Col, IterOnly
 
 DEFAULT_N = 1_000_000
 QUICK_N = 100_000
