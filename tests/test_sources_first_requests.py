@@ -57,8 +57,10 @@ def test_a_rank_asks_four_requests_before_its_first_sample_and_its_workers_no_en
     for rank in (0, 1):
         fresh_machine(monkeypatch, tmp_path, f"node{rank}")
         slow_server.reset_counters()
-        pipe = webdataset(pattern, read_options=SMALL).dist_shard(rank=rank, world_size=2).map(
-            FirstSampleMark(slow_server)
+        pipe = (
+            webdataset(pattern, read_options=SMALL)
+            .dist_shard(rank=rank, world_size=2)
+            .map(FirstSampleMark(slow_server))
         )
         loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
         got.extend(loader)
@@ -121,5 +123,7 @@ def test_a_file_changed_since_the_index_is_named_by_the_workers_too(tmp_path, sl
     fresh_machine(monkeypatch, tmp_path, "node")
     pipe = webdataset(pattern, read_options=ReadOptions()).dist_shard()
     loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
-    with pytest.raises(ValueError, match=r"shard-000000\.tar changed after the stored index.*python -m distshard index"):
+    with pytest.raises(
+        ValueError, match=r"shard-000000\.tar changed after the stored index.*python -m distshard index"
+    ):
         list(loader)

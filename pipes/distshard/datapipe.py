@@ -52,7 +52,7 @@ from .graph import (
 )
 from .options import ShardOptions, check_epoch, check_flag, check_options
 from .plan import CARRY, Even
-from .protocol import own_identity
+from .protocol import own_identity, sequence_prefetch
 from .readers import RandomAccessReader, Reader, stable_digest
 from .state import State
 from .tracking import LoaderTrack
@@ -287,8 +287,8 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         rank, not one per worker) and keeps it in the copies the workers get."""
         if self.expand is not None or self._whole is not None or self.loader_track.sharding:
             return
-        if get_worker_info() is not None or self.read_plan().sequence is None:
-            return
+        if get_worker_info() is not None or sequence_prefetch(self.read_plan().sequence) is None:
+            return  # (only a source that fetches something ahead: no other view is made here)
         core, ctx = self.core, self.context()
         reader = self.reader()
         if not isinstance(reader, RandomAccessReader):
