@@ -53,7 +53,7 @@ def test_a_rank_asks_four_requests_before_its_first_sample_and_its_workers_no_en
     (the rank's, for both workers) and at most one range of data per worker; over
     the epoch the workers ask no entry: the rank's range held all the files they read."""
     pattern, urls, expected = indexed(tmp_path, slow_server, shards=shards, per_shard=per_shard)
-    got = []
+    got: list[dict] = []
     for rank in (0, 1):
         fresh_machine(monkeypatch, tmp_path, f"node{rank}")
         slow_server.reset_counters()
