@@ -73,6 +73,34 @@ def test_a_rank_asks_four_requests_before_its_first_sample_and_its_workers_no_en
     assert Counter(map(key, got)) == Counter(map(key, expected))
 
 
+def test_first_files_far_apart_in_the_pack_take_a_range_each_and_no_entry_twice(tmp_path, slow_server, monkeypatch):
+    """Entries of a slot's first file and of the next slot's more than a range apart
+    (``packs.RANGE_BYTES`` of about 4 entries): the rank asks one range around each
+    (at once), and no byte of the pack is asked twice over the epoch (the workers
+    ask only the entries the rank did not fetch)."""
+    import json
+
+    from distshard.sources import packs
+
+    pattern, urls, expected = indexed(tmp_path, slow_server, shards=64, per_shard=3)
+    sizes = [f["len"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]]
+    monkeypatch.setattr(packs, "RANGE_BYTES", 4 * max(sizes))
+    fresh_machine(monkeypatch, tmp_path, "node")
+    slow_server.reset_counters()
+    pipe = webdataset(pattern, read_options=SMALL).dist_shard(rank=0, world_size=2).map(FirstSampleMark(slow_server))
+    got = list(DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60))
+    first = kinds_of(before_first_mark(slow_server))
+    assert first["manifest"] == 1 and first["entry"] == 2 and 1 <= first["data"] <= 2, first
+    asked = sorted(
+        tuple(int(x) for x in rng.split("=")[1].split("-"))
+        for _, path, rng in slow_server.log
+        if path.endswith(".pack")
+    )
+    assert all(stop < start for (_, stop), (start, _) in zip(asked, asked[1:], strict=False)), asked  # disjoint
+    every = Counter(map(key, expected))
+    assert Counter(map(key, got)) <= every and len(got) == len(expected) // 2
+
+
 def test_pickled_persistent_workers_reuse_the_ranks_entries_every_epoch(tmp_path, slow_server, monkeypatch):
     """forkserver workers (the pipe pickled, as under spawn) that persist across
     epochs: the rank fetches the entries once before they start; the second epoch

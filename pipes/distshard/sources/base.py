@@ -417,7 +417,7 @@ class SourceSequence(Sequence):
     def distshard_prefetch(self, slots: Sequence[Iterator[int]]) -> None:
         """In a rank, before its DataLoader workers start (``slots``: the positions
         each of its slots will read, in order): fetch the stored index entries
-        (``python -m distshard index``) of the files they read first, in as few
+        (``python -m distshard index``) of the file each reads first, in as few
         range requests as they allow (one when they lie within ``packs.RANGE_BYTES``
         of a pack: a rank's slots read contiguous blocks), with those of the files
         they read next that fit in the same ranges, and keep them here: the workers
@@ -438,26 +438,23 @@ class SourceSequence(Sequence):
                 and not self.has_index(f)
             )
 
-        firsts: list[int] = []
-        later: list[list[int]] = []
+        later: list[list[int]] = []  # each slot's files, in the order it reads them
         for positions in slots:
             files: list[int] = []
             seen: set[int] = set()
             lo = hi = 0  # the positions of the file read last
-            for k, position in enumerate(itertools.islice(positions, _PREFETCH_POSITIONS)):
+            for position in itertools.islice(positions, _PREFETCH_POSITIONS):
                 if lo <= position < hi:
                     continue
                 f = self._locate(position)[0]
                 lo, hi = self._starts[f], self._starts[f] + self.counts[f]
-                if f in seen:
-                    continue
-                if k < _LOOKAHEAD:
-                    firsts.append(f)
-                if len(files) >= _FOLLOWING:
-                    break
-                seen.add(f)
-                files.append(f)
+                if f not in seen:
+                    if len(files) >= _FOLLOWING:
+                        break
+                    seen.add(f)
+                    files.append(f)
             later.append(files)
+        firsts = [files[0] for files in later if files]  # what each slot's first range needs
         needed = [f for f in dict.fromkeys(firsts) if fetchable(f)]
         needed = [f for f in needed if load_cached(self.fmt.name, self.refs[f], header_only=True) is None]
         if not needed:
