@@ -26,7 +26,7 @@ import pytest
 
 from tests.loopback_server import LoopbackServer
 
-__all__ = ["RangeServer", "serve"]
+__all__ = ["FirstSampleMark", "RangeServer", "before_first_mark", "serve"]
 
 FAULTS = ("500", "503", "reset", "short")
 
@@ -289,3 +289,35 @@ def self_signed(folder: Path) -> tuple[str, str] | None:
         timeout=60,
     )
     return (str(cert), str(key)) if done.returncode == 0 else None
+
+
+MARK = "/first-sample-mark/"
+
+
+class FirstSampleMark:
+    """A ``.map()`` that, at the first sample a process yields, asks ``server`` for
+    :data:`MARK` (a 404 it logs), so the server's log shows which requests came
+    before a process's first sample (picklable: DataLoader workers of any start)."""
+
+    def __init__(self, server: RangeServer) -> None:
+        self.url = f"{server.scheme}://127.0.0.1:{server.server_address[1]}{MARK}"
+        self.pid: int | None = None
+
+    def __call__(self, sample: Any) -> Any:
+        if self.pid != os.getpid():
+            import urllib.error
+            import urllib.request
+
+            self.pid = os.getpid()
+            try:
+                urllib.request.urlopen(f"{self.url}{self.pid}", timeout=30).close()
+            except urllib.error.HTTPError:
+                pass
+        return sample
+
+
+def before_first_mark(server: RangeServer) -> list[tuple[str, str, str | None]]:
+    """The requests the server's log holds before the first :class:`FirstSampleMark`."""
+    log = server.settle().log
+    at = next((i for i, (_, path, _) in enumerate(log) if path.startswith(MARK)), len(log))
+    return log[:at]

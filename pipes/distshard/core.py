@@ -20,7 +20,7 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from . import context as _context
 from .access import Access, check_access, mode_of
@@ -320,6 +320,25 @@ class ShardCore:
         if keep:
             self.run = run
         return run
+
+    def planned_positions(
+        self, reader: Reader, ctx: _context.ShardContext, seed: int, resume: State | None, workers: int
+    ) -> list[Iterator[int]] | None:
+        """The positions each of ``workers`` slots of ``ctx``'s rank will read in the
+        current epoch, in order and computed without reading (lazy), or ``None`` when
+        one is not known without reading (``SlotRun.planned_positions``) or the loaded
+        state cannot be resumed there (the worker that runs it refuses it itself)."""
+        found: list[Iterator[int]] = []
+        for worker in range(workers):
+            place = _context.ShardContext(ctx.rank, ctx.world_size, worker, workers, ctx.source)
+            try:
+                positions = self.slot_run(reader, place, seed, resume).planned_positions()
+            except ValueError:
+                return None
+            if positions is None:
+                return None
+            found.append(positions)
+        return found
 
     def run_state(self) -> StateDict:
         """The state of the current run."""

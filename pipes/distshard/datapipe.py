@@ -52,7 +52,7 @@ from .graph import (
 )
 from .options import ShardOptions, check_epoch, check_flag, check_options
 from .plan import CARRY, Even
-from .protocol import own_identity
+from .protocol import own_identity, sequence_prefetch
 from .readers import RandomAccessReader, Reader, stable_digest
 from .state import State
 from .tracking import LoaderTrack
@@ -275,7 +275,28 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         initialized (the DataLoader broadcasts it) or a single rank.
         """
         self.loader_track.seeded(seed, _context.dist_rank_world() is not None or self.core.captured is not None)
+        workers = loaders.starting_workers()
+        if workers:
+            self._before_workers(workers)
         return self
+
+    def _before_workers(self, workers: int) -> None:
+        """In the rank, before its DataLoader starts ``workers`` workers: the source
+        learns the positions each of the rank's slots will read, so that it fetches
+        once what they all need first (a stored index's entries: one request for the
+        rank, not one per worker) and keeps it in the copies the workers get."""
+        if self.expand is not None or self._whole is not None or self.loader_track.sharding:
+            return
+        if get_worker_info() is not None or sequence_prefetch(self.read_plan().sequence) is None:
+            return  # (only a source that fetches something ahead: no other view is made here)
+        core, ctx = self.core, self.context()
+        reader = self.reader()
+        if not isinstance(reader, RandomAccessReader):
+            return
+        resume = core.pending
+        slots = core.planned_positions(reader, ctx, core.run_seed(resume, self.base_seed(ctx)), resume, workers)
+        if slots is not None:
+            reader.prefetch(slots)
 
     def set_shuffle(self, shuffle: bool = True) -> "DistShardIterDataPipe[T]":
         """Called by torch's DataLoader with its ``shuffle=`` argument (when given).

@@ -218,6 +218,30 @@ class SlotRun:
         return self.layout.select(stream, ctx, self.even, self.multiple, self.taken)
 
     def _read_positions(self, reader: RandomAccessReader) -> Iterator[Any]:
+        positions = self._positions(reader)
+        check = getattr(reader, "check_empty_units", None)
+        if (
+            check is not None
+            and self.ctx.slot == 0
+            and self.taken == 0
+            and self.remaining.clip(reader.length()).is_full
+        ):
+            check()
+        return reader.read(positions, shuffled=self.shuffle)
+
+    def planned_positions(self) -> Iterator[int] | None:
+        """The positions this run will read, in order, computed without reading
+        (what a rank tells its source before its DataLoader workers start, see
+        ``RandomAccessReader.prefetch``), or ``None`` where they are not known
+        without reading: a finished run, a stream or whole units, ``even="carry"``,
+        and ``shuffle=True`` (a source's order may need its index to say them)."""
+        reader = self.reader
+        if self.finished or self.shuffle or self.even == CARRY or not isinstance(reader, RandomAccessReader):
+            return None
+        return self._positions(reader)
+
+    def _positions(self, reader: RandomAccessReader) -> Iterator[int]:
+        """The positions this slot reads, in order (checking the loaded state)."""
         ctx, length = self.ctx, reader.length()
         for start, stop in self.remaining.intervals:
             if (stop if stop is not None else start) > length:
@@ -241,10 +265,7 @@ class SlotRun:
             positions = map(remaining.indexer(), positions)
         if self.shuffle:
             positions = map(shuffle_order(reader, self.seed, self.epoch), positions)
-        check = getattr(reader, "check_empty_units", None)
-        if check is not None and ctx.slot == 0 and self.taken == 0 and remaining.is_full:
-            check()
-        return reader.read(positions, shuffled=self.shuffle)
+        return positions
 
     def _read_carry(self, reader: RandomAccessReader) -> Iterator[Any]:
         """This slot's share of the epoch's window: whole rounds of the epochs' one

@@ -15,7 +15,14 @@ from torch.utils.data import get_worker_info
 
 from . import context as _context
 
-__all__ = ["check_batched_length", "forking_loader", "iterating_loader", "torch_split", "walk_for_seeds_or_sharding"]
+__all__ = [
+    "check_batched_length",
+    "forking_loader",
+    "iterating_loader",
+    "starting_workers",
+    "torch_split",
+    "walk_for_seeds_or_sharding",
+]
 
 
 def torch_split(captured: tuple[int, int] | None) -> tuple[int, int]:
@@ -53,6 +60,28 @@ def forking_loader() -> bool:
             return loader.num_workers > 0
         frame = frame.f_back
     return False
+
+
+def starting_workers() -> int:
+    """The workers a DataLoader is about to start, when this call comes from the
+    creation of its iterator, before it starts them (``_BaseDataLoaderIter.__init__``
+    seeds the pipe first); 0 otherwise: no workers, a call from elsewhere, or a new
+    epoch of persistent workers (``_reset``: they exist, with their own copies)."""
+    from torch.utils.data import DataLoader
+
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return 0
+        name = frame.f_code.co_name
+        owner = frame.f_locals.get("self") if name in ("__init__", "_reset") else None
+        if owner is not None and type(owner).__name__.endswith("DataLoaderIter"):
+            loader = frame.f_locals.get("loader")
+            if name == "_reset" or not isinstance(loader, DataLoader):
+                return 0
+            return max(0, int(loader.num_workers))
+        frame = frame.f_back
+    return 0
 
 
 _OWN_WALKS = ("apply_random_seed", "apply_sharding")

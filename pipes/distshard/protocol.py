@@ -18,6 +18,9 @@ The sequence it returns may declare, for the reader (``readers/sequence.py``):
 * ``distshard_order(seed)``: the permutation ``shuffle=True`` visits;
 * ``distshard_shuffle_kind``: what that permutation is, for ``explain()``;
 * ``distshard_blocks``: neighbours share a file, so slots take contiguous blocks;
+* ``distshard_prefetch(slots)``: called in a rank before its DataLoader workers start,
+  with the positions each of its slots will read (lazy iterators): fetch once what they
+  all need first and keep it in the sequence, which the workers get (pickled or forked);
 * ``distshard_identity()``: as above;
 * ``describe()``: its line in ``explain()``.
 
@@ -45,6 +48,7 @@ __all__ = [
     "sequence_description",
     "sequence_identity",
     "sequence_order",
+    "sequence_prefetch",
     "sequence_reader",
     "sequence_shuffle_kind",
     "sequence_of",
@@ -90,6 +94,8 @@ class ReadableSequence(Protocol):
     def distshard_order(self, seed: int) -> Callable[[int], int]: ...
 
     def distshard_identity(self) -> str: ...
+
+    def distshard_prefetch(self, slots: Sequence[Iterator[int]]) -> None: ...
 
 
 def declares_positional(cls: type) -> bool:
@@ -152,6 +158,13 @@ def sequence_order(sequence: Any, seed: int) -> Callable[[int], int] | None:
     """The permutation ``sequence.distshard_order(seed)`` gives, or ``None`` (no hook)."""
     own = getattr(sequence, "distshard_order", None)
     return own(seed) if callable(own) else None
+
+
+def sequence_prefetch(sequence: Any) -> Callable[[Sequence[Iterator[int]]], None] | None:
+    """``sequence.distshard_prefetch`` (fetch before the workers start what the
+    rank's slots need first), or ``None``."""
+    own = getattr(sequence, "distshard_prefetch", None)
+    return own if callable(own) else None
 
 
 def sequence_shuffle_kind(sequence: Any) -> str | None:

@@ -19,7 +19,7 @@ strings or default ``repr``s, which differ between processes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..digests import stable_digest
 
@@ -59,6 +59,12 @@ class RandomAccessReader(Reader):
         """The elements at ``positions``, in that order. ``shuffled`` says the
         positions come in a permuted order (for readers that cache by locality)."""
         raise NotImplementedError
+
+    def prefetch(self, slots: Sequence[Iterator[int]]) -> None:
+        """Before a rank's DataLoader workers start: ``slots`` are the positions each
+        of the rank's slots will read, in order (lazy: take only what is needed). A
+        reader may fetch once here what the workers would each ask for, and keep it
+        in what they get of it (see ``protocol.sequence_prefetch``). Nothing by default."""
 
     def order(self, seed: int) -> Callable[[int], int]:
         """The permutation ``shuffle=True`` visits positions in: a global one by default."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..protocol import (
     sequence_blocks,
     sequence_description,
     sequence_identity,
     sequence_order,
+    sequence_prefetch,
     sequence_reader,
     sequence_shuffle_kind,
 )
@@ -109,6 +110,11 @@ class SequenceReader(RandomAccessReader):
     def order(self, seed: int) -> Callable[[int], int]:
         own = sequence_order(self.sequence, seed)
         return own if own is not None else super().order(seed)
+
+    def prefetch(self, slots: Sequence[Iterator[int]]) -> None:
+        own = sequence_prefetch(self.sequence)
+        if own is not None:
+            own(slots)
 
     def read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[Any]:
         many = sequence_reader(self.sequence)

@@ -24,6 +24,7 @@ identity (``identity``) and opens the file its spans are in (``open_random``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import operator
 import os
@@ -100,15 +101,20 @@ class StreamFile:
 
 
 def _build(
-    fmt: Format, access: FileAccess, ref: FileRef, following: Callable[[], Sequence[str]] | None = None
+    fmt: Format,
+    access: FileAccess,
+    ref: FileRef,
+    following: Callable[[], Sequence[str]] | None = None,
+    kept: Mapping[str, bytes] | None = None,
 ) -> FileIndex:
     """``ref``'s index: its stored entry if the identity came from a stored index
-    (one request, which brings the entries ``following()`` names along when they
-    are packed beside it), else (or if the entry is not there) built from the file."""
+    (from ``kept``, the entries the rank fetched before its workers started, else
+    one request, which brings the entries ``following()`` names along when they are
+    packed beside it), else (or if the entry is not there) built from the file."""
     if ref.stored is not None:
         from .manifest import fetch_entry
 
-        index = fetch_entry(fmt.name, ref, access, following() if following is not None else ())
+        index = fetch_entry(fmt.name, ref, access, following() if following is not None else (), kept)
         if index is not None:
             return index
     return fmt.build_index(ref, access)
@@ -129,6 +135,7 @@ def _access_key(access: FileAccess) -> Any:
 
 _FOLLOWING = 1024  # files after one whose packed stored entries may come along with its own (see .packs)
 _LOOKAHEAD = 64  # positions a slot looks ahead for the stored index entries it will need
+_PREFETCH_POSITIONS = 1 << 14  # positions of each slot a rank looks at for the entries its workers read
 
 
 class _SampleRequest(Request):
@@ -151,11 +158,6 @@ class _SampleRequest(Request):
             spans = self._source.fmt.spans(index, self._j)
             self._found = ((self.file, self._j, ref, index), spans)
         return self._found
-
-    def ready(self) -> bool:
-        """Known here without a request: resolved, or its file's index is in this
-        process (a file not indexed yet, or one whose stored entry is still to come, is not)."""
-        return self._found is not None or self._source.has_index(self.file)
 
     @property
     def payload(self) -> Any:
@@ -253,6 +255,7 @@ class SourceSequence(Sequence):
         self._resolved: dict[int, FileRef] = {}
         self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
         self._known: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
+        self._kept: dict[str, bytes] = {}  # stored entries the rank fetched for its workers (pickled with it)
         self._pid = os.getpid()
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
@@ -374,10 +377,13 @@ class SourceSequence(Sequence):
         return found
 
     def has_index(self, f: int) -> bool:
-        """Whether file ``f``'s index is in this process already (no request to get it)."""
+        """Whether file ``f``'s index is in this process already, or its stored entry
+        (the rank fetched it before its workers started): no request to get it."""
         if f in self._known:
             return True
         ref = self._resolved.get(f) or self.refs[f]
+        if ref.stored is not None and ref.stored in self._kept:
+            return True
         return ref.size is not None and _INDEXES.get((self.fmt.name, key_of(ref.url), ref.size, ref.stamp)) is not None
 
     def file_index(self, f: int) -> tuple[FileRef, FileIndex]:
@@ -395,7 +401,9 @@ class SourceSequence(Sequence):
         index = _INDEXES.get(key)
         if index is None:
             index, _ = obtain(
-                self.fmt.name, ref, partial(_build, self.fmt, self.access, following=partial(self._following, f))
+                self.fmt.name,
+                ref,
+                partial(_build, self.fmt, self.access, following=partial(self._following, f), kept=self._kept),
             )
             assert index is not None
             _INDEXES.put(key, index, index.weight())
@@ -405,6 +413,61 @@ class SourceSequence(Sequence):
             self._known.clear()
         self._known[f] = (ref, index)
         return ref, index
+
+    def distshard_prefetch(self, slots: Sequence[Iterator[int]]) -> None:
+        """In a rank, before its DataLoader workers start (``slots``: the positions
+        each of its slots will read, in order): fetch the stored index entries
+        (``python -m distshard index``) of the file each reads first, in as few
+        range requests as they allow (one when they lie within ``packs.RANGE_BYTES``
+        of a pack: a rank's slots read contiguous blocks), with those of the files
+        they read next that fit in the same ranges, and keep them here: the workers
+        get them with the sequence (forked or pickled) and ask no request for them.
+        Nothing without a stored index, or when the first files' indexes are here
+        or in the per-machine cache already. The entries are checked when they are
+        loaded, as fetched ones are (a stale one: the file is indexed itself)."""
+        from .index import load_cached
+        from .packs import entry_range, fetch_first
+
+        def fetchable(f: int) -> bool:
+            stored = self.refs[f].stored
+            return (
+                self._remote[f]
+                and stored is not None
+                and stored not in self._kept
+                and entry_range(stored) is not None
+                and not self.has_index(f)
+            )
+
+        later: list[list[int]] = []  # each slot's files, in the order it reads them
+        for positions in slots:
+            files: list[int] = []
+            seen: set[int] = set()
+            lo = hi = 0  # the positions of the file read last
+            for position in itertools.islice(positions, _PREFETCH_POSITIONS):
+                if lo <= position < hi:
+                    continue
+                f = self._locate(position)[0]
+                lo, hi = self._starts[f], self._starts[f] + self.counts[f]
+                if f not in seen:
+                    if len(files) >= _FOLLOWING:
+                        break
+                    seen.add(f)
+                    files.append(f)
+            later.append(files)
+        firsts = [files[0] for files in later if files]  # what each slot's first range needs
+        needed = [f for f in dict.fromkeys(firsts) if fetchable(f)]
+        needed = [f for f in needed if load_cached(self.fmt.name, self.refs[f], header_only=True) is None]
+        if not needed:
+            return
+        more = [f for f in dict.fromkeys(f for files in itertools.zip_longest(*later) for f in files if f is not None)]
+        entries = [self.refs[f].stored for f in needed]
+        self._kept.update(
+            fetch_first(
+                [e for e in entries if e is not None],
+                [e for f in more if fetchable(f) and (e := self.refs[f].stored) is not None],
+                self.access,
+            )
+        )
 
     def _following(self, f: int) -> list[str]:
         """The stored entries of the files after ``f`` (in order), whose entries

@@ -12,9 +12,12 @@ request its bytes, in order, as soon as they are there. Sources of local files
 only do not use it (``SourceSequence.distshard_read`` reads them exactly).
 
 Ramp: a run starts small, as TCP's slow start does. Its first plan admits
-``ReadOptions.first_range`` bytes (the first request's bytes asked first, so
-the first sample comes after one small request, not behind a slot's whole share
-of a shared link); each later plan admits twice as much, up to ``max_range``
+``ReadOptions.first_range`` bytes of the first file only (the first request's
+bytes asked first, so the first sample comes after one small request, not behind
+a slot's whole share of a shared link), and nothing more is asked until its
+first request is delivered (the first sample waits for its own round trip alone,
+and a job's requests before its first sample stay one per reading slot); each
+later plan admits twice as much, up to ``max_range``
 (more when ``4 * window`` is larger); and the bytes held, in flight or not, stay
 within a window of ``2 * first_range`` widened by every byte delivered (so it
 about doubles per round trip while the link is the bottleneck), up to the
@@ -70,10 +73,6 @@ class Request:
 
     def __init__(self, payload: Any, file: int, spans: Sequence[tuple[int, int]]) -> None:
         self.payload, self.file, self.spans = payload, file, spans
-
-    def ready(self) -> bool:
-        """Whether ``spans`` is known without a request (a file's index may be one)."""
-        return True
 
 
 class _Held:
@@ -210,8 +209,7 @@ class _Run:
         self.released = 0  # bytes of ranges delivered and let go: the window grows by them
         self.cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
         self.plans = 0  # plans that submitted something: the batch doubles with each
-        self.delivered = False  # a request was delivered
-        self.held_back = False  # the first plan stopped at the first file (see plan)
+        self.delivered = False  # a request was delivered (until then nothing is planned after the first plan)
         self.waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
         self.local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
         self.exhausted = False
@@ -232,9 +230,9 @@ class _Run:
         unless fewer than two requests are left to deliver)."""
         if not self.pending:
             self.plan(min(self.cap(), self.limit()))  # nothing is held
-        # a first plan held back at the first file: nothing more until the first delivery
+        # after the first plan (the first file's first bytes) nothing more until the first delivery
         while (
-            (self.delivered or not self.held_back)
+            (self.delivered or self.plans == 0)
             and (self.waiting or not self.exhausted)
             and len(self.pending) < self.ahead.MAX_PENDING
         ):
@@ -302,12 +300,11 @@ class _Run:
             request = self.pull()
             if request is None:
                 break
-            if self.plans == 0 and batch and request.file != batch[0].file and not request.ready():
-                # the first plan ends with the first file when the next file's index is a
-                # request (a stored entry): the first sample waits for its own round trips,
-                # not for the next files'
+            if self.plans == 0 and batch and request.file != batch[0].file:
+                # the first plan ends with the first file: the first sample waits for its
+                # own range only (nor for the next files' indexes, a request each when
+                # they are stored entries)
                 self.waiting.append(request)
-                self.held_back = True
                 break
             mark = coverage.mark()
             more = self.cover(request, coverage)

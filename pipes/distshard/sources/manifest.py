@@ -270,21 +270,30 @@ def known_files(
 
 
 def fetch_entry(
-    fmt: str, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS, following: Sequence[str] = ()
+    fmt: str,
+    ref: FileRef,
+    access: FileAccess = DEFAULT_FILE_ACCESS,
+    following: Sequence[str] = (),
+    kept: Mapping[str, bytes] | None = None,
 ) -> FileIndex | None:
     """``ref``'s index from its stored entry, or ``None`` if the entry is not
-    there or not of that identity (the file is then indexed itself). A packed
-    entry comes in one range request with the entries of ``following`` (the
-    entries of the files read next) beside it, or from such an earlier request."""
+    there or not of that identity (the file is then indexed itself). An entry in
+    ``kept`` (fetched by the rank before its workers started) takes no request; a
+    packed one comes in one range request with the entries of ``following`` (the
+    entries of the files read next, less those kept) beside it, or from such an
+    earlier request. Either way it is checked against ``ref`` when loaded."""
     from .index import loads
     from .packs import entry_range, fetch_packed
 
     assert ref.stored is not None
+    kept = kept or {}
     try:
-        if entry_range(ref.stored) is None:
+        if ref.stored in kept:
+            data = kept[ref.stored]
+        elif entry_range(ref.stored) is None:
             data = read(ref.stored, access)
         else:
-            data = fetch_packed(ref.stored, following, access)
+            data = fetch_packed(ref.stored, [e for e in following if e not in kept], access)
     except FileNotFoundError:
         log.info("the stored index entry %s is not there: indexing %s itself", ref.stored, ref.url)
         return None

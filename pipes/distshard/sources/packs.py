@@ -17,21 +17,24 @@ of making another.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
 from concurrent.futures import Future
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import SourceDataError, SourceMissingError
 from ._lru import LRU
 from .files import FileAccess
 
-__all__ = ["RANGE_BYTES", "entry_range", "fetch_packed", "pack_entry"]
+__all__ = ["RANGE_BYTES", "entry_range", "fetch_first", "fetch_packed", "pack_entry"]
 
 #: the most bytes of one pack fetched in one request for the entries a slot reads next
 RANGE_BYTES = 1 << 20
 _GAP = 64 << 10  # entries of files a slot skips, fetched along while the gap is at most this
+
+log = logging.getLogger("distshard")
 
 _ENTRY = re.compile(r"^(.*)#(\d+)-(\d+)$")
 _RAW: LRU[bytes] = LRU(max_items=1 << 16, max_weight=64 << 20)  # entries fetched along, by entry
@@ -124,6 +127,72 @@ def fetch_packed(entry: str, following: Sequence[str], access: FileAccess) -> by
             for name, _, _ in members:
                 if _PENDING.get(name) is mine:
                     del _PENDING[name]
+
+
+def fetch_first(needed: Sequence[str], more: Sequence[str], access: FileAccess) -> dict[str, bytes]:
+    """The bytes of the packed entries ``needed`` and of those of ``more`` (in that
+    order of preference) that lie in the same ranges: ``needed`` grouped into as
+    few ranges of at most :data:`RANGE_BYTES` of their packs as they go (one when
+    they are that close), each widened by the entries of ``more`` it can take while
+    it stays within :data:`RANGE_BYTES` and its gaps within :data:`_GAP`; the
+    ranges asked at once. What a rank fetches before its DataLoader workers start
+    (see ``SourceSequence.distshard_prefetch``). A range that fails is left out
+    (logged): the entries it held are fetched when they are read, as without it."""
+    groups: list[tuple[str, int, int, list[tuple[str, int, int]]]] = []
+    placed = set()
+    for entry in sorted(set(needed), key=lambda e: entry_range(e) or ("", 0, 0)):
+        found = entry_range(entry)
+        if found is None:
+            continue
+        pack, start, stop = found
+        last = groups[-1] if groups else None
+        if last is not None and last[0] == pack and max(last[2], stop) - last[1] <= RANGE_BYTES:
+            groups[-1] = (pack, last[1], max(last[2], stop), [*last[3], (entry, start, stop)])
+        else:
+            groups.append((pack, start, stop, [(entry, start, stop)]))
+        placed.add(entry)
+    for other in more:
+        found = entry_range(other)
+        if found is None or other in placed:
+            continue
+        pack, start, stop = found
+        for k, (where, lo, hi, members) in enumerate(groups):
+            if (
+                where == pack
+                and max(hi, stop) - min(lo, start) <= RANGE_BYTES
+                and lo - _GAP < stop
+                and start < hi + _GAP
+            ):
+                groups[k] = (where, min(lo, start), max(hi, stop), [*members, (other, start, stop)])
+                placed.add(other)
+                break
+    asked = [(group, _submit_range(group[0], group[1], group[2], access)) for group in groups]
+    out: dict[str, bytes] = {}
+    for (pack, lo, hi, members), pending in asked:
+        try:
+            data = pending()
+        except (OSError, ValueError) as exc:
+            log.info(
+                "the stored index entries in %s bytes [%d, %d) were not fetched ahead (%s): they are fetched when read",
+                pack,
+                lo,
+                hi,
+                exc,
+            )
+            continue
+        for name, start, stop in members:
+            out[name] = data[start - lo : stop - lo]
+    return out
+
+
+def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Callable[[], bytes]:
+    """``_read_range`` asked now (remote: in flight while others are asked), its bytes when called."""
+    from .urls import is_remote
+
+    if is_remote(url):
+        pending = access.client(url).submit_range(url, start, stop, None, None, access.options)
+        return lambda: bytes(pending.result())
+    return lambda: _read_range(url, start, stop, access)
 
 
 def _read_range(url: str, start: int, stop: int, access: FileAccess) -> bytes:
