@@ -55,6 +55,7 @@ from .answers import (
     exact,
     s3_error,
     strong_etag,
+    suffix_answer,
     wait_bound,
 )
 from .options import ReadOptions
@@ -342,6 +343,7 @@ class DirectS3Client:
         self._regions: dict[str, str] = {}  # buckets answered from another region (real AWS)
         self._process = _Process()
         self._answered = False
+        self._no_suffix: set[str] = set()  # buckets that did not answer a suffix range (see tail)
 
     def __repr__(self) -> str:
         return f"DirectS3Client({self.protocol}://, {self.config.scheme}://{self.config.host or 'aws'}, {self.config.region})"
@@ -570,6 +572,47 @@ class DirectS3Client:
             return int(size), str(answer.headers.get("ETag") or answer.headers.get("x-amz-version-id") or "")
 
         return self._retrying(url, "metadata", head, options)
+
+    def tail(self, url: str, n: int, options: ReadOptions = _DEFAULT) -> tuple[int, str, bytes]:
+        """``(size, stamp, last bytes)`` of ``url`` from one suffix GET (``Range:
+        bytes=-n``, retried), as :meth:`.remote.Client.tail`: the identity as
+        :meth:`identity` gives it (the size from ``Content-Range``'s total), the
+        file's last ``min(n, size)`` bytes; a store that does not answer suffix
+        ranges is asked with a HEAD (remembered per bucket), and the bytes are ``b""``."""
+        if self._botocores(url):
+            return self.fallback.tail(url, n, options)
+        bucket = self._split(url)[0]
+        if bucket not in self._no_suffix:
+            what = f"the last {n} bytes"
+            found = self._retrying(url, what, lambda: self._tail(url, n, what, options), options)
+            if found is not None:
+                return found
+            self._no_suffix.add(bucket)
+            log.debug("s3://%s answered no suffix range: its objects' identities are asked with a HEAD", bucket)
+        return (*self.identity(url, options), b"")
+
+    def _tail(self, url: str, n: int, what: str, options: ReadOptions) -> tuple[int, str, bytes] | None:
+        answer = self._send("GET", url, what, {"Range": f"bytes=-{n}"}, options, stream=True)
+        if answer.status in (400, 416, 501):  # an empty object, or a store without suffix ranges
+            return None
+        self._refuse(url, what, answer)
+        stream = answer.stream
+        assert stream is not None
+        found = suffix_answer(
+            answer.status, answer.headers.get("Content-Range"), answer.headers.get("Content-Length"), n
+        )
+        if found is None:
+            stream.close(False)  # its body (maybe the whole object) is not wanted
+            return None
+        first, size = found
+        try:
+            data = stream.read(size - first)
+        except (http.client.HTTPException, OSError) as exc:
+            stream.close(False)
+            raise Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+        stream.close(len(data) == size - first)
+        stamp = str(answer.headers.get("ETag") or answer.headers.get("x-amz-version-id") or "")
+        return size, stamp, exact(url, data, first, size)
 
     def _get(self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions) -> bytes:
         what = f"bytes [{start}, {stop})"
