@@ -170,3 +170,54 @@ def test_a_server_that_ignores_range_hands_a_small_file_whole(tmp_path):
             parquet(srv.url(large)).counts()  # (random access needs ranges, as before)
         # the suffix answer's whole body was not taken: a HEAD, then the footer's range (refused)
         assert [m for m, _ in file_requests(srv)] == ["GET", "HEAD", "GET"]
+
+
+def test_the_index_from_the_suffix_get_is_the_one_built_from_the_file(tmp_path, server):
+    """Nested and dictionary columns, a footer in the suffix and one longer than it:
+    the same counts, column chunk ranges, column names and footer bytes as the
+    index pyarrow builds from the local file."""
+    from distshard.sources.files import FileAccess, FileRef, file_identity
+    from distshard.sources.parquet import ParquetFormat
+
+    n = 30
+    table = pa.table(
+        {
+            "id": list(range(n)),
+            "tags": [[f"t{i % 3}"] * (i % 4) for i in range(n)],
+            "point": [{"x": i, "y": [i, -i]} for i in range(n)],
+            "word": pa.array([f"w{i % 5}" for i in range(n)]).dictionary_encode(),
+            **{f"c{c}": list(range(n)) for c in range(300)},
+        }
+    )
+    small, wide = tmp_path / "small.parquet", tmp_path / "wide.parquet"
+    pq.write_table(table.select(["id", "tags", "point", "word"]), small, row_group_size=7)
+    pq.write_table(table, wide, row_group_size=7)
+    fmt, access = ParquetFormat(), FileAccess()
+    for path in (small, wide):
+        url = server.url(path)
+        remote = fmt.build_index(FileRef(url, *fmt.identity(url, access)), access)
+        local = fmt.build_index(FileRef(str(path), *file_identity(str(path))), access)
+        assert (remote.count, remote.size) == (local.count, local.size) == (n, path.stat().st_size)
+        assert remote.arrays == local.arrays and remote.strings == local.strings
+    assert [m for m, _ in file_requests(server)] == ["GET", "GET", "GET"]  # small: 1, wide: 2
+
+
+@pytest.mark.parametrize(
+    "status, content_range, length, expected",
+    [
+        (206, "bytes 900-999/1000", "100", (900, 1000)),
+        (206, "bytes 0-49/50", "50", (0, 50)),  # a file shorter than the suffix: whole
+        (206, "bytes 0-99/1000", "100", None),  # bytes=-100 read as bytes=0-99
+        (206, "bytes 900-998/1000", "99", None),
+        (206, "bytes 900-999/*", "100", None),  # no total: no size
+        (206, None, "100", None),
+        (200, None, "80", (0, 80)),  # Range ignored, a small file: its whole body
+        (200, None, "5000", None),  # Range ignored, a large file: not read whole
+        (200, None, None, None),
+        (416, "bytes */0", "0", None),
+    ],
+)
+def test_what_a_suffix_answer_holds(status, content_range, length, expected):
+    from distshard.sources.answers import suffix_answer
+
+    assert suffix_answer(status, content_range, length, 100) == expected

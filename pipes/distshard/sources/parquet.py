@@ -6,16 +6,16 @@ row ``i`` needs the column chunks of its row group (the selected ``columns``
 only): the read-ahead fetches them like any other span, and parsing decodes the
 row group from those bytes once (``pyarrow`` reads nothing else: it is handed
 the footer and an in-memory view of the chunks), keeping the last few decoded
-row groups of the process.
+row groups of the process. With ``shuffle=True`` a file source keeps a row
+group's rows together (see ``order.py``), so each row group is decoded about
+once per slot that reads from it.
 
 A remote file's identity and footer come from one request: a suffix GET of its
 last :data:`TAIL` bytes (:meth:`ParquetFormat.identity`), whose answer gives
 the size and version and whose body almost always holds the whole footer, kept
 until the index is built; only a longer footer costs a second range, checked
 against that identity. A store that does not answer suffix ranges is asked as
-before (a HEAD, then the footer's range). With ``shuffle=True`` a file source keeps a row
-group's rows together (see ``order.py``), so each row group is decoded about
-once per slot that reads from it.
+before (a HEAD, then the footer's range).
 """
 
 from __future__ import annotations
