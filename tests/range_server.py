@@ -1,6 +1,9 @@
 """A loopback object-store stand-in: an HTTP/1.1 server on 127.0.0.1 that serves
 the files under a root directory with ``Range`` requests, strong ``ETag``\\ s,
-``If-Match`` (412 on a changed file), ``HEAD`` (or, with ``weak=True``, weak
+``If-Match`` (412 on a changed file), suffix ranges (``bytes=-N``: the last N
+bytes, or the whole file when it is shorter; ``suffix=False`` answers them 400,
+as servers without them do; ``ranges=False`` ignores ``Range`` and sends 200
+with the whole file), ``HEAD`` (or, with ``weak=True``, weak
 ``ETag``\\ s and no ``If-Match`` support, as some proxies and CDNs answer); that can wait before every
 response (an object store's first-byte latency), cap its bandwidth, inject
 faults (a 500 / 503, a connection reset in the middle of a body, a short body)
@@ -38,7 +41,8 @@ class RangeServer(LoopbackServer):
     ``require`` names headers every request must carry (else 403); ``weak``
     sends weak ETags (``W/"..."``) and ignores ``If-Match``; ``before_get(path)``
     runs before every GET is answered (a test that rewrites a file mid-epoch), and
-    ``on_head(path)`` before every HEAD (what asks a file's identity)."""
+    ``on_head(path)`` before every HEAD (what asks a file's identity); ``suffix``
+    and ``ranges``: see the module docstring."""
 
     request_queue_size = 256
 
@@ -57,6 +61,8 @@ class RangeServer(LoopbackServer):
         weak: bool = False,
         before_get: Any = None,
         on_head: Any = None,
+        suffix: bool = True,
+        ranges: bool = True,
     ) -> None:
         super().__init__(RangeHandler, (certfile, keyfile) if scheme == "https" else None)  # type: ignore[arg-type]
         self.root = Path(root)
@@ -69,6 +75,8 @@ class RangeServer(LoopbackServer):
         self.weak = weak
         self.before_get = before_get
         self.on_head = on_head
+        self.suffix = suffix  # False: a suffix range (bytes=-N) is answered 400
+        self.ranges = ranges  # False: Range is ignored (200, the whole file)
         self.lock = threading.Lock()
         self.reset_counters()
 
@@ -178,14 +186,21 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
             self._empty(412, {"ETag": etag})
             return
         start, end, status = 0, st.st_size, 200
-        asked = self.headers.get("Range")
+        asked = self.headers.get("Range") if server.ranges else None
         if asked:
             match = re.fullmatch(r"bytes=(\d+)-(\d*)", asked.strip())
-            if match is None:
+            last = re.fullmatch(r"bytes=-(\d+)", asked.strip()) if server.suffix else None
+            if last is not None:  # the last N bytes (the whole file when it is shorter)
+                start, end = max(0, st.st_size - int(last.group(1))), st.st_size
+                if int(last.group(1)) == 0 or st.st_size == 0:
+                    self._empty(416, {"Content-Range": f"bytes */{st.st_size}"})
+                    return
+            elif match is None:
                 self._empty(400)
                 return
-            start = int(match.group(1))
-            end = min(st.st_size, int(match.group(2)) + 1) if match.group(2) else st.st_size
+            else:
+                start = int(match.group(1))
+                end = min(st.st_size, int(match.group(2)) + 1) if match.group(2) else st.st_size
             if start >= st.st_size:
                 self._empty(416, {"Content-Range": f"bytes */{st.st_size}"})
                 return

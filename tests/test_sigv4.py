@@ -82,6 +82,30 @@ def test_the_signature_is_botocores(key, query, host, region, secret, token, met
         assert ours.get(name) == theirs.get(name), name
 
 
+@settings(max_examples=30, deadline=None)
+@given(key=keys, host=hosts, region=regions, body=st.binary(max_size=2000))
+def test_a_put_signs_its_body_as_botocore(key, host, region, body):
+    """The direct client's writes (the index command's packs and manifest): the
+    body's SHA-256 is the signed payload, as botocore signs a PUT over http."""
+    import hashlib
+
+    path = "/bucket/" + sigv4.encode_key(key)
+    creds = sigv4.Credentials("AKIDEXAMPLE", "secret")
+    payload = hashlib.sha256(body).hexdigest()
+    ours = sigv4.sign("PUT", host, path, [], {}, creds, region, payload=payload, now=NOW)
+    request = AWSRequest(method="PUT", url=f"http://{host}{path}", data=body)
+    when = datetime.datetime.fromtimestamp(NOW, datetime.timezone.utc).replace(tzinfo=None)
+    original = botocore_auth.get_current_datetime
+    botocore_auth.get_current_datetime = lambda: when
+    try:
+        botocore_auth.S3SigV4Auth(Credentials("AKIDEXAMPLE", "secret"), "s3", region).add_auth(request)
+    finally:
+        botocore_auth.get_current_datetime = original
+    theirs = {name.lower(): value for name, value in request.headers.items()}
+    assert theirs["x-amz-content-sha256"] == payload
+    assert ours["authorization"] == theirs["authorization"]
+
+
 def test_the_key_is_encoded_as_botocore_sends_it():
     from botocore.utils import percent_encode
 

@@ -245,6 +245,87 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     )
 
 
+def _tables(bucket, tmp_path: Path, prefix: str, files: int, columns: int = 1, rows: int = 30) -> list[str]:
+    """``files`` Parquet objects whose rows are distinct (``f<file>-<row>`` in column ``k``)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    paths = []
+    for f in range(files):
+        table = {"k": [f"f{f}-{i}" for i in range(rows)], **{f"c{c}": list(range(rows)) for c in range(columns - 1)}}
+        path = tmp_path / prefix / f"part-{f:03d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(table), path, row_group_size=7)
+        paths.append(str(path))
+    return upload(bucket, paths, prefix)
+
+
+def _counted(run):
+    """What ``run()`` returns and the requests moto saw meanwhile, by kind."""
+    counted = _Requests()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(counted)
+    werkzeug.setLevel(logging.INFO)
+    try:
+        return run(), counted.kinds()
+    finally:
+        werkzeug.removeHandler(counted)
+        werkzeug.setLevel(logging.ERROR)
+
+
+def test_a_cold_parquet_job_on_s3_asks_one_request_per_object(tmp_path, bucket, endpoint):
+    """Issue 22 item 3: each object's identity (ETag, the size from Content-Range)
+    and footer come from one suffix GET: N objects, N requests before the first
+    row (not a HEAD and a range each); a footer longer than the suffix costs one
+    range more; the rows exact."""
+    urls = _tables(bucket, tmp_path, "cold", files=4)
+    [wide] = _tables(bucket, tmp_path, "wide", files=1, columns=300, rows=14)
+    options = {"endpoint_url": endpoint}
+    source = distshard.parquet(urls, storage_options=options)
+    counts, kinds = _counted(source.counts)
+    assert counts == [30] * 4
+    assert kinds == {"data": 4, "manifest": 1}, kinds  # (the look for a stored index beside them)
+    got = Counter(row["k"] for r in range(2) for row in source.dist_shard(rank=r, world_size=2))
+    assert got == Counter(f"f{f}-{i}" for f in range(4) for i in range(30))
+    counts, kinds = _counted(distshard.parquet(wide, ["k"], storage_options=options).counts)
+    assert counts == [14] and kinds == {"data": 2, "manifest": 1}, kinds
+    rows = distshard.parquet(wide, ["k"], storage_options=options).dist_shard(rank=0, world_size=1)
+    assert Counter(row["k"] for row in rows) == Counter(f"f0-{i}" for i in range(14))
+
+
+def test_a_parquet_object_rewritten_after_its_suffix_get_is_refused(tmp_path, bucket, endpoint):
+    """The range after the suffix GET (a footer longer than it) is checked against
+    the suffix answer's ETag: an object rewritten in between raises naming it."""
+    from distshard.sources.files import FileAccess, FileRef
+    from distshard.sources.parquet import ParquetFormat
+
+    [wide] = _tables(bucket, tmp_path, "rewritten", files=1, columns=300, rows=14)
+    fmt, access = ParquetFormat(), FileAccess(storage_options={"endpoint_url": endpoint})
+    ref = FileRef(wide, *fmt.identity(wide, access))
+    key = wide.split(f"s3://{BUCKET}/", 1)[1]
+    body = bytearray(bucket.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    body[100] ^= 1
+    bucket.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))  # the same size, a new ETag
+    with pytest.raises(ValueError, match=f"{re.escape(wide)} changed after it was indexed"):
+        fmt.build_index(ref, access)
+
+
+def test_a_parquet_job_on_s3_is_exact_through_faults(tmp_path, bucket, endpoint):
+    """503 SlowDown, resets and cut bodies every third GET, suffix GETs included."""
+    from tests.s3_proxy import S3Proxy
+
+    urls = _tables(bucket, tmp_path, "faulty", files=5)
+    proxy = S3Proxy(endpoint, fault_every=3).start()
+    try:
+        source = distshard.parquet(
+            urls, storage_options={"endpoint_url": proxy.endpoint}, read_options=ReadOptions(retry_seconds=30)
+        )
+        got = Counter(row["k"] for r in range(2) for row in source.dist_shard(rank=r, world_size=2))
+    finally:
+        proxy.stop()
+    assert got == Counter(f"f{f}-{i}" for f in range(5) for i in range(30))
+    assert proxy.faulted and proxy.requests["HEAD"] == 0, (proxy.faulted, proxy.requests)
+
+
 _MADE: Counter = Counter()  # what this process made; a forked worker starts from its parent's counts
 
 

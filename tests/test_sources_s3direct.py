@@ -229,6 +229,41 @@ print(n, heavy)
     assert out.stdout.split() == [str(len(expected)), "[]"], out.stdout
 
 
+def test_the_index_command_with_the_direct_client_imports_no_s3fs(tmp_path, bucket, endpoint):
+    """`python -m distshard index s3://...` in a fresh interpreter, its reads direct
+    (a streamed GET a shard, a suffix GET a Parquet file) and its writes too (the
+    pack and the manifest: one signed PUT each): no botocore, aiohttp nor s3fs
+    imported (``-X importtime`` lists every import); what it wrote reads every sample."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    paths, expected = write_shards(tmp_path, shards=3, per_shard=4)
+    upload(bucket, paths, "written")
+    pq.write_table(pa.table({"k": [f"r{i}" for i in range(25)]}), tmp_path / "t.parquet", row_group_size=6)
+    [table] = upload(bucket, [str(tmp_path / "t.parquet")], "written")
+    pattern = f"s3://{BUCKET}/written/shard-{{000000..000002}}.tar"
+    options = json.dumps({"endpoint_url": endpoint})
+    env = {**os.environ, "DISTSHARD_CACHE": str(tmp_path / "fresh"), "DISTSHARD_S3_CLIENT": "direct"}
+    command = [sys.executable, "-X", "importtime", "-m", "distshard", "index", pattern, table]
+    out = subprocess.run([*command, "--storage-options", options], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "distshard.sources.s3direct" in imported and "pyarrow.parquet" in imported
+    heavy = sorted(m for m in imported if m.split(".")[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs", "boto3"))
+    assert heavy == [], heavy
+    keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert "written/.distshard/manifest.json" in keys and sum(k.endswith(".pack") for k in keys) == 1, keys
+    remote.forget_clients()
+    source = distshard.webdataset(pattern, storage_options={"endpoint_url": endpoint})
+    got = list(source.dist_shard(rank=0, world_size=1))
+    assert source._stored is not None and source._indexed_here == 0
+    assert Counter(key_of(s) for s in got) == Counter(
+        f"s3://{BUCKET}/written/{Path(s['__url__']).name}#{s['__key__']}" for s in expected
+    )
+    rows = distshard.parquet(table, storage_options={"endpoint_url": endpoint})
+    assert sorted(r["k"] for r in rows.dist_shard(rank=0, world_size=1)) == sorted(f"r{i}" for i in range(25))
+    assert rows._stored is not None and rows._indexed_here == 0
+
+
 @pytest.fixture
 def proxy(endpoint):
     server = S3Proxy(endpoint, fault_every=3).start()
@@ -269,7 +304,12 @@ def test_a_bucket_in_another_region_is_asked_there_once(tmp_path, bucket, endpoi
         data = Path(paths[0]).read_bytes()
         assert client.read_range(url, 10, 500, size, stamp) == data[10:500]
         assert client.fetch(url) == data
+        assert client.tail(url, 100) == (size, stamp, data[-100:])
         assert client._regions == {BUCKET: "eu-west-1"} and server.redirected == 1
+        writer = DirectS3Client("s3", {}, dataclasses.replace(config, follow_regions=True), lambda: None)
+        writer.put(f"s3://{BUCKET}/moved/written", b"the body, sent again")  # redirected, then sent there
+        assert bucket.get_object(Bucket=BUCKET, Key="moved/written")["Body"].read() == b"the body, sent again"
+        assert server.redirected == 2
         unfollowed = DirectS3Client("s3", {}, config, lambda: None)  # a custom endpoint: no redirects followed
         with pytest.raises(ValueError, match="HTTP 301 .*the bucket is in eu-west-1"):
             unfollowed.identity(url)

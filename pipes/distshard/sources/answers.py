@@ -42,6 +42,7 @@ __all__ = [
     "missing",
     "s3_error",
     "strong_etag",
+    "suffix_answer",
     "wait_bound",
 ]
 
@@ -240,6 +241,26 @@ def check_content_range(url: str, header: str | None, start: int, stop: int, siz
         raise Changed(f"size {size} -> {total}")
     if (first, last + 1) != (start, stop):
         raise Changed(f"asked for bytes [{start}, {stop}), the server sent [{first}, {last + 1})")
+
+
+def suffix_answer(status: int, content_range: str | None, length: str | None, n: int) -> tuple[int, int] | None:
+    """What the answer to a suffix range (``Range: bytes=-n``) holds: ``(first
+    byte, file size)`` when its body is the file's last ``min(n, size)`` bytes (a
+    206 whose ``Content-Range`` is exactly that suffix, with the total; or a 200 of
+    at most ``n`` bytes: the whole file, from a server that ignores ``Range``), else
+    ``None``: a server that refuses or misreads suffix ranges, or a whole body too
+    large to want, whose file's identity is then asked the old way (a HEAD)."""
+    if status == 206:
+        match = CONTENT_RANGE.match(content_range or "")
+        if match is None or match.group(3) == "*":
+            return None
+        first, last, total = int(match.group(1)), int(match.group(2)), int(match.group(3))
+        if last != total - 1 or first != max(0, total - n):
+            return None
+        return first, total
+    if status == 200 and length is not None and length.strip().isdigit() and int(length) <= n:
+        return 0, int(length)
+    return None
 
 
 def exact(url: str, data: bytes, start: int, stop: int) -> bytes:

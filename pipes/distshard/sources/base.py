@@ -43,7 +43,7 @@ from ..waits import WaitTimeout
 from ._lru import LRU
 from .cache import FileCache, range_cache
 from .fetch import ReadAhead, Request
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, file_identity, key_of, local_path
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, identify, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
 from .manifest import Stored
 from .options import ReadOptions
@@ -118,13 +118,6 @@ def _build(
         if index is not None:
             return index
     return fmt.build_index(ref, access)
-
-
-def identify(fmt: Format, url: str, access: FileAccess) -> tuple[int, str]:
-    """``(size, stamp)`` of a file of ``fmt`` now; a format whose unit is several
-    files (tokens: a ``.bin`` and its ``.idx``) gives its own (``fmt.identity``)."""
-    own = getattr(fmt, "identity", None)
-    return own(url, access) if own is not None else file_identity(url, access)
 
 
 def _access_key(access: FileAccess) -> Any:

@@ -41,6 +41,7 @@ __all__ = [
     "FileRef",
     "compression_of",
     "file_identity",
+    "identify",
     "key_of",
     "open_random",
     "open_scan",
@@ -135,6 +136,15 @@ def file_identity(url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> tuple[i
     except FileNotFoundError:
         raise _missing(url) from None
     return st.st_size, str(st.st_mtime_ns)
+
+
+def identify(fmt: Any, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> tuple[int, str]:
+    """``(size, stamp)`` of a file of ``fmt`` now: :func:`file_identity`, or the
+    format's own ``identity(url, access)`` when it has one (tokens: a ``.bin`` and
+    its ``.idx`` make one unit; Parquet: a remote file's identity and footer in one
+    suffix GET)."""
+    own = getattr(fmt, "identity", None)
+    return own(url, access) if own is not None else file_identity(url, access)
 
 
 def check_identity(ref: FileRef, size: int, stamp: str, when: str = "read") -> None:

@@ -2,7 +2,9 @@
 
 A remote file on HTTP(S) or S3 is indexed from one request: a streamed GET whose
 response gives its identity and whose body is parsed as it flows (see
-:mod:`.streamed`); no HEAD, and the file is never held whole. Remote files are
+:mod:`.streamed`); no HEAD, and the file is never held whole. A Parquet file's
+index is its footer: one suffix GET of its end gives the identity and the footer
+(a second range only for a footer longer than :data:`.parquet.TAIL`). Remote files are
 indexed by threads (``--workers``, default :data:`REMOTE_WORKERS`: their time is
 spent waiting on the store), local files by processes (their header walk is CPU).
 
@@ -27,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import OptionError, SourceMissingError, UnsupportedError
 from . import manifest
-from .files import FileAccess, FileRef, file_identity
+from .files import FileAccess, FileRef, file_identity, identify
 from .index import dumps, load_cached
 from .jsonl import JsonlFormat
 from .manifest import StoredFile
@@ -114,8 +116,8 @@ def _index_one(url: str, fmt_name: str, storage_options: Mapping[str, Any] | Non
 
         if streams(access.client(url)):
             ref, index = index_streamed(fmt, url, access)
-    if index is None:
-        ref = FileRef(url, *file_identity(url, access))
+    if index is None:  # (a remote Parquet file: its identity and footer in one suffix GET)
+        ref = FileRef(url, *identify(fmt, url, access))
         index = (None if is_remote(url) else load_cached(fmt_name, ref)) or fmt.build_index(ref, access)
     assert ref.size is not None and ref.stamp is not None
     return StoredFile(url, fmt_name, index.count, ref.size, ref.stamp, ""), dumps(index)

@@ -9,6 +9,13 @@ the footer and an in-memory view of the chunks), keeping the last few decoded
 row groups of the process. With ``shuffle=True`` a file source keeps a row
 group's rows together (see ``order.py``), so each row group is decoded about
 once per slot that reads from it.
+
+A remote file's identity and footer come from one request: a suffix GET of its
+last :data:`TAIL` bytes (:meth:`ParquetFormat.identity`), whose answer gives
+the size and version and whose body almost always holds the whole footer, kept
+until the index is built; only a longer footer costs a second range, checked
+against that identity. A store that does not answer suffix ranges is asked as
+before (a HEAD, then the footer's range).
 """
 
 from __future__ import annotations
@@ -23,14 +30,29 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import OptionError, OptionTypeError, SourceDataError, SourceMissingError
 from ._lru import LRU
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path, open_scan, open_stream
+from .files import (
+    DEFAULT_FILE_ACCESS,
+    FileAccess,
+    FileRef,
+    file_identity,
+    key_of,
+    local_path,
+    open_random,
+    open_scan,
+    open_stream,
+)
 from .index import FileIndex
 from .urls import is_remote
 
-__all__ = ["ParquetFormat", "decodes", "require_pyarrow"]
+__all__ = ["TAIL", "ParquetFormat", "decodes", "require_pyarrow"]
+
+#: the bytes of a remote file's end asked with its identity (pyarrow reads as many for a footer)
+TAIL = 64 << 10
 
 _ROW_GROUPS: LRU[list] = LRU(max_items=4, max_weight=1 << 20)
 _METADATA: LRU[Any] = LRU(max_items=64)
+# remote files' footers learnt with their identity, by (URL, size, stamp), until their index is built
+_TAILS: LRU[bytes] = LRU(max_items=1 << 16, max_weight=64 << 20)
 _DECODES = [0]  # row groups decoded by this process (what the tests count)
 _DECODES_LOCK = threading.Lock()
 
@@ -124,6 +146,34 @@ class _Chunks(io.RawIOBase):
         return len(data)
 
 
+def _footer_of(tail: bytes) -> bytes:
+    """What is kept of a file's last bytes: its footer (metadata, length, magic)
+    when they hold it whole, else all of them."""
+    if len(tail) >= 8 and tail[-4:] == b"PAR1":
+        (length,) = struct.unpack("<I", tail[-8:-4])
+        if length + 8 <= len(tail):
+            return tail[-(length + 8) :]
+    return tail
+
+
+def _footer(ref: FileRef, access: FileAccess, tail: bytes) -> bytes:
+    """The footer from the file's last bytes (``tail``, learnt with its identity);
+    a footer longer than them costs one range for the rest, checked against the
+    identity they came with (``If-Match``, the size)."""
+    assert ref.size is not None
+    if len(tail) < 8 or tail[-4:] != b"PAR1":
+        raise SourceDataError(f"{ref.url}: not a readable Parquet file: it does not end with a Parquet footer (PAR1)")
+    (length,) = struct.unpack("<I", tail[-8:-4])
+    need = length + 8
+    if need > ref.size:
+        raise SourceDataError(
+            f"{ref.url}: not a readable Parquet file: its footer says {length} bytes of metadata in a file of {ref.size}"
+        )
+    if need > len(tail):
+        tail = open_random(ref, access).read_at(ref.size - need, need - len(tail)) + tail
+    return tail[-need:]
+
+
 class ParquetFormat:
     """The ``parquet`` format; ``columns`` selects the columns of every row."""
 
@@ -164,25 +214,49 @@ class ParquetFormat:
         finally:
             source.close()
 
+    def identity(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> tuple[int, str]:
+        """``(size, stamp)`` of the file now: locally a ``stat``; remotely one suffix
+        GET (the client's ``tail``) whose answer gives the identity and whose body,
+        the file's last :data:`TAIL` bytes, is kept (its footer) for :meth:`build_index`."""
+        if not is_remote(url):
+            return file_identity(url, access)
+        size, stamp, tail = access.client(url).tail(url, TAIL, access.options)
+        if tail:
+            kept = _footer_of(tail)
+            _TAILS.put((url, size, stamp), kept, weight=len(kept))
+        return size, stamp
+
     def build_index(self, ref: FileRef, access: FileAccess = DEFAULT_FILE_ACCESS) -> FileIndex:
         """The footer: rows per row group, column chunk ranges, the footer bytes."""
         assert ref.size is not None and ref.stamp is not None
         pq = require_pyarrow()
-        scan = open_scan(ref, access)
-        try:
+        tail = _TAILS.pop((ref.url, ref.size, ref.stamp)) if is_remote(ref.url) else None
+        if tail is not None:  # the footer came with the identity (see identity)
+            import pyarrow as pa
+
+            data = _footer(ref, access, tail)
             try:
-                file = pq.ParquetFile(scan)
+                meta = pq.read_metadata(pa.BufferReader(data))
+                names = list(meta.schema.to_arrow_schema().names)
             except Exception as exc:
                 raise SourceDataError(f"{ref.url}: not a readable Parquet file: {exc}") from None
-            meta = file.metadata
-            names = list(file.schema_arrow.names)
-            scan.seek(ref.size - 8)
-            tail = scan.read(8)
-            (length,) = struct.unpack("<I", tail[:4])
-            scan.seek(ref.size - 8 - length)
-            footer = array("B", scan.read(length + 8))
-        finally:
-            scan.close()
+            footer = array("B", data)
+        else:
+            scan = open_scan(ref, access)
+            try:
+                try:
+                    file = pq.ParquetFile(scan)
+                except Exception as exc:
+                    raise SourceDataError(f"{ref.url}: not a readable Parquet file: {exc}") from None
+                meta = file.metadata
+                names = list(file.schema_arrow.names)
+                scan.seek(ref.size - 8)
+                end = scan.read(8)
+                (length,) = struct.unpack("<I", end[:4])
+                scan.seek(ref.size - 8 - length)
+                footer = array("B", scan.read(length + 8))
+            finally:
+                scan.close()
         starts = array("q", [0])
         chunk_start, chunk_size = array("q"), array("q")
         leaves = (

@@ -51,7 +51,7 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..errors import OptionError, UnsupportedError
 from .answers import CONTENT_RANGE as _CONTENT_RANGE
-from .answers import Attempts, RemoteReadError, RemoteReadTimeout, http_change, s3_error, wait_bound
+from .answers import RETRY_STATUS, Attempts, RemoteReadError, RemoteReadTimeout, http_change, s3_error, wait_bound
 from .answers import Changed as _Changed
 from .answers import Pending as _Pending
 from .answers import Transient as _Transient
@@ -61,6 +61,7 @@ from .answers import exact as _exact
 from .answers import http_stamp as _http_stamp
 from .answers import missing as _missing
 from .answers import strong_etag as _strong_etag
+from .answers import suffix_answer as _suffix_answer
 from .options import ReadOptions
 
 log = logging.getLogger("distshard")
@@ -336,6 +337,7 @@ class Client:
         self._checked: dict[str, tuple[int, str]] = {}  # generic stores: identity checked per process
         self._semaphores: dict[int, asyncio.Semaphore] = {}
         self._answered = False  # the first answer is timed (a slow one is logged)
+        self._no_suffix: set[str] = set()  # hosts (buckets) that did not answer a suffix range (see tail)
 
     @property
     def fs(self) -> Any:
@@ -436,6 +438,74 @@ class Client:
             return int(head["ContentLength"]), str(head.get("ETag") or head.get("VersionId") or "")
         info = await self._generic_info(url)
         return _identity_of(url, info)
+
+    # -- identity and the file's last bytes, in one request ------------------------------------
+    def tail(self, url: str, n: int, options: ReadOptions = _DEFAULT) -> tuple[int, str, bytes]:
+        """``(size, stamp, last bytes)`` of ``url`` from one suffix GET (``Range:
+        bytes=-n``, retried): the identity from the answer's headers, exactly as a
+        HEAD gives it (the size from ``Content-Range``'s total), and the file's last
+        ``min(n, size)`` bytes from its body. A store that ignores or refuses suffix
+        ranges (remembered per host), and stores other than HTTP(S) and S3, are asked
+        the identity the old way (:meth:`identity`), and the bytes are ``b""``."""
+        host = url.split("://", 1)[-1].split("/", 1)[0]
+        if self.kind in ("http", "s3") and host not in self._no_suffix:
+            what = f"the last {n} bytes"
+            found = self.run(self._retrying(url, what, lambda: self._tail(url, n), options), f"{url}: {what}", options)
+            if found is not None:
+                return found
+            self._no_suffix.add(host)
+            log.debug("%s answered no suffix range: its files' identities are asked with a HEAD", host)
+        return (*self.identity(url, options), b"")
+
+    async def _tail(self, url: str, n: int) -> tuple[int, str, bytes] | None:
+        what = f"the last {n} bytes"
+        if self.kind == "http":
+            fs = self.fs
+            session = await fs.set_session()
+            kw = dict(fs.kwargs)
+            headers = dict(kw.pop("headers", None) or {})
+            headers["Range"] = f"bytes=-{n}"
+            headers["Accept-Encoding"] = "identity"
+            kw.setdefault("allow_redirects", True)
+            async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+                if r.status in (401, 403, 404) or r.status in RETRY_STATUS or r.status >= 500 and r.status != 501:
+                    _check_status(url, r.status, what)
+                found = None
+                if r.headers.get("Content-Encoding", "identity") in ("identity", ""):
+                    found = _suffix_answer(r.status, r.headers.get("Content-Range"), r.headers.get("Content-Length"), n)
+                if found is None:
+                    r.close()  # its body (maybe the whole file) is not wanted
+                    return None
+                try:
+                    data = await r.read()
+                except Exception as exc:  # noqa: BLE001 - a cut body: retried
+                    raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+                first, size = found
+                return size, _http_stamp(r.headers), _exact(url, data, first, size)
+        try:
+            response = await self.s3_object(url, "get_object", what, Range=f"bytes=-{n}")
+        except _Changed:  # InvalidRange: an empty object, or a store without suffix ranges
+            return None
+        except Exception as exc:
+            meta = (getattr(exc, "response", None) or {}).get("ResponseMetadata") or {}
+            if meta.get("HTTPStatusCode") in (400, 501):  # a store that does not take suffix ranges
+                return None
+            raise
+        body = response["Body"]
+        try:
+            status = int((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 200)
+            length = response.get("ContentLength")
+            found = _suffix_answer(status, response.get("ContentRange"), None if length is None else str(length), n)
+            if found is None:
+                return None
+            try:
+                data = await body.read()
+            except Exception as exc:  # noqa: BLE001
+                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+        finally:
+            body.close()
+        first, size = found
+        return size, str(response.get("ETag") or response.get("VersionId") or ""), _exact(url, data, first, size)
 
     async def _generic_info(self, url: str) -> dict[str, Any]:
         fs = self.fs

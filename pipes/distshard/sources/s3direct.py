@@ -18,9 +18,12 @@ included), the same checks of every answer and the same retries
 (:mod:`.answers`); a bucket in another region is followed once on real AWS
 (``x-amz-bucket-region``) and remembered.
 
-Writes (the index command's entries and manifest) go through an s3fs client
-made on first use, off the job's path; so do globs other than the common one
-(wildcards in the last segment only, listed here: see :meth:`DirectS3Client.glob`). ``DISTSHARD_S3_CLIENT`` picks: ``auto`` (the default: this client
+Writes (the index command's packs and manifest) are one signed PUT each, so
+an index command whose reads are direct never imports s3fs; an s3fs client is
+made on first use, off the job's path, for what this client does not do: an
+object larger than one PUT takes (multipart), globs other than the common one
+(wildcards in the last segment only, listed here: see
+:meth:`DirectS3Client.glob`), ``--prune``. ``DISTSHARD_S3_CLIENT`` picks: ``auto`` (the default: this client
 when eligible, else s3fs), ``s3fs`` (always s3fs), ``direct`` (this client, or
 a ``ValueError`` naming why not).
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import configparser
 import fnmatch
+import hashlib
 import http.client
 import logging
 import os
@@ -55,16 +59,20 @@ from .answers import (
     exact,
     s3_error,
     strong_etag,
+    suffix_answer,
     wait_bound,
 )
 from .options import ReadOptions
-from .sigv4 import Credentials, canonical_query, encode_key, sign
+from .sigv4 import EMPTY_SHA256, Credentials, canonical_query, encode_key, sign
 
 __all__ = ["ENV", "Config", "DirectS3Client", "direct_config"]
 
 log = logging.getLogger("distshard")
 
 T = TypeVar("T")
+
+#: the largest object written with one PUT (S3's limit): larger ones go through s3fs (multipart)
+PUT_LIMIT = 5 << 30
 
 #: the environment variable that picks the S3 client: ``auto``, ``s3fs`` or ``direct``
 ENV = "DISTSHARD_S3_CLIENT"
@@ -324,9 +332,10 @@ class _DirectStream:
 
 class DirectS3Client:
     """Reads S3 objects over ``http.client`` (see the module docstring): the
-    interface of :class:`.remote.Client` (``kind``, ``identity``,
+    interface of :class:`.remote.Client` (``kind``, ``identity``, ``tail``,
     ``submit_range``, ``read_range``, ``cat``, ``fetch``, ``put``, ``glob``,
-    ``warm``); ``fallback`` makes the s3fs client that writes and globs go to."""
+    ``warm``); ``fallback`` makes the s3fs client that large writes and other
+    globs go to."""
 
     kind = "s3"
 
@@ -342,6 +351,7 @@ class DirectS3Client:
         self._regions: dict[str, str] = {}  # buckets answered from another region (real AWS)
         self._process = _Process()
         self._answered = False
+        self._no_suffix: set[str] = set()  # buckets that did not answer a suffix range (see tail)
 
     def __repr__(self) -> str:
         return f"DirectS3Client({self.protocol}://, {self.config.scheme}://{self.config.host or 'aws'}, {self.config.region})"
@@ -437,10 +447,12 @@ class DirectS3Client:
         query: list[tuple[str, str]] | None = None,
         bucket_key: tuple[str, str] | None = None,
         stream: bool = False,
+        data: bytes | None = None,
     ) -> _Answer:
         """One request (a region redirect followed once; a stale kept-alive
-        connection replaced once); the answer read whole, but a successful one's
-        with ``stream`` (its ``stream`` then reads it, on its own connection)."""
+        connection replaced once), with the body ``data`` if given (its SHA-256 signed); the
+        answer read whole, but a successful one's with ``stream`` (its ``stream``
+        then reads it, on its own connection)."""
         bucket, key = bucket_key or self._split(url)
         state = self.process
         for redirect in (False, True):
@@ -448,7 +460,8 @@ class DirectS3Client:
             host, path = self.config.address(bucket, key, region)
             sent = dict(headers)
             if self.config.credentials is not None:
-                sent = sign(method, host, path, query or [], sent, self.config.credentials, region)
+                payload = hashlib.sha256(data).hexdigest() if data is not None else EMPTY_SHA256
+                sent = sign(method, host, path, query or [], sent, self.config.credentials, region, payload=payload)
             else:
                 sent["host"] = host
             target = path
@@ -460,7 +473,7 @@ class DirectS3Client:
                 if conn.sock is not None:
                     conn.sock.settimeout(options.timeout)
                 try:
-                    conn.request(method, target, headers=sent)
+                    conn.request(method, target, body=data, headers=sent)
                     response = conn.getresponse()
                     if stream and response.status in (200, 206):
                         with state.lock:  # the body's own until it is read
@@ -571,6 +584,47 @@ class DirectS3Client:
 
         return self._retrying(url, "metadata", head, options)
 
+    def tail(self, url: str, n: int, options: ReadOptions = _DEFAULT) -> tuple[int, str, bytes]:
+        """``(size, stamp, last bytes)`` of ``url`` from one suffix GET (``Range:
+        bytes=-n``, retried), as :meth:`.remote.Client.tail`: the identity as
+        :meth:`identity` gives it (the size from ``Content-Range``'s total), the
+        file's last ``min(n, size)`` bytes; a store that does not answer suffix
+        ranges is asked with a HEAD (remembered per bucket), and the bytes are ``b""``."""
+        if self._botocores(url):
+            return self.fallback.tail(url, n, options)
+        bucket = self._split(url)[0]
+        if bucket not in self._no_suffix:
+            what = f"the last {n} bytes"
+            found = self._retrying(url, what, lambda: self._tail(url, n, what, options), options)
+            if found is not None:
+                return found
+            self._no_suffix.add(bucket)
+            log.debug("s3://%s answered no suffix range: its objects' identities are asked with a HEAD", bucket)
+        return (*self.identity(url, options), b"")
+
+    def _tail(self, url: str, n: int, what: str, options: ReadOptions) -> tuple[int, str, bytes] | None:
+        answer = self._send("GET", url, what, {"Range": f"bytes=-{n}"}, options, stream=True)
+        if answer.status in (400, 416, 501):  # an empty object, or a store without suffix ranges
+            return None
+        self._refuse(url, what, answer)
+        stream = answer.stream
+        assert stream is not None
+        found = suffix_answer(
+            answer.status, answer.headers.get("Content-Range"), answer.headers.get("Content-Length"), n
+        )
+        if found is None:
+            stream.close(False)  # its body (maybe the whole object) is not wanted
+            return None
+        first, size = found
+        try:
+            data = stream.read(size - first)
+        except (http.client.HTTPException, OSError) as exc:
+            stream.close(False)
+            raise Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+        stream.close(len(data) == size - first)
+        stamp = str(answer.headers.get("ETag") or answer.headers.get("x-amz-version-id") or "")
+        return size, stamp, exact(url, data, first, size)
+
     def _get(self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions) -> bytes:
         what = f"bytes [{start}, {stop})"
         headers = {"Range": f"bytes={start}-{stop - 1}"}
@@ -656,9 +710,20 @@ class DirectS3Client:
 
         return self._retrying(url, "the whole file", start, options)
 
-    def put(self, url: str, data: bytes) -> None:
-        """Write a whole object: through s3fs (the index command's writes)."""
-        self.fallback.put(url, data)
+    def put(self, url: str, data: bytes, options: ReadOptions = _DEFAULT) -> None:
+        """Write a whole object (the index command's packs and manifest) with one
+        signed PUT (its body's SHA-256 signed), retried; one larger than a single
+        PUT takes (:data:`PUT_LIMIT`), or a bucket botocore addresses its own way,
+        through s3fs."""
+        if self._botocores(url) or len(data) > PUT_LIMIT:
+            self.fallback.put(url, data)
+            return
+
+        def attempt() -> None:
+            answer = self._send("PUT", url, "a write", {}, options, data=data)
+            self._refuse(url, "a write", answer)
+
+        self._retrying(url, "a write", attempt, options)
 
     def glob(self, pattern: str, options: ReadOptions = _DEFAULT, max_keys: int = 1000) -> list[str]:
         """The URLs matching ``pattern``, as s3fs's glob finds them: when the
