@@ -47,7 +47,7 @@ import distshard
 # GET with a 503 SlowDown, a reset or a cut body, its index stored in the bucket beside it,
 # read by the direct S3 client (sources/s3direct.py): "remote-s3"; the elements as rows of a
 # Parquet file of small row groups (3 rows) read cold (no stored index) over HTTP from a
-# loopback server that fails every 7th GET, the suffix GETs that give its identity and footer
+# loopback server that fails every 7th GET (29th outside its own test), the suffix GETs that give its identity and footer
 # included, each row named by a 1:1 map that checks its selected columns: "remote-parquet"
 # (``Spec.parquet`` picks the path: the footer in the suffix answer, a footer longer than it
 # asked by a second range checked against that identity, or a server that refuses suffix
@@ -92,6 +92,9 @@ class Spec:
     seq_len: int = 3  # "pack": tokens per block
     eos: bool = False  # "pack": an eos token (-1) after every document
     parquet: str = "suffix"  # "remote-parquet": one of PARQUET_PATHS
+    # "remote-parquet": its server fails every n-th GET; its own history test takes 7, the
+    # others less often (a fault costs a retry's backoff, and every build asks two GETs)
+    fault_every: int = 29
 
     @property
     def units(self) -> bool:
@@ -604,7 +607,7 @@ def remote_stale_jsonl(n: int):
 # with a HEAD and its footer with a range (remembered per host)
 PARQUET_PATHS = ("suffix", "wide", "head")
 PARQUET_COLUMNS = ["v", "k"]  # of "k", "v", "pad": the unselected one must not show
-_PARQUET: Any = None  # (pid, root, {suffix: RangeServer}) of this process
+_PARQUET: Any = None  # (pid, root, {(suffix, fault_every): RangeServer}) of this process
 
 
 def parquet_row(i: int) -> dict[str, Any]:
@@ -649,11 +652,12 @@ def parquet_file(root: Path, n: int, wide: bool) -> Path:
     return path
 
 
-def remote_parquet(n: int, path: str = "suffix"):
+def remote_parquet(n: int, path: str = "suffix", fault_every: int = 7):
     """``distshard.parquet`` of :func:`parquet_file` (columns ``v`` and ``k``), cold (no
-    stored index), over HTTP from a loopback range server (one per path kind, started
-    once per process, in a thread) that answers every 7th GET (the suffix GETs too)
-    with a 500, a 503, a reset connection or a short body: retried, exactly."""
+    stored index), over HTTP from a loopback range server (one per path kind and fault
+    period, started once per process, in a thread) that answers every ``fault_every``-th
+    GET (the suffix GETs too) with a 500, a 503, a reset connection or a short body:
+    retried, exactly."""
     import os
 
     from tests.range_server import RangeServer
@@ -665,13 +669,13 @@ def remote_parquet(n: int, path: str = "suffix"):
     if _PARQUET is None or _PARQUET[0] != os.getpid():
         _PARQUET = (os.getpid(), _process_root("parquet"), {})
     _, root, servers = _PARQUET
-    suffix = path != "head"
-    if suffix not in servers:
-        servers[suffix] = RangeServer(root, fault_every=7, suffix=suffix).start()
+    key = (path != "head", fault_every)
+    if key not in servers:
+        servers[key] = RangeServer(root, fault_every=fault_every, suffix=key[0]).start()
     file = parquet_file(root, n, wide=path == "wide")
     # small reads, but a row group's two selected column chunks (adjacent) in one request
     options = dataclasses.replace(small_reads(), max_range=256)
-    return distshard.parquet(servers[suffix].url(file), columns=PARQUET_COLUMNS, read_options=options)
+    return distshard.parquet(servers[key].url(file), columns=PARQUET_COLUMNS, read_options=options)
 
 
 def _cleanup(root: Path) -> None:
@@ -723,7 +727,7 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     elif spec.source == "remote-stale":
         source = remote_stale_jsonl(spec.n)
     elif spec.source == "remote-parquet":
-        source = remote_parquet(spec.n, spec.parquet).map(parquet_name)
+        source = remote_parquet(spec.n, spec.parquet, spec.fault_every).map(parquet_name)
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     elif spec.source == "tokens":
@@ -770,7 +774,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
     if spec.source == "remote-stale":
         return DistShardNode(remote_stale_jsonl(spec.n), **options)
     if spec.source == "remote-parquet":
-        return Mapper(DistShardNode(remote_parquet(spec.n, spec.parquet), **options), parquet_name)
+        source = remote_parquet(spec.n, spec.parquet, spec.fault_every)
+        return Mapper(DistShardNode(source, **options), parquet_name)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":

@@ -800,7 +800,8 @@ def parquet_specs(draw) -> Spec:
     paths (``Spec.parquet``), with at least one row (row groups of 3: the histories
     cross them)."""
     spec = draw(specs())
-    return replace(spec, source="remote-parquet", n=max(spec.n, 1), parquet=draw(st.sampled_from(PARQUET_PATHS)))
+    path = draw(st.sampled_from(PARQUET_PATHS))
+    return replace(spec, source="remote-parquet", n=max(spec.n, 1), parquet=path, fault_every=7)
 
 
 @settings(MODEL_SETTINGS, max_examples=20)
@@ -832,7 +833,7 @@ def test_the_parquet_model_source_takes_every_path_and_faults_its_suffix_gets():
 
     model_factories.remote_parquet(1)  # this process's servers
     root, servers = model_factories._PARQUET[1], model_factories._PARQUET[2]
-    server = servers[True]
+    server = servers[True, 7]
     for j, kind in enumerate(server.faults):  # the build's suffix GET meets ``kind``
         with server.lock:
             server.suffix_faults.append(kind)
@@ -848,12 +849,12 @@ def test_the_parquet_model_source_takes_every_path_and_faults_its_suffix_gets():
     asked = [r for m, p, r in server.settle().log if p.endswith("/e44-wide.parquet") and m == "GET"]
     assert need > TAIL and asked[:1] == [f"bytes=-{TAIL}"], asked
     assert f"bytes={size - need}-{size - TAIL - 1}" in asked, asked
-    servers[False].reset_counters()
+    servers[False, 7].reset_counters()
     assert sorted(elements(45, "head")) == expected(45) and sorted(elements(46, "head")) == expected(46)
-    suffixes = [p for m, p, r in servers[False].settle().log if (r or "").startswith("bytes=-")]
+    suffixes = [p for m, p, r in servers[False, 7].settle().log if (r or "").startswith("bytes=-")]
     assert suffixes in ([], ["/e45.parquet"]), suffixes  # refused once (400), then remembered for the host
-    assert servers[False].requests["HEAD"] >= 2
-    assert sum(server.faulted.values()) + sum(servers[False].faulted.values()) > 0
+    assert servers[False, 7].requests["HEAD"] >= 2
+    assert sum(server.faulted.values()) + sum(servers[False, 7].faulted.values()) > 0
 
 
 @st.composite
