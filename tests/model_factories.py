@@ -45,7 +45,13 @@ import distshard
 # reading must refuse, never yield the new version's elements): "remote-stale";
 # the "remote" file in a bucket of moto's S3 server behind a proxy that answers every 7th
 # GET with a 503 SlowDown, a reset or a cut body, its index stored in the bucket beside it,
-# read by the direct S3 client (sources/s3direct.py): "remote-s3"
+# read by the direct S3 client (sources/s3direct.py): "remote-s3"; the elements as rows of a
+# Parquet file of small row groups (3 rows) read cold (no stored index) over HTTP from a
+# loopback server that fails every 7th GET (29th outside its own test), the suffix GETs that give its identity and footer
+# included, each row named by a 1:1 map that checks its selected columns: "remote-parquet"
+# (``Spec.parquet`` picks the path: the footer in the suffix answer, a footer longer than it
+# asked by a second range checked against that identity, or a server that refuses suffix
+# ranges, asked a HEAD and the footer's range)
 SOURCES = (
     "list",
     "list+map",
@@ -67,6 +73,7 @@ SOURCES = (
     "remote-stored",
     "remote-s3",
     "remote-stale",
+    "remote-parquet",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -84,6 +91,10 @@ class Spec:
     seed: int | None = 0  # None: dist_shard's default (a DataLoader may hand over its seed)
     seq_len: int = 3  # "pack": tokens per block
     eos: bool = False  # "pack": an eos token (-1) after every document
+    parquet: str = "suffix"  # "remote-parquet": one of PARQUET_PATHS
+    # "remote-parquet": its server fails every n-th GET; its own history test takes 7, the
+    # others less often (a fault costs a retry's backoff, and every build asks two GETs)
+    fault_every: int = 29
 
     @property
     def units(self) -> bool:
@@ -110,6 +121,7 @@ class Spec:
             "remote-stored",
             "remote-s3",
             "remote-stale",
+            "remote-parquet",
             *MIXES,
         ) or (self.units and self.sized)
 
@@ -588,6 +600,84 @@ def remote_stale_jsonl(n: int):
     return distshard.jsonl(url, read_options=options)
 
 
+# -- remote Parquet, cold: identity and footer from one suffix GET ------------------------------
+# "suffix": the footer in the suffix answer; "wide": a footer longer than the suffix (a large
+# key-value metadata), its rest asked by a second range checked against the suffix answer's
+# identity; "head": a server that answers suffix ranges 400, so the file's identity is asked
+# with a HEAD and its footer with a range (remembered per host)
+PARQUET_PATHS = ("suffix", "wide", "head")
+PARQUET_COLUMNS = ["v", "k"]  # of "k", "v", "pad": the unselected one must not show
+_PARQUET: Any = None  # (pid, root, {(suffix, fault_every): RangeServer}) of this process
+
+
+def parquet_row(i: int) -> dict[str, Any]:
+    """Row ``i`` of :func:`remote_parquet`'s file, its selected columns."""
+    return {"k": f"e{i}", "v": 7 * i + 3}
+
+
+def parquet_name(row: Any) -> str:
+    """``"e{i}"`` for row ``i`` of :func:`remote_parquet`'s file when it holds exactly
+    the selected columns as written, else a name that no epoch holds."""
+    key = row.get("k") if isinstance(row, dict) else None
+    if isinstance(key, str) and key[:1] == "e" and key[1:].isdigit() and row == parquet_row(int(key[1:])):
+        return key
+    return f"bad{row}"
+
+
+def parquet_file(root: Path, n: int, wide: bool) -> Path:
+    """``root/e{n}.parquet`` (or ``e{n}-wide.parquet``): rows ``"e0" .. "e{n-1}"`` in
+    row groups of 3, written once by this process."""
+    path = root / f"e{n}{'-wide' if wide else ''}.parquet"
+    if not path.exists():
+        import os
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from distshard.sources.parquet import TAIL
+
+        rows = [parquet_row(i) for i in range(n)]
+        table = pa.table(
+            {
+                "k": pa.array([r["k"] for r in rows], pa.string()),
+                "v": pa.array([r["v"] for r in rows], pa.int64()),
+                "pad": pa.array([f"p{i}" for i in range(n)], pa.string()),
+            }
+        )
+        if wide:
+            table = table.replace_schema_metadata({"filler": "x" * TAIL})
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp, row_group_size=3)
+        os.replace(tmp, path)
+    return path
+
+
+def remote_parquet(n: int, path: str = "suffix", fault_every: int = 7):
+    """``distshard.parquet`` of :func:`parquet_file` (columns ``v`` and ``k``), cold (no
+    stored index), over HTTP from a loopback range server (one per path kind and fault
+    period, started once per process, in a thread) that answers every ``fault_every``-th
+    GET (the suffix GETs too) with a 500, a 503, a reset connection or a short body:
+    retried, exactly."""
+    import os
+
+    from tests.range_server import RangeServer
+
+    global _PARQUET
+    if path not in PARQUET_PATHS:
+        raise ValueError(f"unknown Parquet path {path!r}: one of {PARQUET_PATHS}")
+    jsonl_file(0)  # the cache directory
+    if _PARQUET is None or _PARQUET[0] != os.getpid():
+        _PARQUET = (os.getpid(), _process_root("parquet"), {})
+    _, root, servers = _PARQUET
+    key = (path != "head", fault_every)
+    if key not in servers:
+        servers[key] = RangeServer(root, fault_every=fault_every, suffix=key[0]).start()
+    file = parquet_file(root, n, wide=path == "wide")
+    # small reads, but a row group's two selected column chunks (adjacent) in one request
+    options = dataclasses.replace(small_reads(), max_range=256)
+    return distshard.parquet(servers[key].url(file), columns=PARQUET_COLUMNS, read_options=options)
+
+
 def _cleanup(root: Path) -> None:
     """Remove a folder of this process's own at its exit."""
     import atexit
@@ -636,6 +726,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_s3_jsonl(spec.n)
     elif spec.source == "remote-stale":
         source = remote_stale_jsonl(spec.n)
+    elif spec.source == "remote-parquet":
+        source = remote_parquet(spec.n, spec.parquet, spec.fault_every).map(parquet_name)
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     elif spec.source == "tokens":
@@ -681,6 +773,9 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(remote_s3_jsonl(spec.n), **options)
     if spec.source == "remote-stale":
         return DistShardNode(remote_stale_jsonl(spec.n), **options)
+    if spec.source == "remote-parquet":
+        source = remote_parquet(spec.n, spec.parquet, spec.fault_every)
+        return Mapper(DistShardNode(source, **options), parquet_name)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":

@@ -86,6 +86,8 @@ class RangeServer(LoopbackServer):
             self.requests: Counter = Counter()  # by method
             self.gets = 0  # GETs seen (fault schedule)
             self.faulted: Counter = Counter()
+            self.fault_log: list[tuple[str, str | None, str]] = []  # (path, Range, fault) of every faulted GET
+            self.suffix_faults: list[str] = []  # faults for the next suffix GETs (bytes=-N), one each, first
             self.by_path: Counter = Counter()
             self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range) of every request
             self.active = 0
@@ -106,9 +108,14 @@ class RangeServer(LoopbackServer):
         relative = Path(path).resolve().relative_to(self.root.resolve()).as_posix()
         return f"{self.scheme}://127.0.0.1:{self.server_address[1]}/{relative}"
 
-    def next_fault(self) -> str | None:
-        """The fault the next GET gets, if any (thread-safe)."""
+    def next_fault(self, asked: str | None = None) -> str | None:
+        """The fault the next GET gets, if any (thread-safe); ``asked``: its ``Range``
+        (a suffix GET takes the first of ``suffix_faults`` before the schedule)."""
         with self.lock:
+            if self.suffix_faults and (asked or "").strip().startswith("bytes=-"):
+                kind = self.suffix_faults.pop(0)
+                self.faulted[kind] += 1
+                return kind
             self.gets += 1
             if self.fault_every and self.gets % self.fault_every == 0:
                 kind = self.faults[(self.gets // self.fault_every) % len(self.faults)]
@@ -162,7 +169,10 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         if any(self.headers.get(name) != value for name, value in server.require.items()):
             self._empty(403)
             return
-        fault = server.next_fault() if body else None
+        fault = server.next_fault(self.headers.get("Range")) if body else None
+        if fault is not None:
+            with server.lock:
+                server.fault_log.append((self.path, self.headers.get("Range"), fault))
         if fault in ("500", "503"):
             self._empty(int(fault))
             return

@@ -53,7 +53,7 @@ import distshard
 from distshard.verify import run_on_group
 
 from .helpers import as_worker
-from .model_factories import SOURCES, Spec, build, build_node, gloo_run, untag
+from .model_factories import PARQUET_PATHS, SOURCES, Spec, build, build_node, gloo_run, untag
 
 # -- what the library may refuse, and must refuse --------------------------------------
 
@@ -547,6 +547,8 @@ def specs(draw) -> Spec:
         multiple=draw(st.sampled_from([1, 1, 2, 3])),
         even=draw(st.sampled_from([None, "drop", "pad"])),
     )
+    if source == "remote-parquet":
+        common["parquet"] = draw(st.sampled_from(PARQUET_PATHS))
     if source == "pack":
         seq_len = draw(st.integers(1, 6))
         return Spec(n=draw(st.integers(0, 40)), seq_len=seq_len, eos=seq_len > 1 and draw(st.booleans()), **common)
@@ -793,6 +795,69 @@ def test_the_stale_index_server_rewrites_the_file_while_a_pipe_reads_it():
 
 
 @st.composite
+def parquet_specs(draw) -> Spec:
+    """specs() over the remote Parquet file, read cold (no stored index) on one of its
+    paths (``Spec.parquet``), with at least one row (row groups of 3: the histories
+    cross them)."""
+    spec = draw(specs())
+    path = draw(st.sampled_from(PARQUET_PATHS))
+    return replace(spec, source="remote-parquet", n=max(spec.n, 1), parquet=path, fault_every=7)
+
+
+@settings(MODEL_SETTINGS, max_examples=20)
+@given(spec=parquet_specs(), data=st.data())
+def test_every_history_over_remote_parquet_is_exact_or_refused(spec, data):
+    """A remote Parquet file without a stored index: every build asks its identity and
+    footer with one suffix GET (a footer longer than it: a second range checked
+    against that identity; a server that refuses suffix ranges: a HEAD and the footer's
+    range), the rows read by row group through faults (the suffix GETs' too), exactly once."""
+    pytest.importorskip("pyarrow")
+    check_model(spec, data, ["plain", "sdl0"])
+
+
+def test_the_parquet_model_source_takes_every_path_and_faults_its_suffix_gets():
+    """The history test above is not vacuous: the file crosses row groups, every path
+    asks what it says (one suffix GET; a second range for the wide footer; a HEAD and
+    the footer's range where suffix ranges are refused), the unselected column is not
+    read, and a suffix GET that meets each kind of fault is retried, exactly."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    from distshard.sources.parquet import TAIL
+    from tests import model_factories
+
+    def elements(n: int, path: str) -> list[str]:
+        pipe = model_factories.remote_parquet(n, path).map(model_factories.parquet_name)
+        return sorted(pipe.dist_shard(rank=0, world_size=2)) + sorted(pipe.dist_shard(rank=1, world_size=2))
+
+    def expected(n: int) -> list[str]:
+        return sorted(f"e{i}" for i in range(n))
+
+    model_factories.remote_parquet(1)  # this process's servers
+    root, servers = model_factories._PARQUET[1], model_factories._PARQUET[2]
+    server = servers[True, 7]
+    for j, kind in enumerate(server.faults):  # the build's suffix GET meets ``kind``
+        with server.lock:
+            server.suffix_faults.append(kind)
+        n = 91 + j  # a file of its own: its index is built from the suffix GET's footer
+        assert sorted(elements(n, "suffix")) == expected(n)
+        assert (f"/e{n}.parquet", f"bytes=-{TAIL}", kind) in server.fault_log, server.fault_log
+    assert pq.read_metadata(root / "e91.parquet").num_row_groups == 31
+    assert server.requests["HEAD"] == 0
+    server.reset_counters()
+    assert sorted(elements(44, "wide")) == expected(44)
+    wide = root / "e44-wide.parquet"
+    size, need = wide.stat().st_size, pq.read_metadata(wide).serialized_size + 8
+    asked = [r for m, p, r in server.settle().log if p.endswith("/e44-wide.parquet") and m == "GET"]
+    assert need > TAIL and asked[:1] == [f"bytes=-{TAIL}"], asked
+    assert f"bytes={size - need}-{size - TAIL - 1}" in asked, asked
+    servers[False, 7].reset_counters()
+    assert sorted(elements(45, "head")) == expected(45) and sorted(elements(46, "head")) == expected(46)
+    suffixes = [p for m, p, r in servers[False, 7].settle().log if (r or "").startswith("bytes=-")]
+    assert suffixes in ([], ["/e45.parquet"]), suffixes  # refused once (400), then remembered for the host
+    assert servers[False, 7].requests["HEAD"] >= 2
+    assert sum(server.faulted.values()) + sum(servers[False, 7].faulted.values()) > 0
+
+
+@st.composite
 def shuffled_units(draw) -> Spec:
     """The rarest corner of specs(), drawn on purpose: units with sizes read in a
     permuted order, whose states lay positions out in a stride, not blocks."""
@@ -875,6 +940,8 @@ def carry_specs(draw) -> Spec:
         multiple=draw(st.sampled_from([1, 1, 2, 3])),
         even="carry",
     )
+    if source == "remote-parquet":
+        common["parquet"] = draw(st.sampled_from(PARQUET_PATHS))
     if source != "units":
         return Spec(n=draw(st.integers(0, 30)), **common)
     return Spec(
