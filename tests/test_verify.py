@@ -62,6 +62,25 @@ def test_equal_values_get_equal_keys():
     assert canonical("x") == canonical("x") and isinstance(key("x"), str) and len(key("x")) == 64
 
 
+def test_a_tensors_key_holds_its_elements_bytes_in_every_dtype_and_view():
+    """The bytes of a tensor's canonical form are its elements' own, in order (what the
+    storage of a contiguous copy holds), whatever its dtype, strides, offset or lazy bits."""
+    from distshard.keys import _tensor_bytes
+
+    base = torch.arange(-6, 6, dtype=torch.float64).reshape(3, 4) * 1.25
+    cases = [base.to(dtype) for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8)]
+    cases += [base.to(torch.int64), base > 0, base.to(torch.complex64), torch.tensor(3), torch.zeros(2, 0)]
+    cases += [base.t(), base[1:, 1:3], base[:, ::2], base.to(torch.complex64).conj(), base.to_sparse()]
+    for tensor in cases:
+        dense = tensor.to_dense() if tensor.layout != torch.strided else tensor
+        want = bytes(dense.resolve_conj().clone(memory_format=torch.contiguous_format).untyped_storage())
+        assert len(want) == dense.numel() * dense.element_size()
+        assert _tensor_bytes(tensor) == want, (tensor.dtype, tensor.shape, tensor.stride())
+    assert _tensor_bytes(torch.tensor([1, 2], dtype=torch.int16)) == b"".join(
+        i.to_bytes(2, sys.byteorder) for i in (1, 2)
+    )  # the elements in order, in the machine's byte order
+
+
 _plain_data = st.recursive(
     st.none() | st.integers() | st.text(max_size=5) | st.binary(max_size=5),
     lambda inner: (
