@@ -130,7 +130,7 @@ class Spec:
         if self.units:
             return [f"u{u}e{i}" for u, size in enumerate(self.unit_sizes) for i in range(size)]
         if self.source in MIXES:
-            return list(mixed(self.n, self.source))
+            return list(mixed(self.n, self.source, remote=False))
         if self.source == "pack":
             return packed_blocks(self.n, self.seq_len, self.eos)
         return [upper(f"e{i}") if self.source == "list+map" else f"e{i}" for i in range(self.n)]
@@ -275,12 +275,19 @@ def token_pair(n: int) -> str:
     return prefix
 
 
-def mixed(n: int, kind: str = "mix"):
+def mixed(n: int, kind: str = "mix", remote: bool = True):
     """Two lists mixed 2:1 until the first runs out: distinct elements. ``mix-phases``:
     1:3 from the middle on; ``mix-cost``: 2:1 of per-element costs; ``mix-files``: the
-    first source is the remote JSON-lines file of ``"e0" .. "e{n-1}"`` (:func:`remote_jsonl`)."""
+    first source is the remote JSON-lines file of ``"e0" .. "e{n-1}"`` (:func:`remote_jsonl`),
+    or with ``remote=False`` (the oracle's universe) the same elements from a list: the
+    mix's order depends on the sources' lengths and weights, never on where they are
+    read, and the expectation does not go through the faulty server it checks."""
+    if kind == "mix-files":
+        first: Any = remote_jsonl(n) if remote else IterableWrapper([f"e{i}" for i in range(n)])
+    else:
+        first = IterableWrapper([f"a{i}" for i in range(n)])
     sources: dict[str, Any] = {
-        "a": remote_jsonl(n) if kind == "mix-files" else IterableWrapper([f"a{i}" for i in range(n)]),
+        "a": first,
         "b": IterableWrapper([f"b{i}" for i in range(n // 2 + 1)]),
     }
     weights: Any = {"a": 2, "b": 1}
