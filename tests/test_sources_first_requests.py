@@ -16,10 +16,16 @@ from torch.utils.data import DataLoader
 from distshard.sources import ReadOptions, webdataset
 from tests.range_server import FirstSampleMark, RangeServer, before_first_mark, serve
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
-from tests.test_sources_stored import SMALL, fresh_machine, indexed, key, requests_by_kind
+from tests.test_sources_stored import fresh_machine, indexed, key, requests_by_kind
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
+
+
+# the default read-ahead: what is counted is what comes before the first sample (the
+# manifest, the entries, each worker's first range), whatever the ranges after it; small
+# ranges would only make the epoch a round trip per sample (28 s at 64 shards)
+READS = ReadOptions()
 
 
 def kinds_of(log) -> dict[str, int]:
@@ -58,7 +64,7 @@ def test_a_rank_asks_four_requests_before_its_first_sample_and_its_workers_no_en
         fresh_machine(monkeypatch, tmp_path, f"node{rank}")
         slow_server.reset_counters()
         pipe = (
-            webdataset(pattern, read_options=SMALL)
+            webdataset(pattern, read_options=READS)
             .dist_shard(rank=rank, world_size=2)
             .map(FirstSampleMark(slow_server))
         )
@@ -87,7 +93,7 @@ def test_first_files_far_apart_in_the_pack_take_a_range_each_and_no_entry_twice(
     monkeypatch.setattr(packs, "RANGE_BYTES", 4 * max(sizes))
     fresh_machine(monkeypatch, tmp_path, "node")
     slow_server.reset_counters()
-    pipe = webdataset(pattern, read_options=SMALL).dist_shard(rank=0, world_size=2).map(FirstSampleMark(slow_server))
+    pipe = webdataset(pattern, read_options=READS).dist_shard(rank=0, world_size=2).map(FirstSampleMark(slow_server))
     got = list(DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60))
     first = kinds_of(before_first_mark(slow_server))
     assert first["manifest"] == 1 and first["entry"] == 2 and 1 <= first["data"] <= 2, first
@@ -109,7 +115,7 @@ def test_pickled_persistent_workers_reuse_the_ranks_entries_every_epoch(tmp_path
     pattern, urls, expected = indexed(tmp_path, slow_server, shards=16, per_shard=3)
     fresh_machine(monkeypatch, tmp_path, "node")
     slow_server.reset_counters()
-    pipe = webdataset(pattern, read_options=SMALL).dist_shard()
+    pipe = webdataset(pattern, read_options=READS).dist_shard()
     loader = DataLoader(
         pipe, batch_size=None, num_workers=2, multiprocessing_context="forkserver", persistent_workers=True, timeout=60
     )
@@ -128,7 +134,7 @@ def test_without_a_stored_index_the_rank_asks_nothing_more(tmp_path, slow_server
     pattern, urls, expected = indexed(tmp_path, slow_server, shards=8, per_shard=3)
     (tmp_path / "data" / ".distshard" / "manifest.json").unlink()
     fresh_machine(monkeypatch, tmp_path, "node")
-    source = webdataset(pattern, read_options=SMALL)
+    source = webdataset(pattern, read_options=READS)
     pipe = source.dist_shard()
     slow_server.reset_counters()
     loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
