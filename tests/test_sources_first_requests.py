@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from distshard.sources import ReadOptions, webdataset
 from tests.range_server import FirstSampleMark, RangeServer, before_first_mark, serve
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
-from tests.test_sources_stored import fresh_machine, indexed, key, requests_by_kind
+from tests.test_sources_stored import fresh_machine, indexed, key, kinds_of, requests_by_kind
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -26,20 +26,6 @@ pytest.importorskip("aiohttp")
 # manifest, the entries, each worker's first range), whatever the ranges after it; small
 # ranges would only make the epoch a round trip per sample (28 s at 64 shards)
 READS = ReadOptions()
-
-
-def kinds_of(log) -> dict[str, int]:
-    found: Counter = Counter()
-    for method, path, _ in log:
-        if method != "GET":
-            found[method] += 1
-        elif path.endswith("manifest.json"):
-            found["manifest"] += 1
-        elif path.endswith((".idx", ".pack")):
-            found["entry"] += 1
-        elif path.endswith(".tar"):
-            found["data"] += 1
-    return dict(found)
 
 
 @pytest.fixture

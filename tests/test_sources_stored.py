@@ -55,8 +55,13 @@ def fresh_machine(monkeypatch, tmp_path, name: str) -> None:
 
 def requests_by_kind(server: RangeServer) -> dict[str, int]:
     """Requests since the last reset: HEAD, manifest, entry, data (range) GETs."""
+    return kinds_of(server.settle().log)
+
+
+def kinds_of(log) -> dict[str, int]:
+    """The requests of a range server's ``log`` by kind: HEAD, manifest, entry, data (range) GETs."""
     kinds: Counter = Counter()
-    for method, path, _ in server.settle().log:
+    for method, path, _ in log:
         if method != "GET":
             kinds[method] += 1
         elif path.endswith("manifest.json"):

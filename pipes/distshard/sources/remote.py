@@ -301,6 +301,15 @@ if hasattr(os, "register_at_fork"):
 # -- the client -----------------------------------------------------------------------------
 
 
+async def _read_body(body: Any) -> bytes:
+    """An S3 answer's whole body; a body cut on the way is transient (retried)."""
+    try:
+        data: bytes = await body.read()
+        return data
+    except Exception as exc:  # noqa: BLE001 - whatever the transport raised
+        raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+
+
 class Client:
     """fsspec's filesystem for one protocol and set of storage options, in one process.
 
@@ -498,10 +507,7 @@ class Client:
             found = _suffix_answer(status, response.get("ContentRange"), None if length is None else str(length), n)
             if found is None:
                 return None
-            try:
-                data = await body.read()
-            except Exception as exc:  # noqa: BLE001
-                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+            data = await _read_body(body)
         finally:
             body.close()
         first, size = found
@@ -624,10 +630,7 @@ class Client:
             if etag is not None and seen and seen != etag:
                 raise _Changed(f"ETag {stamp} -> {seen}")
             _check_content_range(url, response.get("ContentRange"), start, stop, size)
-            try:
-                data = await body.read()
-            except Exception as exc:  # noqa: BLE001
-                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+            data = await _read_body(body)
         finally:
             body.close()
         return _exact(url, data, start, stop)
@@ -681,9 +684,7 @@ class Client:
             response = await self.s3_object(url, "get_object", "the whole file")
             body = response["Body"]
             try:
-                return bytes(await body.read())
-            except Exception as exc:  # noqa: BLE001
-                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+                return await _read_body(body)
             finally:
                 body.close()
         fs = self.fs
