@@ -380,12 +380,19 @@ def _extreme(values: Any, which: Callable[[Any], Any]) -> Any:
     return own() if callable(own) else which(values)
 
 
-_INTEGER_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8})
+#: the tensor dtypes of token ids: every integer one (torch's unsigned 16-, 32- and 64-bit ones where it has them,
+#: as torch.from_numpy makes of a uint16 Megatron corpus), never bool, floats or complex
+_INTEGER_DTYPES = frozenset(
+    {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+    | {d for d in (getattr(torch, f"uint{bits}", None) for bits in (16, 32, 64)) if isinstance(d, torch.dtype)}
+)
+_INT64_MAX = (1 << 63) - 1
 
 
 def _checked_tokens(tokens: Any, k: int) -> Any:
     """``tokens`` if they are token ids (a list or tuple of ints, a 1-D integer numpy
-    array or tensor); else ``TypeError`` naming the document and the value."""
+    array or tensor, signed or unsigned); else ``TypeError`` naming the document and
+    the value (``ValueError`` for an unsigned 64-bit id above what an int64 block holds)."""
     if isinstance(tokens, (list, tuple)):
         if any(type(t) is not int for t in tokens):
             for j, t in enumerate(tokens):
@@ -400,6 +407,8 @@ def _checked_tokens(tokens: Any, k: int) -> Any:
             raise OptionTypeError(
                 f"document {k}'s tokens are a {tokens.dim()}-D tensor of {tokens.dtype}; give a 1-D integer tensor"
             )
+        if tokens.dtype is getattr(torch, "uint64", None):
+            _check_int64(tokens.cpu().numpy(), k)
         return tokens
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(tokens, numpy.ndarray):
@@ -407,12 +416,26 @@ def _checked_tokens(tokens: Any, k: int) -> Any:
             raise OptionTypeError(
                 f"document {k}'s tokens are a {tokens.ndim}-D numpy array of {tokens.dtype}; give a 1-D integer array"
             )
+        if tokens.dtype.kind == "u" and tokens.dtype.itemsize == 8:
+            _check_int64(tokens, k)
         return tokens
     raise OptionTypeError(
         f"document {k}'s tokens are a {type(tokens).__name__} ({_describe_value(tokens)}); give token ids: a list "
         "of ints, a 1-D integer numpy array or tensor (tokenize first; pass tokens= a field or a function to "
         "pick them from a document)"
     )
+
+
+def _check_int64(tokens: Any, k: int) -> None:
+    """Unsigned 64-bit ``tokens`` (a numpy array) whose ids fit the int64 blocks, else
+    ``ValueError`` naming the first one that does not: a copy would wrap it silently."""
+    above = tokens > tokens.dtype.type(_INT64_MAX)  # uint64 against uint64: exact under numpy 1 and 2
+    if bool(above.any()):
+        j = int(above.nonzero()[0][0])
+        raise OptionError(
+            f"token {j} of document {k} is {int(tokens[j])} (uint64), above {_INT64_MAX}, the largest id an int64 "
+            "block holds: give token ids below 2**63"
+        )
 
 
 def _as_ids(tokens: Any, k: int) -> Any:
@@ -636,7 +659,8 @@ def pack(
             a block read its documents directly; a stream is walked up to them.
         seq_len: tokens per block (at least 1).
         tokens: where a document's token ids are: ``None`` (the document is them: a
-            list or tuple of ints, a 1-D integer numpy array or tensor), a field name
+            list or tuple of ints, a 1-D integer numpy array or tensor, signed or
+            unsigned), a field name
             (``document[tokens]``) or a function ``document -> token ids``.
         eos: a token id appended to every document, or ``None``.
         pad: the token id of the last block's padding.
