@@ -31,7 +31,7 @@ import distshard
 # in three gzip-compressed JSON-lines files, which go whole to slots: "gz"; a Megatron
 # .bin/.idx pair read by distshard.tokens (its dtype varies with n), each sequence named
 # after a 1:1 map that checks its tokens: "tokens"; documents of
-# distinct token ids packed into blocks of seq_len tokens (distshard.pack), each block
+# distinct token ids (lists, uint16 arrays or uint16 tensors) packed into blocks of seq_len tokens (distshard.pack), each block
 # made a string (hashable, and as the DataLoader's default_convert leaves it) by a 1:1
 # map, pushed down: "pack"; a JSON-lines
 # file over HTTP from a server that sends weak ETags without If-Match support and
@@ -193,7 +193,17 @@ def block_key(block: dict) -> str:
 
 
 def packed(spec: "Spec") -> Any:
-    return distshard.pack(IterableWrapper(documents(spec.n)), spec.seq_len, eos=-1 if spec.eos else None)
+    """:func:`documents` packed, as lists, as uint16 numpy arrays, or as those arrays
+    made uint16 tensors by ``tokens=torch.from_numpy`` (by ``n % 3``)."""
+    eos = -1 if spec.eos else None
+    if spec.n % 3 == 0:
+        return distshard.pack(IterableWrapper(documents(spec.n)), spec.seq_len, eos=eos)
+    import numpy as np
+    import torch
+
+    arrays = [np.array(d, np.uint16) for d in documents(spec.n)]
+    picker = torch.from_numpy if spec.n % 3 == 2 else None
+    return distshard.pack(IterableWrapper(arrays), spec.seq_len, tokens=picker, eos=eos)
 
 
 def jsonl_file(n: int) -> str:

@@ -2,7 +2,10 @@
 
 The token counts come from the ``.idx`` files (``distshard_token_counts()``), so
 building the packing opens no ``.bin``; the blocks are those of the concatenation of
-the sequences, every token once over ranks x workers, resumed elastically.
+the sequences, every token once over ranks x workers, resumed elastically. Token dtypes:
+a float corpus is refused from its ``.idx`` at construction; unsigned ids (a uint16
+corpus as numpy arrays or, through ``torch.from_numpy``, as tensors; uint32, uint64)
+are integer tokens, copied by value.
 """
 
 from __future__ import annotations
@@ -102,3 +105,72 @@ def test_every_token_once_over_slots_and_an_elastic_resume(tmp_path, shuffle):
             read += [key(b) for b in pipe]
     assert tokens_of(read) == expected
     assert len(read) == len(oracle(documents, 8))
+
+
+# -- token dtypes -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, code", [("float32", 7), ("float64", 6)])
+def test_a_float_corpus_is_refused_at_construction_naming_the_pair_and_its_dtype(tmp_path, bins_opened, dtype, code):
+    write_indexed(tmp_path / "ints", sequences_for(10, "int32"), "int32")
+    write_indexed(tmp_path / "floats", sequences_for(10, dtype), dtype)
+    bins_opened.clear()
+    source = distshard.tokens([str(tmp_path / "ints"), str(tmp_path / "floats")])
+    with pytest.raises(TypeError, match=rf"floats\.idx: dtype code {code} \({dtype}\).*not token ids.*integer dtype"):
+        distshard.pack(source, 8)
+    assert bins_opened == []  # refused from the .idx alone, before a block
+    assert len(source.lengths()) == 20  # lengths() still reads any dtype (mix(cost=...))
+
+
+def high_corpus(tmp_path, dtype: str = "uint16") -> tuple[str, list[list[int]]]:
+    """A pair of ids up to 65,535 (the top half of uint16 included: a signed reading would wrap them)."""
+    sequences = [np.array([65535 - i, 40000 + i, *range(i % 5)], dtype) for i in range(30)]
+    write_indexed(tmp_path / "high", sequences, dtype)
+    return str(tmp_path / "high"), [[int(t) for t in s] for s in sequences]
+
+
+@pytest.mark.parametrize("how", ["numpy", "map-from-numpy", "tokens-from-numpy"])
+def test_a_uint16_corpus_packs_as_numpy_arrays_and_as_tensors(tmp_path, how):
+    import torch
+
+    prefix, documents = high_corpus(tmp_path)
+    source = distshard.tokens(prefix)
+    if how == "map-from-numpy":
+        source = source.map(torch.from_numpy)
+    picker = torch.from_numpy if how == "tokens-from-numpy" else None
+    packed = distshard.pack(source, 8, tokens=picker, eos=0)
+    assert packed._counts.how == ("source" if how == "numpy" else "counted")
+    assert [key(b) for b in packed] == oracle(documents, 8, eos=0)
+    got = []
+    for rank in range(2):
+        got += [
+            key(b)
+            for b in distshard.pack(source, 8, tokens=picker, eos=0).dist_shard(rank=rank, world_size=2, shuffle=True)
+        ]
+    assert sorted(got) == sorted(oracle(documents, 8, eos=0))
+    if how != "numpy":  # torch.from_numpy keyed by name and torch's version: found again
+        assert distshard.pack(source, 8, tokens=picker)._counts.how == "cache"
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_unsigned_token_ids_are_integer_tokens(dtype, kind):
+    import torch
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    top = {"uint16": 65535, "uint32": 4_294_967_295, "uint64": (1 << 63) - 1}[dtype]
+    documents = [[top - i, i, 7] for i in range(9)]
+    arrays = [np.array(d, dtype) for d in documents]
+    docs = arrays if kind == "numpy" else [torch.from_numpy(a) for a in arrays]
+    assert [key(b) for b in distshard.pack(IterableWrapper(docs), 4)] == oracle(documents, 4)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_a_uint64_id_an_int64_block_cannot_hold_is_refused(kind):
+    import torch
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    arrays = [np.array([1, 2], np.uint64), np.array([3, 1 << 63], np.uint64)]
+    docs = arrays if kind == "numpy" else [torch.from_numpy(a) for a in arrays]
+    with pytest.raises(ValueError, match=r"token 1 of document 1 is 9223372036854775808 \(uint64\), above"):
+        distshard.pack(IterableWrapper(docs), 4)

@@ -291,8 +291,10 @@ def _packing_lines(packed: PackIterDataPipe, out: Explanation, ctx: ShardContext
     plan = packed.packing()
     how = {
         "source": "from the source's own counts (no document read)",
-        "cache": "from the cache ($DISTSHARD_CACHE, keyed by the files' identities)",
-        "counted": "counted in one pass over the documents when pack() was built",
+        "cache": "from the cache ($DISTSHARD_CACHE, keyed by the files' identities and what the maps and the "
+        "token picker compute)",
+        "counted": "counted in one pass over the documents when pack() was built"
+        + (", and cached for the next pack() of the same files and maps" if packed._counts.entry else ""),
     }[packed._counts.how]
     lines = [
         f"{plan.blocks} blocks of {packed.seq_len} tokens (input_ids, position_ids restarting at each document, "

@@ -6,7 +6,8 @@ followed by ``eos`` when given). The documents' token counts come from one pass 
 construction (or from the source itself: a source with ``distshard_token_counts()``
 gives them without reading a document, as ``distshard.tokens`` does from its
 ``.idx``), cached on disk for distshard file sources, keyed by the files' identities
-(see :mod:`distshard.sources.index`), so the plan (the prefix sums, see
+(see :mod:`distshard.sources.index`) and what the maps and the token picker compute
+(:mod:`distshard.callkeys`; counts a block finds wrong delete their entry), so the plan (the prefix sums, see
 :mod:`distshard.packing`) is known before the first block. A block reads only the
 documents it spans: by position when the source has random access (a list, a file
 source, below 1:1 maps), else by walking the stream up to them.
@@ -19,7 +20,9 @@ position; ``distshard.mix`` mixes packed sources block by block.
 
 from __future__ import annotations
 
+import logging
 import numbers
+import os
 import sys
 from collections import deque
 from collections.abc import Mapping
@@ -29,6 +32,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
+from .callkeys import Unkeyable, call_key
 from .digests import blake2b_hex, code_digest, crc32_hex, mix_seed
 from .errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError, UnsupportedError
 from .graph import Pushdown, plan_pushdown, random_pipes
@@ -40,9 +44,11 @@ __all__ = ["PackIterDataPipe", "PackSequence", "ShuffledPackIterDataPipe", "pack
 
 Picker = Callable[[Any], Any]
 _COUNTS_FORMAT = "pack-counts"
-_COUNTS_VERSION = 1
+_COUNTS_VERSION = 2  # 2: keyed by what the maps and the token picker compute (callkeys), not by their names
 _END = object()
 _ORDERS_KEPT = 2  # document orders per process: this epoch's and the one even="carry" reads the tail of
+
+log = logging.getLogger("distshard")
 
 
 def _check_int(name: str, value: object, low: int | None, what: str) -> int:
@@ -72,11 +78,38 @@ class _Counts:
     sums, in a holder that torch's graph walk does not pickle (it keeps only
     attribute values that are pipes or collections)."""
 
-    def __init__(self, counts: Sequence[int], eos: bool, how: str) -> None:
+    def __init__(self, counts: Sequence[int], eos: bool, how: str, entry: str | None = None) -> None:
         self.prefix = prefix_sums(counts, 1 if eos else 0)
         self.how = how  # "source" (distshard_token_counts), "cache", "counted"
+        self.entry = entry  # the cache entry they were read from or written to, if any
         self.longest = int(_extreme(counts, max)) if len(counts) else 0
         self.digest = crc32_hex(memoryview(self.prefix).cast("B"))  # fast: 10^8 documents in ~0.3 s
+
+    def stale(self, problem: str) -> SourceChangedError:
+        """The error for counts a block found wrong (``problem`` says how), after
+        deleting their cache entry so that the next ``pack()`` counts again instead of
+        reading the same wrong counts in every later job."""
+        if self.entry is None:
+            return SourceChangedError(
+                f"{problem}: the documents changed (or come in another order); build the pack again"
+            )
+        try:
+            os.unlink(self.entry)
+        except FileNotFoundError:
+            pass  # another reader of the same counts dropped it first
+        except OSError as exc:
+            return SourceChangedError(
+                f"{problem}: the documents are not those counted {_HOW[self.how]} {self.entry}, which could not be "
+                f"deleted ({exc}); delete it, then build the pack again"
+            )
+        return SourceChangedError(
+            f"{problem}: the documents are not those counted {_HOW[self.how]} {self.entry} (the documents changed, "
+            "or a map or the token picker computes what its key does not show); that entry is now deleted: build the "
+            "pack again and it counts them again"
+        )
+
+
+_HOW = {"cache": "in the cached entry", "counted": "at construction and cached in"}
 
 
 class PackIterDataPipe(IterDataPipe):
@@ -141,7 +174,7 @@ class PackIterDataPipe(IterDataPipe):
         key = self._cache_key()
         if key is not None:
             from .sources.files import FileRef
-            from .sources.index import FileIndex, obtain
+            from .sources.index import FileIndex, cache_path, obtain
 
             def build(ref: FileRef) -> FileIndex:
                 from array import array
@@ -159,19 +192,25 @@ class PackIterDataPipe(IterDataPipe):
             ref = FileRef(f"distshard-pack://{key}", 0, key)
             index, built = obtain(_COUNTS_FORMAT, ref, build)
             assert index is not None
-            return _Counts(index.arrays["counts"], eos, "counted" if built is not None else "cache")
+            how = "counted" if built is not None else "cache"
+            return _Counts(index.arrays["counts"], eos, how, str(cache_path(_COUNTS_FORMAT, ref)))
         return _Counts(self._count(), eos, "counted")
 
     def _cache_key(self) -> str | None:
         """A key for the on-disk cache when the documents come from a distshard file
         source (below 1:1 maps): the files' identities (path or URL, size, mtime or
-        ETag), the maps and the token picker; else ``None`` (counted every time)."""
+        ETag) and what the maps and the token picker compute (:func:`.callkeys.call_key`);
+        else ``None`` (counted every time): no file source, or a map or picker that
+        cannot be keyed faithfully (logged at DEBUG)."""
         from .sources.base import FileSourceIterDataPipe
         from .sources.files import key_of
 
         plan = plan_pushdown(self.source, True)
         base = plan.base
         if not isinstance(base, FileSourceIterDataPipe) or not base.random_access:
+            return None
+        behaviour = _behaviour_key(plan.maps, self.tokens)
+        if behaviour is None:
             return None
         refs = base.prepare()
         if any(ref.size is None for ref, _ in refs):
@@ -181,8 +220,7 @@ class PackIterDataPipe(IterDataPipe):
             type(base.fmt).__qualname__,
             repr(getattr(base.fmt, "columns", None)),
             *(f"{key_of(ref.url)}\0{ref.size}\0{ref.stamp}\0{count}" for ref, count in refs),
-            *(code_digest(mapper.fn) for mapper in plan.maps),
-            _picker_name(self.tokens),
+            behaviour,
         ]
         return blake2b_hex("\n".join(parts).encode("utf-8", "surrogatepass"), 16)
 
@@ -298,6 +336,29 @@ class ShuffledPackIterDataPipe(PackIterDataPipe):
         return mix_seed(self.seed or 0, self._received or 0, self._epoch)
 
 
+def _behaviour_key(maps: Sequence[Any], tokens: str | Picker | None) -> str | None:
+    """What the 1:1 ``maps`` and the token picker compute, as a cache key
+    (:func:`.callkeys.call_key` of each: class, function, columns); ``None`` when one
+    of them cannot be keyed faithfully (the counts are then not cached)."""
+    named: list[tuple[str, Any]] = [
+        (f"the map {_describe_value(m.fn)}", (type(m), m.fn, m.input_col, m.output_col)) for m in maps
+    ]
+    named.append((f"tokens={_describe_value(tokens)}", tokens))
+    keys = []
+    for name, value in named:
+        try:
+            keys.append(call_key(value))
+        except Unkeyable as why:
+            log.debug(
+                "pack(): the token counts are not cached (counted at every construction): %s cannot be keyed "
+                "faithfully: %s",
+                name,
+                why,
+            )
+            return None
+    return ",".join(keys)
+
+
 def _check_counts(counts: Any, where: str) -> None:
     if not (hasattr(counts, "__len__") and hasattr(counts, "__getitem__")):
         raise OptionTypeError(
@@ -319,12 +380,19 @@ def _extreme(values: Any, which: Callable[[Any], Any]) -> Any:
     return own() if callable(own) else which(values)
 
 
-_INTEGER_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8})
+#: the tensor dtypes of token ids: every integer one (torch's unsigned 16-, 32- and 64-bit ones where it has them,
+#: as torch.from_numpy makes of a uint16 Megatron corpus), never bool, floats or complex
+_INTEGER_DTYPES = frozenset(
+    {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+    | {d for d in (getattr(torch, f"uint{bits}", None) for bits in (16, 32, 64)) if isinstance(d, torch.dtype)}
+)
+_INT64_MAX = (1 << 63) - 1
 
 
 def _checked_tokens(tokens: Any, k: int) -> Any:
     """``tokens`` if they are token ids (a list or tuple of ints, a 1-D integer numpy
-    array or tensor); else ``TypeError`` naming the document and the value."""
+    array or tensor, signed or unsigned); else ``TypeError`` naming the document and
+    the value (``ValueError`` for an unsigned 64-bit id above what an int64 block holds)."""
     if isinstance(tokens, (list, tuple)):
         if any(type(t) is not int for t in tokens):
             for j, t in enumerate(tokens):
@@ -339,6 +407,8 @@ def _checked_tokens(tokens: Any, k: int) -> Any:
             raise OptionTypeError(
                 f"document {k}'s tokens are a {tokens.dim()}-D tensor of {tokens.dtype}; give a 1-D integer tensor"
             )
+        if tokens.dtype is getattr(torch, "uint64", None):
+            _check_int64(tokens.cpu().numpy(), k)
         return tokens
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(tokens, numpy.ndarray):
@@ -346,12 +416,26 @@ def _checked_tokens(tokens: Any, k: int) -> Any:
             raise OptionTypeError(
                 f"document {k}'s tokens are a {tokens.ndim}-D numpy array of {tokens.dtype}; give a 1-D integer array"
             )
+        if tokens.dtype.kind == "u" and tokens.dtype.itemsize == 8:
+            _check_int64(tokens, k)
         return tokens
     raise OptionTypeError(
         f"document {k}'s tokens are a {type(tokens).__name__} ({_describe_value(tokens)}); give token ids: a list "
         "of ints, a 1-D integer numpy array or tensor (tokenize first; pass tokens= a field or a function to "
         "pick them from a document)"
     )
+
+
+def _check_int64(tokens: Any, k: int) -> None:
+    """Unsigned 64-bit ``tokens`` (a numpy array) whose ids fit the int64 blocks, else
+    ``ValueError`` naming the first one that does not: a copy would wrap it silently."""
+    above = tokens > tokens.dtype.type(_INT64_MAX)  # uint64 against uint64: exact under numpy 1 and 2
+    if bool(above.any()):
+        j = int(above.nonzero()[0][0])
+        raise OptionError(
+            f"token {j} of document {k} is {int(tokens[j])} (uint64), above {_INT64_MAX}, the largest id an int64 "
+            "block holds: give token ids below 2**63"
+        )
 
 
 def _as_ids(tokens: Any, k: int) -> Any:
@@ -377,8 +461,9 @@ class _Documents:
     random access (below 1:1 maps), else by walking the stream (restarted when an
     earlier document is asked for)."""
 
-    def __init__(self, source: IterDataPipe) -> None:
+    def __init__(self, source: IterDataPipe, counts: _Counts) -> None:
         self.source = source
+        self.counts = counts
         self.plan: Pushdown = plan_pushdown(source, True)
         self.random = self.plan.sequence is not None
 
@@ -396,9 +481,9 @@ class _Documents:
                 stream, at = iter(self.source), 0
             document = next(islice(stream, index - at, None), _END)
             if document is _END:
-                raise SourceChangedError(
+                raise self.counts.stale(
                     f"{type(self.source).__name__} ended before document {index}, which was counted when pack() "
-                    "was built: the documents changed; build the pack again"
+                    "was built"
                 )
             at = index + 1
             yield document
@@ -418,7 +503,7 @@ class PackSequence:
 
     def _docs(self) -> _Documents:
         if self._documents is None:
-            self._documents = _Documents(self.pipe.source)
+            self._documents = _Documents(self.pipe.source, self.pipe._counts)
         return self._documents
 
     def __len__(self) -> int:
@@ -502,10 +587,8 @@ class PackSequence:
         tokens = _as_ids(self.pipe._pick(document, index), index)
         expected = packing.count(k) - (self.pipe.eos is not None)
         if len(tokens) != expected:
-            raise SourceChangedError(
-                f"document {index} holds {len(tokens)} tokens but {expected} were counted when pack() was built: "
-                "the documents changed (or come in another order); build the pack again (counts of file sources "
-                "are cached under $DISTSHARD_CACHE, keyed by the files' identities)"
+            raise self.pipe._counts.stale(
+                f"document {index} holds {len(tokens)} tokens but {expected} were counted when pack() was built"
             )
         return tokens
 
@@ -576,7 +659,8 @@ def pack(
             a block read its documents directly; a stream is walked up to them.
         seq_len: tokens per block (at least 1).
         tokens: where a document's token ids are: ``None`` (the document is them: a
-            list or tuple of ints, a 1-D integer numpy array or tensor), a field name
+            list or tuple of ints, a 1-D integer numpy array or tensor, signed or
+            unsigned), a field name
             (``document[tokens]``) or a function ``document -> token ids``.
         eos: a token id appended to every document, or ``None``.
         pad: the token id of the last block's padding.

@@ -91,17 +91,26 @@ class TokensIterDataPipe(FileSourceIterDataPipe):
         """Tokens per sequence, in the order the source yields them: a numpy
         ``int64`` array read from the ``.idx`` files (their cached index), never
         from the ``.bin`` files. Also what ``distshard.mix(cost=...)`` takes."""
-        np = require_numpy()
-        sequence = self.__distshard_sequence__()
-        assert sequence is not None, "token files are always read at random"
-        counts = [self.fmt.token_counts(sequence.file_index(f)[1]) for f in range(len(sequence.refs))]  # type: ignore[attr-defined]
-        return np.concatenate(counts) if counts else np.zeros(0, np.int64)
+        return self._lengths(check=False)
 
     def distshard_token_counts(self) -> Any:
         """The hook a consumer that counts tokens (``distshard.pack``) asks a source
         for its per-element token counts without reading the elements: here
-        :meth:`lengths`."""
-        return self.lengths()
+        :meth:`lengths`, once every pair is known to hold integer token ids (a
+        float32 or float64 pair holds values, not ids: ``TypeError`` naming it)."""
+        return self._lengths(check=True)
+
+    def _lengths(self, check: bool) -> Any:
+        np = require_numpy()
+        sequence = self.__distshard_sequence__()
+        assert sequence is not None, "token files are always read at random"
+        counts = []
+        for f in range(len(sequence.refs)):
+            ref, index = sequence.file_index(f)
+            if check:
+                self.fmt.check_token_ids(index, ref.url)  # type: ignore[attr-defined]
+            counts.append(self.fmt.token_counts(index))  # type: ignore[attr-defined]
+        return np.concatenate(counts) if counts else np.zeros(0, np.int64)
 
 
 def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) -> tuple[list[str], dict[str, int]]:

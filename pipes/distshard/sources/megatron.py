@@ -36,7 +36,7 @@ import struct
 from array import array
 from typing import Any, Iterable, Iterator, Sequence
 
-from ..errors import OptionError, SourceChangedError, SourceDataError, SourceMissingError
+from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError, SourceMissingError
 from .files import (
     DEFAULT_FILE_ACCESS,
     STREAM_BUFFER,
@@ -319,6 +319,20 @@ class TokensFormat:
     def sample_bytes(self, index: FileIndex) -> list[int]:
         """What ``mix(..., cost="bytes")`` weighs a sequence by: its stored bytes."""
         return self.sample_sizes(index)
+
+    def check_token_ids(self, index: FileIndex, prefix: str) -> None:
+        """``TypeError`` naming the pair when its dtype is no integer one: a float32
+        or float64 pair (codes 7 and 6) holds values, not token ids."""
+        code = index.meta["dtype"]
+        name = DTYPES[code]
+        if name.startswith("float"):
+            raise OptionTypeError(
+                f"{idx_url(prefix)}: dtype code {code} ({name}): the pair holds {name} values, not token ids, and "
+                "pack() packs integer token ids; write the corpus with an integer dtype (Megatron-LM's "
+                "tools/preprocess_data.py writes uint16 below 65,500 tokens of vocabulary, else int32), or, if the "
+                "values are ids, convert them: pack(distshard.tokens(...).map(lambda a: a.astype('int64')), ...) "
+                "(counted then by one pass over the .bin files)"
+            )
 
     def token_counts(self, index: FileIndex) -> Any:
         """Tokens per sequence (a numpy ``int64`` array), from the index alone."""
