@@ -162,6 +162,23 @@ def test_a_missing_object_is_named(bucket, endpoint):
         distshard.webdataset(f"s3://{BUCKET}/nothing.tar", storage_options={"endpoint_url": endpoint}).counts()
 
 
+def test_the_first_request_is_timed_whatever_its_answer(tmp_path, bucket, endpoint, monkeypatch, caplog):
+    """Issue 28 (5), on both clients: without a stored index the look for its
+    manifest (NoSuchKey) is the first request, and the one timed (here every first
+    request counts as slow), named with its answer, once."""
+    from distshard.sources import answers
+
+    paths, expected = write_jsonl(tmp_path / "j", files=1, lines=4)
+    [url] = upload(bucket, paths, "first")
+    monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)
+    caplog.set_level(logging.WARNING, logger="distshard")
+    assert list(distshard.jsonl(url, storage_options={"endpoint_url": endpoint}).dist_shard()) == expected
+    first = [m for m in caplog.messages if "first request" in m]
+    assert len(first) == 1, first
+    assert f"s3://{BUCKET}/first/.distshard/manifest.json the whole file" in first[0], first
+    assert "no such file" in first[0], first
+
+
 class _Requests(logging.Handler):
     """moto's server logs every request through werkzeug: ``"GET /bucket/key HTTP/1.1" 206``."""
 

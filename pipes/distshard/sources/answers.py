@@ -6,9 +6,10 @@ answers the same way: the version an answer names (:func:`http_stamp`,
 :func:`http_change`, :func:`strong_etag`), a status or an S3 error code turned
 into a missing file, a refusal, a changed file or a transient failure
 (:func:`check_status`, :func:`s3_error`), a ``Content-Range`` and a body checked
-against the range asked (:func:`check_content_range`, :func:`exact`), and one
+against the range asked (:func:`check_content_range`, :func:`exact`), one
 request's retries (:class:`Attempts`: the same bounds, backoff and messages
-whichever client runs them).
+whichever client runs them) and a client's first request, timed whatever its
+answer (:class:`FirstRequest`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import concurrent.futures
 import logging
 import random
 import re
+import threading
 import time
 from typing import Any, Mapping
 
@@ -28,9 +30,11 @@ __all__ = [
     "CONTENT_RANGE",
     "Attempts",
     "Changed",
+    "FirstRequest",
     "Pending",
     "RemoteReadError",
     "RemoteReadTimeout",
+    "SLOW_FIRST_REQUEST",
     "Transient",
     "changed_error",
     "check_content_range",
@@ -289,25 +293,80 @@ def s3_error(url: str, what: str, code: str, status: int) -> Exception | None:
     return None
 
 
+#: seconds after which a client's first request in this process is logged as slow
+SLOW_FIRST_REQUEST = 2.0
+
+
+class FirstRequest:
+    """A client's first request in this process, timed from the start of its first
+    attempt to that attempt's outcome, whatever it is: an answer, an error status
+    (the 404 of the look for a stored index's manifest, usually a job's first
+    request), a failure to connect, no answer. Logged as a WARNING when it took
+    :data:`SLOW_FIRST_REQUEST` seconds or more (the client's set-up included:
+    connection, TLS, credentials); later requests are not timed."""
+
+    __slots__ = ("protocol", "pending", "lock")
+
+    def __init__(self, protocol: str) -> None:
+        self.protocol, self.pending, self.lock = protocol, True, threading.Lock()
+
+    def done(self, attempts: Attempts, failure: BaseException | None = None) -> None:
+        """The outcome of an attempt of ``attempts`` (``failure`` ``None``: answered)."""
+        if not self.pending:
+            return
+        with self.lock:
+            if not self.pending:
+                return
+            self.pending = False
+        seconds = time.monotonic() - attempts.started
+        if seconds < SLOW_FIRST_REQUEST:
+            return
+        if failure is None:
+            outcome = "answered"
+        elif isinstance(failure, (TimeoutError, concurrent.futures.TimeoutError)) and not str(failure):
+            outcome = f"no answer within {attempts.options.timeout:g} s"
+        else:
+            outcome = f"failed: {type(failure).__name__}: {failure}"
+        log.warning(
+            "the first request to %s:// in this process took %.1f s (%s %s: %s; client set-up included)",
+            self.protocol,
+            seconds,
+            attempts.url,
+            attempts.what,
+            outcome,
+        )
+
+
 class Attempts:
     """One request's retries, whichever client runs them: each failure is
     classified (:meth:`failed`: a changed file, a missing one, a refusal or a bad
     argument raise at once; a transient one is recorded), the next wait is given
     (exponential backoff from 50 ms, jittered, at most 5 s) while ``retries`` and
     ``retry_seconds`` allow, then :meth:`error` names the URL, what was asked,
-    the attempts and the last failure."""
+    the attempts and the last failure. ``first``: the client's :class:`FirstRequest`,
+    told every outcome (:meth:`answered`, :meth:`failed`)."""
 
-    __slots__ = ("url", "what", "options", "stored", "started", "delay", "failures")
+    __slots__ = ("url", "what", "options", "stored", "started", "delay", "failures", "first")
 
-    def __init__(self, url: str, what: str, options: ReadOptions, stored: str | None = None) -> None:
+    def __init__(
+        self, url: str, what: str, options: ReadOptions, stored: str | None = None, first: FirstRequest | None = None
+    ) -> None:
         self.url, self.what, self.options, self.stored = url, what, options, stored
         self.started = time.monotonic()
         self.delay = 0.05
         self.failures: list[str] = []
+        self.first = first
+
+    def answered(self) -> None:
+        """An attempt succeeded."""
+        if self.first is not None:
+            self.first.done(self)
 
     def failed(self, exc: BaseException) -> float | None:
         """Record ``exc`` (raised from here when it is not worth retrying); the
         seconds to wait before the next attempt, or ``None`` when none is left."""
+        if self.first is not None:
+            self.first.done(self, exc)
         if isinstance(exc, Changed):
             raise changed_error(self.url, str(exc), self.stored) from None
         if isinstance(exc, Transient):
