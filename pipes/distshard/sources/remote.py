@@ -57,6 +57,7 @@ from .answers import (
     RemoteReadError,
     RemoteReadTimeout,
     http_change,
+    read_only,
     s3_error,
     wait_bound,
 )
@@ -740,15 +741,19 @@ class Client:
     def put(self, url: str, data: bytes) -> None:
         """Write a whole object (a stored index's entry or manifest)."""
         if self.kind == "http":
-            raise UnsupportedError(
-                f"cannot write {url}: http(s) URLs are read-only; give --out a local folder or an "
-                "object store location (s3://, gs://) and serve it beside the files"
-            )
-        self.fs.pipe_file(self.path_of(url), data)
+            raise read_only(url)
+        try:
+            self.fs.pipe_file(self.path_of(url), data)
+        except FileNotFoundError as exc:
+            raise _bucket_missing(url, exc) from None
 
     def glob(self, pattern: str) -> list[str]:
         fs = self.fs
-        return sorted(fs.unstrip_protocol(p) if self.kind != "http" else p for p in fs.glob(self.path_of(pattern)))
+        try:
+            found = fs.glob(self.path_of(pattern))
+        except FileNotFoundError as exc:
+            raise _bucket_missing(pattern, exc) from None
+        return sorted(fs.unstrip_protocol(p) if self.kind != "http" else p for p in found)
 
     # -- retries ------------------------------------------------------------------------------------
     async def _retrying(
@@ -828,6 +833,14 @@ async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:
         if meant is None:
             raise
         raise meant from None
+
+
+def _bucket_missing(url: str, exc: FileNotFoundError) -> FileNotFoundError:
+    """What s3fs's ``FileNotFoundError`` meant: a missing bucket when the S3 error
+    it was made from (its cause) says ``NoSuchBucket``, else ``exc`` itself."""
+    response = getattr(exc.__cause__, "response", None)
+    code = str(((response or {}).get("Error") or {}).get("Code", "")) if isinstance(response, dict) else ""
+    return _missing(url, code) if code == "NoSuchBucket" else exc
 
 
 def _identity_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:

@@ -56,8 +56,10 @@ from .answers import (
     FirstRequest,
     Pending,
     Transient,
+    Unreached,
     check_content_range,
     exact,
+    no_connection,
     s3_error,
     strong_etag,
     suffix_answer,
@@ -501,7 +503,8 @@ class DirectS3Client:
                     self._drop(state, host, conn)
                     if isinstance(exc, TimeoutError):
                         raise
-                    raise Transient(f"{type(exc).__name__}: {exc}") from None
+                    kind = Unreached if no_connection(exc) else Transient
+                    raise kind(f"{type(exc).__name__}: {exc}") from None
                 if response.will_close:
                     self._drop(state, host, conn)
                 break
