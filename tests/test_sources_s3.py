@@ -162,6 +162,47 @@ def test_a_missing_object_is_named(bucket, endpoint):
         distshard.webdataset(f"s3://{BUCKET}/nothing.tar", storage_options={"endpoint_url": endpoint}).counts()
 
 
+def test_the_first_request_is_timed_whatever_its_answer(tmp_path, bucket, endpoint, monkeypatch, caplog):
+    """Issue 28 (5), on both clients: without a stored index the look for its
+    manifest (NoSuchKey) is the first request, and the one timed (here every first
+    request counts as slow), named with its answer, once."""
+    from distshard.sources import answers
+
+    paths, expected = write_jsonl(tmp_path / "j", files=1, lines=4)
+    [url] = upload(bucket, paths, "first")
+    monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)
+    caplog.set_level(logging.WARNING, logger="distshard")
+    assert list(distshard.jsonl(url, storage_options={"endpoint_url": endpoint}).dist_shard()) == expected
+    first = [m for m in caplog.messages if "first request" in m]
+    assert len(first) == 1, first
+    assert f"s3://{BUCKET}/first/.distshard/manifest.json the whole file" in first[0], first
+    assert "no such file" in first[0], first
+
+
+def test_the_index_command_names_a_missing_bucket_and_could_not_run(tmp_path, bucket, endpoint, capsys):
+    """Issue 28 (8), on both clients: a bucket that does not exist is named as such
+    (not "no such file"), and the command could not run (2), before any file is
+    read when its files, its glob or its --out are in that bucket."""
+    from distshard.__main__ import main
+
+    paths, _ = write_jsonl(tmp_path / "j", files=1, lines=3)
+    [url] = upload(bucket, paths, "there")
+    options = json.dumps({"endpoint_url": endpoint})
+    gone = "s3://no-such-bucket/t"
+    for args in (
+        [f"{gone}/part-{{0..2}}.jsonl"],  # the look for an index beside them
+        [f"{gone}/part-*.jsonl"],  # the listing
+        [f"{gone}/part-{{0..2}}.jsonl", "--out", str(tmp_path / "index")],  # the files themselves
+        [url, "--out", f"{gone}/index"],  # where it would be written
+    ):
+        assert main(["index", *args, "--storage-options", options]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("could not run: s3://no-such-bucket/") and err.count("\n") == 1, err
+        assert "no such bucket 'no-such-bucket'" in err and "no such file" not in err, err
+        assert "others" not in err
+    assert not (tmp_path / "index").exists()
+
+
 class _Requests(logging.Handler):
     """moto's server logs every request through werkzeug: ``"GET /bucket/key HTTP/1.1" 206``."""
 

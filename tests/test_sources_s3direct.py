@@ -23,6 +23,7 @@ pytest.importorskip("moto.server")
 import distshard  # noqa: E402
 from distshard.sources import ReadOptions, remote  # noqa: E402
 from distshard.sources.s3direct import Config, DirectS3Client, direct_config  # noqa: E402
+from tests.moto_server import free_port  # noqa: E402
 from tests.s3_proxy import S3Proxy  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
 from tests.source_factories import write_shards  # noqa: E402
@@ -262,6 +263,20 @@ def test_the_index_command_with_the_direct_client_imports_no_s3fs(tmp_path, buck
     rows = distshard.parquet(table, storage_options={"endpoint_url": endpoint})
     assert sorted(r["k"] for r in rows.dist_shard(rank=0, world_size=1)) == sorted(f"r{i}" for i in range(25))
     assert rows._stored is not None and rows._indexed_here == 0
+
+
+def test_the_index_command_could_not_run_when_the_store_cannot_be_reached(tmp_path, monkeypatch, capsys):
+    """Issue 28 (8): nothing listens at the endpoint (the direct client: a refused
+    connection on every attempt): could not run (2), said as such, nothing written."""
+    from distshard.__main__ import main
+
+    monkeypatch.setenv("DISTSHARD_S3_CLIENT", "direct")
+    options = json.dumps({"endpoint_url": f"http://127.0.0.1:{free_port()}"})
+    out = tmp_path / "index"
+    assert main(["index", f"s3://{BUCKET}/t/part-{{0..1}}.jsonl", "--out", str(out), "--storage-options", options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("could not run: ") == 1 and "could not connect to the store" in err, err
+    assert "ConnectionRefusedError" in err and "others" not in err and not out.exists()
 
 
 @pytest.fixture

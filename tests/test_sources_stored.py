@@ -303,10 +303,10 @@ def test_dataloader_workers_reuse_the_ranks_index(tmp_path, server, monkeypatch)
 
 
 def test_retries_and_a_slow_first_request_are_logged(tmp_path, caplog, monkeypatch):
-    from distshard.sources import remote
+    from distshard.sources import answers, remote
 
     paths, expected = write_jsonl(tmp_path / "j", files=1, lines=30)
-    monkeypatch.setattr(remote, "SLOW_FIRST_REQUEST", 0.0)
+    monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)
     remote.forget_clients()  # a client whose first answer is still to come
     caplog.set_level(logging.INFO, logger="distshard")
     with serve(tmp_path, fault_every=2, faults=("503",)) as server:
@@ -318,6 +318,25 @@ def test_retries_and_a_slow_first_request_are_logged(tmp_path, caplog, monkeypat
     assert any("bytes [" in m for m in retry)
     assert any("first request to http://" in m for m in messages)
     assert any(m.startswith("indexed 1 jsonl files in") for m in messages)
+
+
+def test_the_first_request_is_timed_whatever_its_answer(tmp_path, caplog, monkeypatch):
+    """Issue 28 (5): without a stored index a job's first request is the look for
+    its manifest, answered 404; that request is the one timed (and logged when
+    slow: here every first request is), named with its answer, and only once."""
+    from distshard.sources import answers, remote
+
+    paths, expected = write_jsonl(tmp_path / "j", files=2, lines=5)
+    monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)
+    remote.forget_clients()  # a client whose first answer is still to come
+    caplog.set_level(logging.WARNING, logger="distshard")
+    with serve(tmp_path) as server:
+        source = jsonl([server.url(p) for p in paths])
+        assert Counter(map(json.dumps, source.dist_shard())) == Counter(map(json.dumps, expected))
+        assert server.log[0][:2] == ("GET", "/j/.distshard/manifest.json")  # the first request: a 404
+    first = [r.getMessage() for r in caplog.records if "first request" in r.getMessage()]
+    assert len(first) == 1, first
+    assert "/j/.distshard/manifest.json the whole file" in first[0] and "no such file" in first[0], first
 
 
 def test_parquet_finds_its_stored_index(tmp_path, monkeypatch):

@@ -9,17 +9,21 @@
     Index a dataset once and store the index beside it (``.distshard/``), so
     that every job starts in a few round trips: one request a remote file (a
     streamed GET, parsed as it flows), ``--workers`` at once. Exit status: 0
-    indexed, 1 some files failed (the others are kept: run it again), 2 could
-    not run. ``--prune`` then deletes the packs of entries no manifest names
-    that are older than ``--prune-after`` seconds (default 3600).
+    indexed, 1 some files could not be indexed (the others are kept: run it
+    again), 2 could not run (bad usage, a store that cannot be reached, no such
+    bucket, access denied, a destination that cannot be written). ``--prune``
+    then deletes the packs of entries no manifest names that are older than
+    ``--prune-after`` seconds (default 3600).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -144,40 +148,95 @@ def check(args: argparse.Namespace) -> int:
     return status
 
 
-def index(args: argparse.Namespace) -> int:
-    """``index``: build what is missing of a stored index; a progress line on a
-    terminal (files, bytes, rate, ETA), one summary line at the end."""
-    from .sources.indexing import build_stored_index
+class _IndexConsole(logging.Handler):
+    """What ``index`` shows on stderr while it runs: on a terminal, the progress
+    line (files, bytes, rate, ETA) rewritten in place; anywhere, the WARNING (and
+    above) records the library logs, each on a line of its own (``warning: ...``;
+    on a terminal the progress line is cleared first and drawn again below it),
+    but a request's later retries: its first retry is shown, every retry counted
+    for the summary."""
 
+    def __init__(self, interactive: bool) -> None:
+        from .sources.answers import RETRY  # (not at the top: the command imports no torch)
+
+        super().__init__(logging.WARNING)
+        self.interactive, self.retry = interactive, RETRY
+        self.line = ""  # the progress line last drawn (on a terminal)
+        self.retries = 0
+        self.retried: set[str] = set()  # the requests retried
+        self.drawing = threading.Lock()  # (records come from the threads indexing files)
+
+    def progress(self, done: int, total: int, nbytes: int, seconds: float) -> None:
+        if not self.interactive:
+            return
+        rate = nbytes / seconds if seconds > 0 else 0.0
+        eta = seconds / done * (total - done) if done else 0.0
+        with self.drawing:
+            self.line = (
+                f"  {done}/{total} files, {nbytes / 2**20:,.1f} MiB, {rate / 2**20:,.1f} MiB/s, ETA {eta:,.0f} s"
+            )
+            print(f"\r{self.line}   ", end="", file=sys.stderr, flush=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        retried = getattr(record, self.retry, None)
+        with self.drawing:
+            if retried is not None:
+                self.retries += 1
+                if str(retried) in self.retried:
+                    return  # (its first retry was shown)
+                self.retried.add(str(retried))
+            clear = "\r\x1b[2K" if self.line else ""
+            print(f"{clear}{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr, flush=True)
+            if self.line:
+                print(f"\r{self.line}   ", end="", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        """Close the progress line (before the command's last words)."""
+        with self.drawing:
+            if self.line:
+                print(file=sys.stderr, flush=True)
+            self.line = ""
+
+    def retry_words(self) -> str:
+        n, requests = self.retries, len(self.retried)
+        if not n:
+            return ""
+        return f"; {n} retr{'y' if n == 1 else 'ies'} of {requests} request{'s' if requests != 1 else ''}"
+
+
+def _index_arguments(args: argparse.Namespace) -> tuple[dict | None, float | None] | str:
+    """``(storage options, prune grace)`` of ``index``, or why it cannot run."""
     try:
         options = json.loads(args.storage_options) if args.storage_options else None
         if options is not None and not isinstance(options, dict):
             raise ValueError("--storage-options must be a JSON object")
     except ValueError as exc:
-        print(f"could not run: --storage-options: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+        return f"--storage-options: {exc}"
     prune_after = getattr(args, "prune_after", None)
     if prune_after is not None and not args.prune:
-        print("could not run: --prune-after is the grace period of --prune: add --prune", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+        return "--prune-after is the grace period of --prune: add --prune"
     if args.prune and prune_after is None:
         from .sources.pruning import DEFAULT_GRACE
 
         prune_after = DEFAULT_GRACE
-    interactive = sys.stderr.isatty()
+    return options, prune_after
 
-    def progress(done: int, total: int, nbytes: int, seconds: float) -> None:
-        if not interactive:
-            return
-        rate = nbytes / seconds if seconds > 0 else 0.0
-        eta = seconds / done * (total - done) if done else 0.0
-        print(
-            f"\r  {done}/{total} files, {nbytes / 2**20:,.1f} MiB, {rate / 2**20:,.1f} MiB/s, ETA {eta:,.0f} s   ",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
 
+def index(args: argparse.Namespace) -> int:
+    """``index``: build what is missing of a stored index. Exit status 0: every
+    file indexed; 1: some files could not be indexed (the data: missing, malformed,
+    changed while read, still failing after their retries), the others listed;
+    2: could not run (see :func:`_index_failure`)."""
+    from .sources.indexing import build_stored_index
+
+    arguments = _index_arguments(args)
+    if isinstance(arguments, str):
+        print(f"could not run: {arguments}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    options, prune_after = arguments
+    console = _IndexConsole(sys.stderr.isatty())
+    logger = logging.getLogger("distshard")
+    logger.addHandler(console)
     try:
         built = build_stored_index(
             args.urls,
@@ -185,21 +244,15 @@ def index(args: argparse.Namespace) -> int:
             storage_options=options,
             out=args.out,
             workers=args.workers,
-            progress=progress,
+            progress=console.progress,
             prune_after=prune_after,
         )
-    except (ValueError, TypeError, ImportError, FileNotFoundError, PermissionError) as exc:
-        if interactive:
-            print(file=sys.stderr)
-        print(f"could not run: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
-    except OSError as exc:
-        if interactive:
-            print(file=sys.stderr)
-        print(str(exc), file=sys.stderr)
-        return EXIT_VIOLATED
-    if interactive:
-        print(file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - told by kind, below
+        console.end()
+        return _index_failure(exc)
+    finally:
+        logger.removeHandler(console)
+    console.end()
     pruned = built.pruned
     print(
         f"{built.location}: {len(built.files)} files ({built.built} indexed now), "
@@ -209,8 +262,25 @@ def index(args: argparse.Namespace) -> int:
             if pruned is None
             else f"; {len(pruned.deleted)} stale packs deleted, {len(pruned.young)} younger than {prune_after:g} s kept"
         )
+        + console.retry_words()
     )
     return EXIT_OK
+
+
+def _index_failure(exc: Exception) -> int:
+    """What ``index`` says of a build that did not finish, and its exit status: 1
+    for files that could not be indexed; 2 (could not run) for everything else:
+    bad arguments, no file to index, a missing bucket, a store that cannot be
+    reached, access denied, a destination that cannot be written."""
+    from .errors import DistshardError
+    from .sources.indexing import IndexBuildError
+
+    if isinstance(exc, IndexBuildError) and not exc.could_not_run:
+        print(str(exc), file=sys.stderr)
+        return EXIT_VIOLATED
+    plain = isinstance(exc, (DistshardError, ValueError, TypeError, ImportError, FileNotFoundError, PermissionError))
+    print(f"could not run: {exc if plain else f'{type(exc).__name__}: {exc}'}", file=sys.stderr)
+    return EXIT_COULD_NOT_RUN
 
 
 def index_command_alone() -> int | None:
@@ -361,7 +431,9 @@ def _index_parser(sub: argparse._SubParsersAction) -> None:
         "index",
         help="index a dataset once and store the index beside it",
         formatter_class=_Help,
-        description="Exit status: 0 indexed, 1 some files failed (the others are kept), 2 could not run.",
+        description="Exit status: 0 indexed, 1 some files could not be indexed (the others are kept), "
+        "2 could not run (bad usage, a store that cannot be reached, no such bucket, access denied, "
+        "a destination that cannot be written).",
     )
     idx.add_argument(
         "urls",

@@ -6,17 +6,20 @@ answers the same way: the version an answer names (:func:`http_stamp`,
 :func:`http_change`, :func:`strong_etag`), a status or an S3 error code turned
 into a missing file, a refusal, a changed file or a transient failure
 (:func:`check_status`, :func:`s3_error`), a ``Content-Range`` and a body checked
-against the range asked (:func:`check_content_range`, :func:`exact`), and one
+against the range asked (:func:`check_content_range`, :func:`exact`), one
 request's retries (:class:`Attempts`: the same bounds, backoff and messages
-whichever client runs them).
+whichever client runs them) and a client's first request, timed whatever its
+answer (:class:`FirstRequest`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import random
 import re
+import threading
 import time
 from typing import Any, Mapping
 
@@ -28,18 +31,27 @@ __all__ = [
     "CONTENT_RANGE",
     "Attempts",
     "Changed",
+    "FirstRequest",
+    "MissingBucketError",
     "Pending",
     "RemoteReadError",
     "RemoteReadTimeout",
+    "RETRY",
+    "SLOW_FIRST_REQUEST",
+    "StoreUnreachable",
     "Transient",
+    "Unreached",
     "changed_error",
     "check_content_range",
     "check_status",
     "exact",
     "http_change",
     "http_stamp",
+    "index_command",
     "looks_transient",
     "missing",
+    "no_connection",
+    "read_only",
     "s3_error",
     "strong_etag",
     "suffix_answer",
@@ -51,6 +63,11 @@ log = logging.getLogger("distshard")
 
 class RemoteReadError(DistshardError, OSError):
     """A remote read that kept failing after its retries (names the URL and range)."""
+
+
+class StoreUnreachable(RemoteReadError):
+    """A remote request none of whose attempts reached the store: every one failed
+    to connect (connection refused, unknown host, no route)."""
 
 
 class RemoteReadTimeout(RemoteReadError, WaitTimeout):
@@ -76,8 +93,64 @@ class Changed(Exception):
     """The store says the object is no longer the indexed version."""
 
 
-def missing(url: str) -> FileNotFoundError:
+class Unreached(Transient):
+    """A request that could not connect to the store (retried; see :func:`no_connection`)."""
+
+
+#: what a failure to connect is called by aiohttp, botocore and the standard library
+_NO_CONNECTION = {"ClientConnectorError", "EndpointConnectionError", "ConnectionRefusedError", "gaierror"}
+
+
+def no_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure to connect to the store at all (no answer of any
+    kind): refused, unknown host, no route to it."""
+    if isinstance(exc, Unreached) or {cls.__name__ for cls in type(exc).__mro__} & _NO_CONNECTION:
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+class MissingBucketError(SourceMissingError):
+    """An S3 answer ``NoSuchBucket``: the bucket a URL names does not exist (at this
+    endpoint), so neither does any file in it (``bucket`` names it)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.bucket = url, url.split("://", 1)[-1].split("/", 1)[0]
+        super().__init__(
+            f"{url}: no such bucket {self.bucket!r} (the store says it does not exist): check the "
+            "bucket's name in the URL and the endpoint_url in storage_options"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.url,)
+
+
+def missing(url: str, code: str = "") -> FileNotFoundError:
+    """A missing file; ``code`` an S3 error code (``NoSuchBucket``: its bucket is missing)."""
+    if code == "NoSuchBucket":
+        return MissingBucketError(url)
     return SourceMissingError(f"{url}: no such file (named by the source's urls)")
+
+
+def read_only(url: str) -> UnsupportedError:
+    """A write asked of an http(s) URL (read-only): where to write instead."""
+    return UnsupportedError(
+        f"cannot write {url}: http(s) URLs are read-only; give --out a local folder or an "
+        "object store location (s3://, gs://) and serve it beside the files"
+    )
+
+
+def index_command(location: str, refresh: bool = True) -> str:
+    """The command that refreshes (``refresh``) or completes the stored index at
+    ``location``: run on that folder or into it, or, for an index served over
+    http(s) (read-only), into a local folder served there afterwards."""
+    if location.split("://", 1)[0].lower() in ("http", "https"):
+        return (
+            "`python -m distshard index URLS --out DIR` into a local folder DIR (http(s) is read-only), "
+            f"then serve DIR as {location}"
+        )
+    return (
+        f"`python -m distshard index {location}`" if refresh else f"`python -m distshard index URLS --out {location}`"
+    )
 
 
 def changed_error(url: str, what: str, stored: str | None = None) -> ValueError:
@@ -87,7 +160,7 @@ def changed_error(url: str, what: str, stored: str | None = None) -> ValueError:
         location = stored.rsplit("/", 1)[0]
         return SourceChangedError(
             f"{url} changed after the stored index at {location} was written ({what}); refusing to read it "
-            f"with a stale index: refresh it with `python -m distshard index {location}`"
+            f"with a stale index: refresh it with {index_command(location)}"
         )
     return SourceChangedError(
         f"{url} changed after it was indexed ({what}); refusing to read it with a stale index: "
@@ -275,8 +348,8 @@ def s3_error(url: str, what: str, code: str, status: int) -> Exception | None:
     these: the caller raises the store's own error)."""
     if code in ("PreconditionFailed", "412") or status == 412:
         return Changed("the store's version no longer matches the indexed ETag")
-    if code in ("NoSuchKey", "404", "NotFound") or status == 404:
-        return missing(url)
+    if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
+        return missing(url, code)
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
         return PermissionError(
             f"{url}: access denied ({code or status}) reading {what}: check the credentials in "
@@ -289,25 +362,84 @@ def s3_error(url: str, what: str, code: str, status: int) -> Exception | None:
     return None
 
 
+#: the attribute a retry's log record carries: the request retried (URL and what was asked)
+RETRY = "distshard_retry"
+
+#: seconds after which a client's first request in this process is logged as slow
+SLOW_FIRST_REQUEST = 2.0
+
+
+class FirstRequest:
+    """A client's first request in this process, timed from the start of its first
+    attempt to that attempt's outcome, whatever it is: an answer, an error status
+    (the 404 of the look for a stored index's manifest, usually a job's first
+    request), a failure to connect, no answer. Logged as a WARNING when it took
+    :data:`SLOW_FIRST_REQUEST` seconds or more (the client's set-up included:
+    connection, TLS, credentials); later requests are not timed."""
+
+    __slots__ = ("protocol", "pending", "lock")
+
+    def __init__(self, protocol: str) -> None:
+        self.protocol, self.pending, self.lock = protocol, True, threading.Lock()
+
+    def done(self, attempts: Attempts, failure: BaseException | None = None) -> None:
+        """The outcome of an attempt of ``attempts`` (``failure`` ``None``: answered)."""
+        if not self.pending:
+            return
+        with self.lock:
+            if not self.pending:
+                return
+            self.pending = False
+        seconds = time.monotonic() - attempts.started
+        if seconds < SLOW_FIRST_REQUEST:
+            return
+        if failure is None:
+            outcome = "answered"
+        elif isinstance(failure, (TimeoutError, concurrent.futures.TimeoutError)) and not str(failure):
+            outcome = f"no answer within {attempts.options.timeout:g} s"
+        else:
+            outcome = f"failed: {type(failure).__name__}: {failure}"
+        log.warning(
+            "the first request to %s:// in this process took %.1f s (%s %s: %s; client set-up included)",
+            self.protocol,
+            seconds,
+            attempts.url,
+            attempts.what,
+            outcome,
+        )
+
+
 class Attempts:
     """One request's retries, whichever client runs them: each failure is
     classified (:meth:`failed`: a changed file, a missing one, a refusal or a bad
     argument raise at once; a transient one is recorded), the next wait is given
     (exponential backoff from 50 ms, jittered, at most 5 s) while ``retries`` and
     ``retry_seconds`` allow, then :meth:`error` names the URL, what was asked,
-    the attempts and the last failure."""
+    the attempts and the last failure. ``first``: the client's :class:`FirstRequest`,
+    told every outcome (:meth:`answered`, :meth:`failed`)."""
 
-    __slots__ = ("url", "what", "options", "stored", "started", "delay", "failures")
+    __slots__ = ("url", "what", "options", "stored", "started", "delay", "failures", "first", "reached")
 
-    def __init__(self, url: str, what: str, options: ReadOptions, stored: str | None = None) -> None:
+    def __init__(
+        self, url: str, what: str, options: ReadOptions, stored: str | None = None, first: FirstRequest | None = None
+    ) -> None:
         self.url, self.what, self.options, self.stored = url, what, options, stored
         self.started = time.monotonic()
         self.delay = 0.05
         self.failures: list[str] = []
+        self.first = first
+        self.reached = False  # whether an attempt got further than failing to connect
+
+    def answered(self) -> None:
+        """An attempt succeeded."""
+        if self.first is not None:
+            self.first.done(self)
 
     def failed(self, exc: BaseException) -> float | None:
         """Record ``exc`` (raised from here when it is not worth retrying); the
         seconds to wait before the next attempt, or ``None`` when none is left."""
+        if self.first is not None:
+            self.first.done(self, exc)
         if isinstance(exc, Changed):
             raise changed_error(self.url, str(exc), self.stored) from None
         if isinstance(exc, Transient):
@@ -320,11 +452,17 @@ class Attempts:
             self.failures.append(f"{type(exc).__name__}: {exc}")
         else:
             raise exc
+        self.reached = self.reached or not no_connection(exc)
         elapsed = time.monotonic() - self.started
         if len(self.failures) > self.options.retries or elapsed + self.delay > self.options.retry_seconds:
             return None
         log.warning(
-            "retrying %s %s (attempt %d failed: %s)", self.url, self.what, len(self.failures), self.failures[-1]
+            "retrying %s %s (attempt %d failed: %s)",
+            self.url,
+            self.what,
+            len(self.failures),
+            self.failures[-1],
+            extra={RETRY: f"{self.url} {self.what}"},
         )
         wait = self.delay * (0.5 + random.random() / 2)
         self.delay = min(self.delay * 2, 5.0)
@@ -332,6 +470,12 @@ class Attempts:
 
     def error(self) -> RemoteReadError:
         n = len(self.failures)
+        if not self.reached:
+            return StoreUnreachable(
+                f"{self.url}: {self.what}: could not connect to the store ({n} attempt{'s' if n != 1 else ''} in "
+                f"{time.monotonic() - self.started:.1f} s; last: {self.failures[-1] if self.failures else '?'}): "
+                "check the host in the URL, the endpoint_url in storage_options and the network"
+            )
         return RemoteReadError(
             f"{self.url}: {self.what}: {n} attempt{'s' if n != 1 else ''} failed in "
             f"{time.monotonic() - self.started:.1f} s (retries={self.options.retries}, retry_seconds="

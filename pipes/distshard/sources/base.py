@@ -41,6 +41,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
 from ..waits import WaitTimeout
 from ._lru import LRU
+from .answers import index_command
 from .cache import FileCache, range_cache
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, identify, key_of, local_path
@@ -664,8 +665,8 @@ class FileSourceIterDataPipe(IterDataPipe):
             return None  # (local files: the per-machine cache is enough)
         if self._stored is not None:
             return (
-                f"the stored index at {self._stored.location} lacks {self._indexed_here} of these files: "
-                f"`python -m distshard index URLS --out {self._stored.location}` would add them"
+                f"the stored index at {self._stored.location} lacks {self._indexed_here} of these files; "
+                f"to add them: {index_command(self._stored.location, refresh=False)}"
             )
         from .manifest import default_location
 

@@ -14,6 +14,14 @@ interrupted build goes on where its last pack ended: a file an earlier build
 listed is not read again while it is the same version (one metadata request).
 The manifest lists the files of this build and those an earlier build of the
 same folder listed.
+
+A file that cannot be indexed is reported and the others go on
+(:class:`IndexBuildError` names them all at the end), unless its failure is not
+the file's but the store's or the credentials' (a missing bucket, a store no
+attempt could connect to, access denied): then the files not started are not
+read, and the error says so (``could_not_run``). A destination that cannot be
+written (http(s), a local path without a folder one may write) is refused before
+any file is read.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..errors import OptionError, SourceMissingError, UnsupportedError
+from ..errors import DistshardError, OptionError, SourceMissingError, UnsupportedError
 from . import manifest
-from .files import FileAccess, FileRef, file_identity, identify
+from .answers import MissingBucketError, StoreUnreachable, read_only
+from .files import FileAccess, FileRef, file_identity, identify, local_path
 from .index import dumps, load_cached
 from .jsonl import JsonlFormat
 from .manifest import StoredFile
@@ -39,7 +48,7 @@ from .pruning import Pruned, check_grace, prune_packs
 from .tar import TarFormat
 from .urls import expand_urls, is_remote
 
-__all__ = ["Built", "build_stored_index", "format_named", "format_of", "named_packs"]
+__all__ = ["Built", "IndexBuildError", "build_stored_index", "format_named", "format_of", "named_packs"]
 
 log = logging.getLogger("distshard")
 
@@ -92,6 +101,51 @@ class Built:
     seconds: float
     total_bytes: int
     pruned: Pruned | None = field(default=None)
+
+
+class IndexBuildError(DistshardError, OSError):
+    """Files that could not be indexed (``failures``: ``"url: error"`` each, of
+    ``total`` files). ``could_not_run``: the build stopped at a failure that is
+    not a file's but the store's or the credentials' (a missing bucket, no
+    connection to the store, access denied), told first. ``listed``: how many
+    files the manifest written at ``location`` lists (0: nothing was written)."""
+
+    def __init__(self, failures: list[str], total: int, location: str, listed: int, stop: str | None) -> None:
+        self.failures, self.total, self.location, self.listed = failures, total, location, listed
+        self.could_not_run = stop is not None
+        kept = f"the manifest at {location} lists {listed} files" if listed else f"nothing was written to {location}"
+        if stop is not None:
+            message = f"{stop} ({kept}; run the command again once that is fixed)"
+        else:
+            shown = "\n  ".join(failures[:20]) + (
+                f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+            )
+            again = ": run the command again to retry them" if listed else ""
+            message = f"{len(failures)} of {total} files could not be indexed ({kept}{again}):\n  {shown}"
+        super().__init__(message)
+
+
+def _stops(url: str, exc: BaseException) -> bool:
+    """Whether the failure of the file ``url`` is the store's or the credentials',
+    not the file's: the build stops (the other files would fail the same way)."""
+    return isinstance(exc, (MissingBucketError, StoreUnreachable)) or (
+        isinstance(exc, PermissionError) and is_remote(url)
+    )
+
+
+def _check_writable(location: str) -> None:
+    """Refuse, before any file is read, a destination the build cannot write:
+    http(s) (read-only), or a local path whose nearest existing folder this process
+    may not write into (an object store answers the first write)."""
+    if location.split("://", 1)[0].lower() in ("http", "https"):
+        raise read_only(location)
+    if is_remote(location):
+        return
+    path = os.path.abspath(local_path(location))
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {location} ({path} is not a folder you can write): give --out one")
 
 
 #: a pack (and the manifest naming it) is written when it holds this many bytes of
@@ -212,6 +266,7 @@ def build_stored_index(
     storage_options = _pooled(storage_options, urls, workers or REMOTE_WORKERS)
     access = FileAccess(storage_options=dict(storage_options) if storage_options else None)
     location = out.rstrip("/") if out else manifest.default_location(urls)
+    _check_writable(location)
     if previous is None:
         try:
             previous = manifest.load(location, access)
@@ -219,7 +274,11 @@ def build_stored_index(
             log.info("%s: %s; indexing every file again", location, exc)
     build = _Build(location, access, urls, formats, previous, storage_options, progress)
     with _executor(remote, len(urls), workers) as pool:
-        build.run(pool)
+        try:
+            build.run(pool)
+        except BaseException:  # (a pack that cannot be written, Ctrl-C): the files not started are not read
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     built = build.finish()
     if prune_after is not None and built.files:
         built.pruned = prune_packs(location, named_packs(built.files), prune_after, storage_options)
@@ -278,6 +337,7 @@ class _Build:
         self.done: dict[str, StoredFile] = {}
         self.built = self.total_bytes = 0
         self.errors: list[str] = []
+        self.stop: str | None = None  # the failure that stopped the build (see _stops)
         self.started = time.monotonic()
 
     def write_manifest(self) -> list[StoredFile]:
@@ -312,20 +372,33 @@ class _Build:
         while futures:
             for future in as_completed(list(futures)):
                 url, checking = futures.pop(future)
+                if future.cancelled():
+                    continue
                 try:
                     result = future.result()
                 except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest kept
-                    self.errors.append(f"{url}: {type(exc).__name__}: {exc}")
+                    self.failed(url, exc, futures)
                     continue
                 if checking:
                     if result:  # still the indexed version: listed as it is
                         self.done[url] = self.listed[url]
                         self.finished(self.listed[url])
                         continue
-                    future, what = self.index(pool, url)
-                    futures[future] = what
-                    break  # wait for it with the others
+                    if self.stop is None:
+                        future, what = self.index(pool, url)
+                        futures[future] = what
+                        break  # wait for it with the others
+                    continue
                 self.add(*result)
+
+    def failed(self, url: str, exc: BaseException, pending: Mapping[Future[Any], Any]) -> None:
+        """A file's failure, reported; one of the store's stops the build: the
+        files not started yet are not read."""
+        self.errors.append(f"{url}: {type(exc).__name__}: {exc}")
+        if self.stop is None and _stops(url, exc):
+            self.stop = str(exc)
+            for future in pending:
+                future.cancel()
 
     def add(self, item: StoredFile, data: bytes) -> None:
         self.packs.add(item, data)
@@ -350,10 +423,7 @@ class _Build:
             seconds,
         )
         if self.errors:
-            raise OSError(
-                f"{len(self.errors)} of {len(self.urls)} files could not be indexed (the others are in "
-                f"{self.location}; run the command again to retry them):\n  " + "\n  ".join(self.errors[:20])
-            )
+            raise IndexBuildError(self.errors, len(self.urls), self.location, len(files), self.stop)
         return Built(self.location, files, self.built, seconds, self.total_bytes)
 
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..digests import blake2b_hex
 from ..errors import SourceDataError, SourceMissingError
+from .answers import MissingBucketError, index_command
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
 from .urls import is_remote
 
@@ -190,7 +191,7 @@ def parse(location: str, data: bytes) -> Stored:
     if raw.get("version") not in READS:
         raise SourceDataError(
             f"{where}: manifest version {raw.get('version')!r}, this distshard reads "
-            f"{' and '.join(map(str, READS))}: rebuild it with `python -m distshard index {location}`"
+            f"{' and '.join(map(str, READS))}: rebuild it with {index_command(location)}"
         )
     packs = raw.get("packs") or []
     files: dict[str, StoredFile] = {}
@@ -225,9 +226,12 @@ def location_of(index: str) -> str:
 
 
 def load(location: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | None:
-    """The stored index at ``location`` (one request), or ``None`` if there is none."""
+    """The stored index at ``location`` (one request), or ``None`` if there is none
+    (a missing bucket raises: nothing can be stored there)."""
     try:
         data = read(join(location, MANIFEST), access)
+    except MissingBucketError:
+        raise
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     return parse(location, data)

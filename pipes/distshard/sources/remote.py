@@ -45,13 +45,22 @@ import logging
 import os
 import re
 import threading
-import time
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..errors import OptionError, UnsupportedError
 from .answers import CONTENT_RANGE as _CONTENT_RANGE
-from .answers import RETRY_STATUS, Attempts, RemoteReadError, RemoteReadTimeout, http_change, s3_error, wait_bound
+from .answers import (
+    RETRY_STATUS,
+    Attempts,
+    FirstRequest,
+    RemoteReadError,
+    RemoteReadTimeout,
+    http_change,
+    read_only,
+    s3_error,
+    wait_bound,
+)
 from .answers import Changed as _Changed
 from .answers import Pending as _Pending
 from .answers import Transient as _Transient
@@ -65,9 +74,6 @@ from .answers import suffix_answer as _suffix_answer
 from .options import ReadOptions
 
 log = logging.getLogger("distshard")
-
-#: seconds after which this process's first answer from a store is logged as slow
-SLOW_FIRST_REQUEST = 2.0
 
 __all__ = [
     "STATS",
@@ -345,7 +351,7 @@ class Client:
         self._fs_lock = threading.Lock()  # threads that index files at once make one filesystem
         self._checked: dict[str, tuple[int, str]] = {}  # generic stores: identity checked per process
         self._semaphores: dict[int, asyncio.Semaphore] = {}
-        self._answered = False  # the first answer is timed (a slow one is logged)
+        self._first = FirstRequest(protocol)  # the first request is timed (a slow one is logged)
         self._no_suffix: set[str] = set()  # hosts (buckets) that did not answer a suffix range (see tail)
 
     @property
@@ -735,30 +741,19 @@ class Client:
     def put(self, url: str, data: bytes) -> None:
         """Write a whole object (a stored index's entry or manifest)."""
         if self.kind == "http":
-            raise UnsupportedError(
-                f"cannot write {url}: http(s) URLs are read-only; give --out a local folder or an "
-                "object store location (s3://, gs://) and serve it beside the files"
-            )
-        self.fs.pipe_file(self.path_of(url), data)
-
-    def _first_answer(self, url: str, what: str, started: float) -> None:
-        """Log this process's first answer of this client if it was slow."""
-        if self._answered:
-            return
-        self._answered = True
-        seconds = time.monotonic() - started
-        if seconds >= SLOW_FIRST_REQUEST:
-            log.warning(
-                "the first request to %s:// in this process took %.1f s (%s %s; client set-up included)",
-                self.protocol,
-                seconds,
-                url,
-                what,
-            )
+            raise read_only(url)
+        try:
+            self.fs.pipe_file(self.path_of(url), data)
+        except FileNotFoundError as exc:
+            raise _bucket_missing(url, exc) from None
 
     def glob(self, pattern: str) -> list[str]:
         fs = self.fs
-        return sorted(fs.unstrip_protocol(p) if self.kind != "http" else p for p in fs.glob(self.path_of(pattern)))
+        try:
+            found = fs.glob(self.path_of(pattern))
+        except FileNotFoundError as exc:
+            raise _bucket_missing(pattern, exc) from None
+        return sorted(fs.unstrip_protocol(p) if self.kind != "http" else p for p in found)
 
     # -- retries ------------------------------------------------------------------------------------
     async def _retrying(
@@ -769,11 +764,11 @@ class Client:
         options: ReadOptions,
         stored: str | None = None,
     ) -> T:
-        attempts = Attempts(url, what, options, stored)
+        attempts = Attempts(url, what, options, stored, self._first)
         while True:
             try:
                 value = await asyncio.wait_for(attempt(), options.timeout)
-                self._first_answer(url, what, attempts.started)
+                attempts.answered()
                 return value
             except asyncio.TimeoutError:
                 wait = attempts.failed(TimeoutError())
@@ -838,6 +833,14 @@ async def _s3_call(url: str, what: str, call: Awaitable[Any]) -> Any:
         if meant is None:
             raise
         raise meant from None
+
+
+def _bucket_missing(url: str, exc: FileNotFoundError) -> FileNotFoundError:
+    """What s3fs's ``FileNotFoundError`` meant: a missing bucket when the S3 error
+    it was made from (its cause) says ``NoSuchBucket``, else ``exc`` itself."""
+    response = getattr(exc.__cause__, "response", None)
+    code = str(((response or {}).get("Error") or {}).get("Code", "")) if isinstance(response, dict) else ""
+    return _missing(url, code) if code == "NoSuchBucket" else exc
 
 
 def _identity_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:

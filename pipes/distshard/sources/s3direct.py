@@ -53,10 +53,13 @@ from xml.etree import ElementTree
 from .answers import (
     Attempts,
     Changed,
+    FirstRequest,
     Pending,
     Transient,
+    Unreached,
     check_content_range,
     exact,
+    no_connection,
     s3_error,
     strong_etag,
     suffix_answer,
@@ -350,7 +353,7 @@ class DirectS3Client:
         self._fallback_lock = threading.Lock()
         self._regions: dict[str, str] = {}  # buckets answered from another region (real AWS)
         self._process = _Process()
-        self._answered = False
+        self._first = FirstRequest(protocol)  # the first request is timed (a slow one is logged)
         self._no_suffix: set[str] = set()  # buckets that did not answer a suffix range (see tail)
 
     def __repr__(self) -> str:
@@ -500,7 +503,8 @@ class DirectS3Client:
                     self._drop(state, host, conn)
                     if isinstance(exc, TimeoutError):
                         raise
-                    raise Transient(f"{type(exc).__name__}: {exc}") from None
+                    kind = Unreached if no_connection(exc) else Transient
+                    raise kind(f"{type(exc).__name__}: {exc}") from None
                 if response.will_close:
                     self._drop(state, host, conn)
                 break
@@ -538,27 +542,17 @@ class DirectS3Client:
     def _retrying(
         self, url: str, what: str, attempt: Callable[[], T], options: ReadOptions, stored: str | None = None
     ) -> T:
-        attempts = Attempts(url, what, options, stored)
+        attempts = Attempts(url, what, options, stored, self._first)
         while True:
             try:
                 value = attempt()
-                self._first_answer(url, what, attempts.started)
+                attempts.answered()
                 return value
             except Exception as exc:  # noqa: BLE001 - classified (and raised when not transient) by Attempts
                 wait = attempts.failed(exc)
             if wait is None:
                 raise attempts.error()
             time.sleep(wait)
-
-    def _first_answer(self, url: str, what: str, started: float) -> None:
-        if self._answered:
-            return
-        self._answered = True
-        seconds = time.monotonic() - started
-        if seconds >= 2.0:
-            log.warning(
-                "the first request to %s:// in this process took %.1f s (%s %s)", self.protocol, seconds, url, what
-            )
 
     # -- the interface --------------------------------------------------------------------------
     def _botocores(self, url: str) -> bool:

@@ -23,7 +23,7 @@ import random
 import time
 from typing import Any
 
-from .answers import RemoteReadError, Transient, looks_transient
+from .answers import RETRY, RemoteReadError, Transient, looks_transient
 from .files import FileAccess, FileRef
 
 __all__ = ["Body", "open_body", "streams"]
@@ -143,6 +143,12 @@ def index_streamed(fmt: Any, url: str, access: FileAccess) -> tuple[FileRef, Any
                 f"{url}: the whole file: {attempt} attempt{'s' if attempt != 1 else ''} failed in "
                 f"{time.monotonic() - started:.1f} s; last: {failure}"
             )
-        log.warning("retrying %s the whole file (attempt %d failed: %s)", url, attempt, failure)
+        log.warning(
+            "retrying %s the whole file (attempt %d failed: %s)",
+            url,
+            attempt,
+            failure,
+            extra={RETRY: f"{url} the whole file"},
+        )
         time.sleep(delay * (0.5 + random.random() / 2))
         delay = min(delay * 2, 5.0)
