@@ -42,6 +42,7 @@ from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDat
 from ..waits import WaitTimeout
 from ._lru import LRU
 from .cache import FileCache, range_cache
+from .confirm import confirm, listable, raise_verdict
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, identify, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
@@ -249,6 +250,7 @@ class SourceSequence(Sequence):
         self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
         self._known: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
         self._kept: dict[str, bytes] = {}  # stored entries the rank fetched for its workers (pickled with it)
+        self._verdicts: dict[int, tuple[str, str] | None] = {}  # files checked against the store (see confirm)
         self._pid = os.getpid()
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
@@ -305,9 +307,8 @@ class SourceSequence(Sequence):
             yield from self._read_each(positions)
             return
         options = self.access.options
-        fetch = ReadAhead(
-            options, self._handle, [options.max_gap if remote else 0 for remote in self._remote], self._range_cache()
-        )
+        gaps = [options.max_gap if remote else 0 for remote in self._remote]
+        fetch = ReadAhead(options, self._handle, gaps, self._range_cache(), self.confirm)
 
         entries = _EntryPrefetch(self)
 
@@ -342,6 +343,40 @@ class SourceSequence(Sequence):
             return cache.file(ref.url, ref.size, ref.stamp)
 
         return of
+
+    def confirm(self, f: int) -> None:
+        """Before remote file ``f``'s first range is served from the local cache in
+        this process: raise unless the store still holds the version the cache is
+        keyed by (see :mod:`.confirm`). An identity this job asked the store for is
+        confirmed; one from a stored index is checked by a listing (S3: every file
+        of its folder at once, or the verdicts the rank made before its workers
+        started) or one identity request (elsewhere), once per process."""
+        ref = self._resolved.get(f) or self.refs[f]
+        if ref.stored is None:
+            return
+        if f not in self._verdicts:
+            self._verdicts.update(confirm(self.fmt, self.refs, [f], self.access))
+        raise_verdict(self._verdicts[f])
+
+    def _confirm_ahead(self, later: Iterable[Iterable[int]]) -> None:
+        """In a rank, before its workers start: the verdicts of the files its slots
+        read that a listing confirms (S3), one listing per folder, kept for the
+        workers; only when the local cache holds something (else nothing is hit)."""
+        options = self.access.options
+        cache = range_cache(options.cache_dir, options.cache_bytes)
+        if cache is None or not cache.holds_any():
+            return
+        files = {
+            f
+            for files in later
+            for f in files
+            if self._remote[f]
+            and self.refs[f].stored is not None
+            and listable(self.refs[f])
+            and f not in self._verdicts
+        }
+        if files:
+            self._verdicts.update(confirm(self.fmt, self.refs, files, self.access))
 
     def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
         last: tuple[int, list[tuple[int, int]], list[memoryview]] | None = None
@@ -447,6 +482,7 @@ class SourceSequence(Sequence):
                     seen.add(f)
                     files.append(f)
             later.append(files)
+        self._confirm_ahead(later)
         firsts = [files[0] for files in later if files]  # what each slot's first range needs
         needed = [f for f in dict.fromkeys(firsts) if fetchable(f)]
         needed = [f for f in needed if load_cached(self.fmt.name, self.refs[f], header_only=True) is None]
