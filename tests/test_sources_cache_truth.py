@@ -9,6 +9,7 @@ Against the loopback HTTP range server and moto's S3 server (both clients)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import Counter
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import distshard
 from distshard.sources import ReadOptions, jsonl, webdataset
 from distshard.sources._lru import clear_all
 from tests.range_server import served as server  # noqa: F401  (a fixture)
@@ -134,3 +136,69 @@ def test_a_damaged_cache_entry_is_dropped_fetched_again_stored_again_and_logged(
     clear_all()
     assert list(jsonl(urls, read_options=read).dist_shard()) == expected  # replaced: the next epoch is served
     assert server.settle().requests["GET"] == 1 and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("where", ["local", "http-stored"])
+def test_plain_iteration_refuses_a_changed_file_as_the_sharded_path_does(tmp_path, server, monkeypatch, where):
+    """Issue 28, item 7: once ``len()`` counted the files, plain iteration (no
+    ``dist_shard``) checks each file's identity before its first sample: a changed
+    file raises the same error as the sharded path, never new samples under the old
+    count; untouched, it yields exactly what ``len()`` says."""
+    paths, expected = write_jsonl(tmp_path / "data", files=3, lines=10)
+    if where == "local":
+        urls = list(paths)
+    else:
+        from distshard.__main__ import main
+
+        urls = [server.url(p) for p in paths]
+        assert main(["index", *urls, "--out", str(tmp_path / "data" / ".distshard")]) == 0
+        fresh_machine(monkeypatch, tmp_path, "node")
+    source = jsonl(urls)
+    assert len(source) == len(expected) and list(source) == expected
+    changed = Path(paths[1])
+    with open(changed, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"f": 1, "i": "new"}) + "\n")
+    got = []
+    refresh = "python -m distshard index" if where != "local" else "build the source again"
+    with pytest.raises(ValueError, match=rf"part-001\.jsonl changed after .*{refresh}") as plain:
+        got.extend(source)
+    assert got == expected[:10]  # the first file's samples, none of the changed one's
+    with pytest.raises(ValueError, match=rf"part-001\.jsonl changed after .*{refresh}") as sharded:
+        list(source.dist_shard())
+    assert type(plain.value) is type(sharded.value)
+
+
+def test_a_local_copy_with_its_stored_index_says_its_entries_are_not_used_until_refreshed(
+    tmp_path, monkeypatch, caplog
+):
+    """Issue 28, item 6: a folder copied with its ``.distshard/`` (mtimes kept, so
+    the stamps match, but an mtime does not identify the bytes): the entries are not
+    used, and ``describe()``, ``explain()`` and a WARNING say so and name the
+    refresh, which makes the copy's index its own."""
+    import shutil
+
+    from distshard.__main__ import main
+    from distshard.sources.jsonl import JsonlFormat
+
+    paths, expected = write_jsonl(tmp_path / "a", files=2, lines=10)
+    assert main(["index", str(tmp_path / "a" / "part-*.jsonl")]) == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # copy2: mtimes kept
+    built = []
+    real = JsonlFormat.build_index
+    monkeypatch.setattr(JsonlFormat, "build_index", lambda self, ref, *a: built.append(ref.url) or real(self, ref, *a))
+    fresh_machine(monkeypatch, tmp_path, "node")
+    caplog.set_level(logging.WARNING, logger="distshard")
+    source = jsonl(str(tmp_path / "b" / "part-*.jsonl"))
+    pipe = source.dist_shard()
+    assert list(pipe) == expected
+    assert len(built) == 2  # each file indexed by the job itself
+    words = f"was written for the files at {tmp_path / 'a'} (a copy of the dataset?)"
+    assert words in source.describe() and words in str(distshard.explain(pipe))
+    assert f"python -m distshard index {tmp_path / 'b' / '.distshard'}" in source.describe()
+    assert [r for r in caplog.records if r.levelno == logging.WARNING and words in r.getMessage()]
+    assert main(["index", str(tmp_path / "b" / ".distshard")]) == 0  # the refresh it names
+    fresh_machine(monkeypatch, tmp_path, "node2")
+    built.clear()
+    again = jsonl(str(tmp_path / "b" / "part-*.jsonl"))
+    assert list(again.dist_shard()) == expected and built == []
+    assert "written for" not in again.describe() and "index stored at" in again.describe()

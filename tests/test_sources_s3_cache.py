@@ -111,3 +111,27 @@ def test_a_stale_stored_index_on_s3_is_refused_though_the_cache_holds_its_bytes(
     bucket.delete_object(Bucket=BUCKET, Key="c/shard-000001.tar")
     with pytest.raises(FileNotFoundError, match=r"shard-000001\.tar.*python -m distshard index"):
         list(job("job4", workers=2))
+
+
+def test_a_dataset_copied_with_its_stored_index_keeps_its_entries(tmp_path, bucket, endpoint, monkeypatch):
+    """Issue 28, item 6: data and ``.distshard/`` copied to another prefix (the same
+    ETags: S3's MD5 of the bytes): the entries are matched by size and ETag, no file
+    is indexed by the job, and ``describe()`` says where the index was written for."""
+    from distshard.sources.tar import TarFormat
+
+    paths, expected = write_shards(tmp_path / "data", shards=3, per_shard=2)
+    upload(bucket, paths, "a")
+    options = {"endpoint_url": endpoint}
+    assert main(["index", f"s3://{BUCKET}/a/shard-*.tar", "--storage-options", json.dumps(options)]) == 0
+    for item in bucket.list_objects_v2(Bucket=BUCKET, Prefix="a/")["Contents"]:
+        bucket.copy_object(Bucket=BUCKET, Key="b/" + item["Key"][2:], CopySource={"Bucket": BUCKET, "Key": item["Key"]})
+    built = []
+    real = TarFormat.build_index
+    monkeypatch.setattr(TarFormat, "build_index", lambda self, ref, *a: built.append(ref.url) or real(self, ref, *a))
+    fresh_machine(monkeypatch, tmp_path, "node")
+    source = distshard.webdataset(f"s3://{BUCKET}/b/shard-*.tar", storage_options=options)
+    assert keys(source.dist_shard(shuffle=True)) == keys({**s, "__url__": Path(s["__url__"]).name} for s in expected)
+    assert built == [] and source._indexed_here == 0
+    assert f"index stored at s3://{BUCKET}/b/.distshard (written for s3://{BUCKET}/a: its entries matched" in (
+        source.describe()
+    )

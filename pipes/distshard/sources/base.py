@@ -44,7 +44,7 @@ from ._lru import LRU
 from .cache import FileCache, range_cache
 from .confirm import confirm, listable, raise_verdict
 from .fetch import ReadAhead, Request
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, identify, key_of, local_path
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
 from .manifest import Stored
 from .options import ReadOptions
@@ -632,8 +632,25 @@ class FileSourceIterDataPipe(IterDataPipe):
             warm_up(first_remote, storage_options)
 
     def __iter__(self) -> Iterator[Any]:
-        for url in self.urls:
-            yield from self.fmt.stream(url, self.access)
+        """Every sample of every file, in order. Once the source knows its files
+        (``len()``, ``dist_shard``, built under ``torch.distributed``), each file is
+        first checked against the identity it was counted with (a ``stat``; a
+        metadata request remotely), as the sharded path checks it: a changed file
+        raises before any of its samples, and a file that yields another count
+        than ``len()`` counted raises at its end."""
+        summary = self._summary
+        for k, url in enumerate(self.urls):
+            if summary is None:
+                yield from self.fmt.stream(url, self.access)
+                continue
+            ref, count = summary[k]
+            if ref.size is not None:
+                check_identity(ref, *identify(self.fmt, url, self.access), "iterate")
+            n = 0
+            for n, sample in enumerate(self.fmt.stream(url, self.access), 1):  # noqa: B007 - counted
+                yield sample
+            if n != count:
+                raise count_error(url, n, count, key_of(url) in {key_of(u) for u in self.declared})
 
     # -- the index ------------------------------------------------------------------
     @property
@@ -663,6 +680,10 @@ class FileSourceIterDataPipe(IterDataPipe):
                 self.stored_location,
                 self.access,
             )
+            if self._stored is not None and not self._stored.entries_usable():
+                from .manifest import moved_words
+
+                log.warning(moved_words(self._stored.location, self._stored.moved_from))
             todo = [url for url in self.urls if key_of(url) not in declared and url not in found]
             started = time.monotonic()
             found.update(
@@ -707,6 +728,17 @@ class FileSourceIterDataPipe(IterDataPipe):
 
         where = self.stored_location or default_location(self.urls)
         return f"no stored index at {where}: `python -m distshard index URLS` would make the next start fast"
+
+    def _moved_words(self) -> str:
+        """What ``describe()`` says of a stored index read elsewhere than it was written for."""
+        stored = self._stored
+        if stored is None or stored.moved_from is None:
+            return ""
+        if stored.entries_usable():
+            return f" (written for {stored.moved_from}: its entries matched by size and S3 ETag)"
+        from .manifest import moved_words
+
+        return f", but {moved_words(stored.location, stored.moved_from)}"
 
     def _declared_ref(self, url: str, count: int) -> FileRef:
         """A file counted by a shard index. Local files are looked at (a ``stat``,
@@ -764,7 +796,7 @@ class FileSourceIterDataPipe(IterDataPipe):
             text = f"{text}, {self.fmt.access}, read ahead in ranges of up to {self.access.options.max_range >> 20} MiB"
             hint = self.stored_hint()
             if self._stored is not None:
-                text += f"; index stored at {self._stored.location}"
+                text += f"; index stored at {self._stored.location}{self._moved_words()}"
             first_remote = next((url for url in self.urls if is_remote(url)), None)
             if first_remote is not None:
                 from .remote import s3_client_choice
