@@ -681,9 +681,9 @@ class FileSourceIterDataPipe(IterDataPipe):
                 self.access,
             )
             if self._stored is not None and not self._stored.entries_usable():
-                from .manifest import moved_words
+                from .manifest import warn_moved
 
-                log.warning(moved_words(self._stored.location, self._stored.moved_from))
+                warn_moved(self._stored.location, self._stored.moved_from)
             todo = [url for url in self.urls if key_of(url) not in declared and url not in found]
             started = time.monotonic()
             found.update(

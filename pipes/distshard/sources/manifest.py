@@ -81,6 +81,7 @@ class Stored:
     location: str
     files: Mapping[str, StoredFile]
     root: str | None = None
+    relative: bool = False  # some files are named relative to the root (so they move with it)
 
     def get(self, url: str) -> StoredFile | None:
         return self.files.get(key_of(url))
@@ -89,7 +90,9 @@ class Stored:
     def moved_from(self) -> str | None:
         """The folder the index was written for when it is read elsewhere now (a
         dataset copied with its ``.distshard/``): its entries name the files there."""
-        return self.root if self.root is not None and self.root != parent(self.location) else None
+        if not self.relative or self.root is None or self.root == parent(self.location):
+            return None  # (files named by their URLs or absolute paths are where they were)
+        return self.root
 
     def entries_usable(self) -> bool:
         """Whether the entries serve the files where they are now: not moved, or
@@ -222,9 +225,12 @@ def parse(location: str, data: bytes) -> Stored:
         )
     packs = raw.get("packs") or []
     files: dict[str, StoredFile] = {}
+    relative = False
     for position, item in enumerate(raw.get("files") or []):
         try:
-            url = resolve(location, str(item["url"]))
+            name = str(item["url"])
+            relative = relative or not (is_remote(name) or os.path.isabs(name))
+            url = resolve(location, name)
             if "entry" in item:
                 entry = join(location, posixpath.basename(str(item["entry"])))
             else:
@@ -238,7 +244,7 @@ def parse(location: str, data: bytes) -> Stored:
             raise SourceDataError(f"{where}: files[{position}] is malformed: {item!r}") from None
         files[key_of(url)] = stored
     root = raw.get("root")
-    return Stored(location, files, root if isinstance(root, str) else None)
+    return Stored(location, files, root if isinstance(root, str) else None, relative)
 
 
 def _count(value: Any) -> int:
@@ -335,14 +341,18 @@ def fetch_entry(
         return None
     if identifies_content(ref.url, ref.stamp or ""):
         return moved
-    location = ref.stored.split("#", 1)[0].rsplit("/", 1)[0]
-    if location not in _WARNED:
-        _WARNED.add(location)
-        log.warning(moved_words(location, None))
+    warn_moved(ref.stored.split("#", 1)[0].rsplit("/", 1)[0], None)
     return None
 
 
 _WARNED: set[str] = set()  # stored indexes found moved, warned about once per process
+
+
+def warn_moved(location: str, root: str | None) -> None:
+    """The WARNING of :func:`moved_words`, once per process and stored index."""
+    if location not in _WARNED:
+        _WARNED.add(location)
+        log.warning(moved_words(location, root))
 
 
 def moved_words(location: str, root: str | None) -> str:
