@@ -884,6 +884,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
     if spec.source == "remote-parquet":
         source = remote_parquet(spec.n, spec.parquet, spec.fault_every)
         return Mapper(DistShardNode(source, **options), parquet_name)
+    if spec.source == "remote-jobs":
+        return DistShardNode(cache_jobs(spec.n, restore=False).source(), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":
