@@ -51,7 +51,11 @@ import distshard
 # included, each row named by a 1:1 map that checks its selected columns: "remote-parquet"
 # (``Spec.parquet`` picks the path: the footer in the suffix answer, a footer longer than it
 # asked by a second range checked against that identity, or a server that refuses suffix
-# ranges, asked a HEAD and the footer's range)
+# ranges, asked a HEAD and the footer's range); the file of "remote-stale" indexed by the
+# command and read over HTTP (no faults) through a local range cache that outlives the jobs
+# of a history, between which the file is rewritten at the same size or deleted (every read
+# must then refuse) or a cache entry is corrupted in place or truncated (exact: the entry
+# replaced; see CacheJobs): "remote-jobs"
 SOURCES = (
     "list",
     "list+map",
@@ -74,6 +78,7 @@ SOURCES = (
     "remote-s3",
     "remote-stale",
     "remote-parquet",
+    "remote-jobs",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -122,6 +127,7 @@ class Spec:
             "remote-s3",
             "remote-stale",
             "remote-parquet",
+            "remote-jobs",
             *MIXES,
         ) or (self.units and self.sized)
 
@@ -617,6 +623,99 @@ def remote_stale_jsonl(n: int):
     return distshard.jsonl(url, read_options=options)
 
 
+class CacheJobs:
+    """Jobs over :class:`Rewriter`'s version 1 of ``e{n}.jsonl``, indexed once by the
+    command into ``.distshard/`` beside it, read over HTTP (strong ETags, no faults)
+    through a local range cache (``cache_dir``) that outlives the jobs: between two
+    jobs (:meth:`between`) the file may be rewritten at the same size (a new ETag:
+    the stored index is stale) or deleted, or one of the cache's entries of it
+    corrupted in place or truncated; :meth:`restore` puts version 1 back (its mtime,
+    so its ETag: the index and the cache are valid again)."""
+
+    EVENTS = ("none", "flip-entry", "truncate-entry", "rewrite", "delete")
+
+    def __init__(self, root: Path, server: Any) -> None:
+        self.root, self.server, self.rewriter = root, server, Rewriter(root)
+        self.n = 0
+
+    def source(self) -> Any:
+        return distshard.jsonl(self.url, read_options=self.options)
+
+    @property
+    def url(self) -> str:
+        return self.server.url(self.rewriter.path(self.n))
+
+    @property
+    def options(self) -> Any:
+        return dataclasses.replace(small_reads(), cache_dir=str(self.root / "ranges"), cache_bytes=1 << 20)
+
+    def restore(self) -> None:
+        path = self.rewriter.path(self.n)
+        if not path.exists() or path.stat().st_mtime_ns != Rewriter.V1:
+            self.rewriter.write(path, "e")
+
+    def between(self, event: str) -> None:
+        """``event`` (one of :data:`EVENTS`), then a new job: this process's caches
+        emptied as a new process starts with none (the cache directory stays)."""
+        from distshard.sources._lru import clear_all
+        from distshard.sources.cache import _CACHES
+
+        path = self.rewriter.path(self.n)
+        if event == "rewrite":
+            self.rewriter.write(path, "x")
+        elif event == "delete":
+            path.unlink()
+        elif event in ("flip-entry", "truncate-entry"):
+            self.damage(event == "flip-entry")
+        clear_all()
+        _CACHES.clear()
+
+    def damage(self, in_place: bool) -> None:
+        """One stored range of the file: a byte of its data changed, or its end cut."""
+        from distshard.sources.cache import RangeCache
+        from distshard.sources.files import file_identity
+
+        found = RangeCache(str(self.root / "ranges"), 1 << 20).file(self.url, *file_identity(self.url))
+        entries = sorted(Path(found.directory).glob("[0-9]*-[0-9]*")) if found is not None else []
+        if not entries:
+            return
+        entry = entries[len(entries) // 2]
+        data = bytearray(entry.read_bytes())
+        start, stop = map(int, entry.name.split("-"))
+        if in_place:  # (the range's bytes end the entry, after its header)
+            data[len(data) - (stop - start) + (stop - start) // 2] ^= 0x01
+        else:
+            del data[-3:]
+        entry.write_bytes(bytes(data))
+
+
+_JOBS: Any = None  # (pid, CacheJobs) of this process
+
+
+def cache_jobs(n: int, restore: bool = True) -> CacheJobs:
+    """This process's :class:`CacheJobs`, over the file of ``n`` elements, in
+    version 1 (``restore=False``, what building a pipe asks: as it is, made if new)."""
+    import os
+
+    from distshard.__main__ import main
+    from tests.range_server import RangeServer
+
+    global _JOBS
+    jsonl_file(0)  # the per-machine cache directory
+    if _JOBS is None or _JOBS[0] != os.getpid():
+        root = _process_root("jobs")
+        _JOBS = (os.getpid(), CacheJobs(root, RangeServer(root).start()))
+    jobs = _JOBS[1]
+    jobs.n = n
+    done = jobs.root / ".distshard" / f"done-{n}"
+    if restore or not done.exists():
+        jobs.restore()
+    if not done.exists():
+        assert main(["index", jobs.url, "--out", str(jobs.root / ".distshard")]) == 0
+        done.touch()
+    return jobs
+
+
 # -- remote Parquet, cold: identity and footer from one suffix GET ------------------------------
 # "suffix": the footer in the suffix answer; "wide": a footer longer than the suffix (a large
 # key-value metadata), its rest asked by a second range checked against the suffix answer's
@@ -745,6 +844,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_stale_jsonl(spec.n)
     elif spec.source == "remote-parquet":
         source = remote_parquet(spec.n, spec.parquet, spec.fault_every).map(parquet_name)
+    elif spec.source == "remote-jobs":
+        source = cache_jobs(spec.n, restore=False).source()
     elif spec.source == "gz":
         source = distshard.jsonl(gz_files(spec.n))
     elif spec.source == "tokens":
@@ -793,6 +894,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
     if spec.source == "remote-parquet":
         source = remote_parquet(spec.n, spec.parquet, spec.fault_every)
         return Mapper(DistShardNode(source, **options), parquet_name)
+    if spec.source == "remote-jobs":
+        return DistShardNode(cache_jobs(spec.n, restore=False).source(), **options)
     if spec.source == "gz":
         return DistShardNode(distshard.jsonl(gz_files(spec.n)), **options)
     if spec.source == "tokens":

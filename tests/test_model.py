@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -792,6 +793,57 @@ def test_the_stale_index_server_rewrites_the_file_while_a_pipe_reads_it():
     with pytest.raises(ValueError, match=r"changed after the stored index at .*python -m distshard index"):
         list(pipe)
     assert server.requests["HEAD"] == heads  # the stored index answered the file's identity
+
+
+@settings(MODEL_SETTINGS, max_examples=12)
+@given(spec=specs(), data=st.data())
+def test_every_history_over_a_cache_that_outlives_its_jobs_is_exact_or_refused(spec, data):
+    """Issue 28: jobs one after the other over a stored index and a local range cache
+    that outlives them (``CacheJobs``); between two jobs the file may be rewritten at
+    the same size (the index stale) or deleted: the next job's read refuses with the
+    documented error whatever the cache holds (then version 1 is put back), or a
+    cache entry corrupted in place or truncated: the next job's history is exact."""
+    from tests.model_factories import CacheJobs, cache_jobs
+
+    spec = replace(spec, source="remote-jobs", n=max(spec.n, 1))
+    jobs = cache_jobs(spec.n)
+    for job in range(data.draw(st.integers(2, 3), label="jobs")):
+        event = data.draw(st.sampled_from(CacheJobs.EVENTS), label="between jobs") if job else "none"
+        jobs.between(event)
+        if event in ("rewrite", "delete"):
+            error, words = (
+                (ValueError, r"changed after the stored index at .*python -m distshard index")
+                if event == "rewrite"
+                else (FileNotFoundError, r"no such file")
+            )
+            with pytest.raises(error, match=words):
+                list(build(replace(spec, even=None), 0, 1))  # every element asked for
+            jobs.restore()
+            continue
+        check_model(spec, data, ["plain", "sdl0"])
+
+
+def test_the_cache_jobs_source_is_served_by_its_cache_and_sees_its_damage(caplog):
+    """The history test above is not vacuous: a second job is served from the cache
+    (no data GET), a damaged entry is found and replaced, a rewrite is refused."""
+    from tests.model_factories import cache_jobs
+
+    jobs = cache_jobs(57)
+    jobs.between("none")
+    assert sorted(jobs.source().dist_shard(rank=0, world_size=1)) == sorted(f"e{i}" for i in range(57))
+    jobs.between("none")
+    jobs.server.settle().reset_counters()
+    assert sorted(jobs.source().dist_shard(rank=0, world_size=1)) == sorted(f"e{i}" for i in range(57))
+    server = jobs.server.settle()
+    assert server.by_path.get("e57.jsonl", 0) == 0 and server.requests["HEAD"] == 1  # the cache's version confirmed
+    caplog.set_level(logging.WARNING, logger="distshard")
+    jobs.between("flip-entry")
+    assert sorted(jobs.source().dist_shard(rank=0, world_size=1)) == sorted(f"e{i}" for i in range(57))
+    assert any("damaged" in r.getMessage() for r in caplog.records)
+    jobs.between("rewrite")
+    with pytest.raises(ValueError, match="changed after the stored index"):
+        list(jobs.source().dist_shard(rank=0, world_size=1))
+    jobs.restore()
 
 
 @st.composite

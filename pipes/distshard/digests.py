@@ -22,6 +22,7 @@ __all__ = [
     "blake2b_hex",
     "code_digest",
     "crc32_hex",
+    "crc32_of",
     "mix_seed",
     "salt",
     "sha256_hex",
@@ -55,6 +56,12 @@ def crc32_hex(data: bytes | memoryview) -> str:
     """CRC-32 of ``data`` as 8 hex digits: a fast digest where a collision costs no
     exactness (a salt, a summary of counts also checked another way)."""
     return f"{zlib.crc32(data):08x}"
+
+
+def crc32_of(data: bytes | memoryview) -> int:
+    """CRC-32 of ``data`` as an int: the checksum of stored bytes (the local range
+    cache's chunks), where a damaged copy must be told from a good one."""
+    return zlib.crc32(data)
 
 
 def salt(identity: str) -> int:

@@ -43,8 +43,9 @@ from ..waits import WaitTimeout
 from ._lru import LRU
 from .answers import index_command
 from .cache import FileCache, range_cache
+from .confirm import confirm, listable, raise_verdict
 from .fetch import ReadAhead, Request
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, identify, key_of, local_path
+from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
 from .index import FileIndex, _collective, load_cached, obtain, summarize_files
 from .manifest import Stored
 from .options import ReadOptions
@@ -250,6 +251,7 @@ class SourceSequence(Sequence):
         self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
         self._known: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
         self._kept: dict[str, bytes] = {}  # stored entries the rank fetched for its workers (pickled with it)
+        self._verdicts: dict[int, tuple[str, str] | None] = {}  # files checked against the store (see confirm)
         self._pid = os.getpid()
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
@@ -306,9 +308,8 @@ class SourceSequence(Sequence):
             yield from self._read_each(positions)
             return
         options = self.access.options
-        fetch = ReadAhead(
-            options, self._handle, [options.max_gap if remote else 0 for remote in self._remote], self._range_cache()
-        )
+        gaps = [options.max_gap if remote else 0 for remote in self._remote]
+        fetch = ReadAhead(options, self._handle, gaps, self._range_cache(), self.confirm)
 
         entries = _EntryPrefetch(self)
 
@@ -343,6 +344,40 @@ class SourceSequence(Sequence):
             return cache.file(ref.url, ref.size, ref.stamp)
 
         return of
+
+    def confirm(self, f: int) -> None:
+        """Before remote file ``f``'s first range is served from the local cache in
+        this process: raise unless the store still holds the version the cache is
+        keyed by (see :mod:`.confirm`). An identity this job asked the store for is
+        confirmed; one from a stored index is checked by a listing (S3: every file
+        of its folder at once, or the verdicts the rank made before its workers
+        started) or one identity request (elsewhere), once per process."""
+        ref = self._resolved.get(f) or self.refs[f]
+        if ref.stored is None:
+            return
+        if f not in self._verdicts:
+            self._verdicts.update(confirm(self.fmt, self.refs, [f], self.access))
+        raise_verdict(self._verdicts[f])
+
+    def _confirm_ahead(self, later: Iterable[Iterable[int]]) -> None:
+        """In a rank, before its workers start: the verdicts of the files its slots
+        read that a listing confirms (S3), one listing per folder, kept for the
+        workers; only when the local cache holds something (else nothing is hit)."""
+        options = self.access.options
+        cache = range_cache(options.cache_dir, options.cache_bytes)
+        if cache is None or not cache.holds_any():
+            return
+        files = {
+            f
+            for files in later
+            for f in files
+            if self._remote[f]
+            and self.refs[f].stored is not None
+            and listable(self.refs[f])
+            and f not in self._verdicts
+        }
+        if files:
+            self._verdicts.update(confirm(self.fmt, self.refs, files, self.access))
 
     def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
         last: tuple[int, list[tuple[int, int]], list[memoryview]] | None = None
@@ -448,6 +483,7 @@ class SourceSequence(Sequence):
                     seen.add(f)
                     files.append(f)
             later.append(files)
+        self._confirm_ahead(later)
         firsts = [files[0] for files in later if files]  # what each slot's first range needs
         needed = [f for f in dict.fromkeys(firsts) if fetchable(f)]
         needed = [f for f in needed if load_cached(self.fmt.name, self.refs[f], header_only=True) is None]
@@ -597,8 +633,25 @@ class FileSourceIterDataPipe(IterDataPipe):
             warm_up(first_remote, storage_options)
 
     def __iter__(self) -> Iterator[Any]:
-        for url in self.urls:
-            yield from self.fmt.stream(url, self.access)
+        """Every sample of every file, in order. Once the source knows its files
+        (``len()``, ``dist_shard``, built under ``torch.distributed``), each file is
+        first checked against the identity it was counted with (a ``stat``; a
+        metadata request remotely), as the sharded path checks it: a changed file
+        raises before any of its samples, and a file that yields another count
+        than ``len()`` counted raises at its end."""
+        summary = self._summary
+        for k, url in enumerate(self.urls):
+            if summary is None:
+                yield from self.fmt.stream(url, self.access)
+                continue
+            ref, count = summary[k]
+            if ref.size is not None:
+                check_identity(ref, *identify(self.fmt, url, self.access), "iterate")
+            n = 0
+            for n, sample in enumerate(self.fmt.stream(url, self.access), 1):  # noqa: B007 - counted
+                yield sample
+            if n != count:
+                raise count_error(url, n, count, key_of(url) in {key_of(u) for u in self.declared})
 
     # -- the index ------------------------------------------------------------------
     @property
@@ -628,6 +681,10 @@ class FileSourceIterDataPipe(IterDataPipe):
                 self.stored_location,
                 self.access,
             )
+            if self._stored is not None and not self._stored.entries_usable():
+                from .manifest import warn_moved
+
+                warn_moved(self._stored.location, self._stored.moved_from)
             todo = [url for url in self.urls if key_of(url) not in declared and url not in found]
             started = time.monotonic()
             found.update(
@@ -672,6 +729,17 @@ class FileSourceIterDataPipe(IterDataPipe):
 
         where = self.stored_location or default_location(self.urls)
         return f"no stored index at {where}: `python -m distshard index URLS` would make the next start fast"
+
+    def _moved_words(self) -> str:
+        """What ``describe()`` says of a stored index read elsewhere than it was written for."""
+        stored = self._stored
+        if stored is None or stored.moved_from is None:
+            return ""
+        if stored.entries_usable():
+            return f" (written for {stored.moved_from}: its entries matched by size and S3 ETag)"
+        from .manifest import moved_words
+
+        return f", but {moved_words(stored.location, stored.moved_from)}"
 
     def _declared_ref(self, url: str, count: int) -> FileRef:
         """A file counted by a shard index. Local files are looked at (a ``stat``,
@@ -729,7 +797,7 @@ class FileSourceIterDataPipe(IterDataPipe):
             text = f"{text}, {self.fmt.access}, read ahead in ranges of up to {self.access.options.max_range >> 20} MiB"
             hint = self.stored_hint()
             if self._stored is not None:
-                text += f"; index stored at {self._stored.location}"
+                text += f"; index stored at {self._stored.location}{self._moved_words()}"
             first_remote = next((url for url in self.urls if is_remote(url)), None)
             if first_remote is not None:
                 from .remote import s3_client_choice

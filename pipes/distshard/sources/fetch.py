@@ -49,6 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
+from .cache import BadEntry
 from .coalesce import Coverage, Range, coalesce
 from .options import ReadOptions
 
@@ -149,7 +150,10 @@ class ReadAhead:
     ``open(file)`` returns the :class:`Opened` of a file id; ``options`` gives
     the budget, the coalescing limits (``max_range``; ``max_gap`` unless
     ``gaps[file]`` overrides it: local files pass 0, so a slot reads exactly its
-    samples' bytes) and how far to pull requests ahead.
+    samples' bytes) and how far to pull requests ahead. ``caches(file)`` is the
+    file's local cache (or ``None``), and ``confirm(file)``, called before a
+    file's first span is served from it, raises if the store no longer holds the
+    version the cache is keyed by.
     """
 
     #: the most requests pulled ahead of delivery (each costs a small tuple)
@@ -161,11 +165,13 @@ class ReadAhead:
         open: Callable[[int], Opened],
         gaps: Sequence[int] | None = None,
         caches: Callable[[int], FileCache | None] | None = None,
+        confirm: Callable[[int], None] | None = None,
     ) -> None:
         self.options = options
         self.open = open
         self.gaps = gaps
         self.caches = caches
+        self.confirm = confirm
         self.batch = min(options.budget, max(options.max_range, 4 * options.window))
         self.first = max(1, min(options.first_range, self.batch))
 
@@ -214,6 +220,7 @@ class _Run:
         self.local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
         self.exhausted = False
         self.caches: dict[int, FileCache | None] = {}
+        self.confirmed: set[int] = set()  # files whose identity ``confirm`` accepted before their first hit
 
     # -- the window ---------------------------------------------------------------------
     def limit(self) -> int:
@@ -258,6 +265,10 @@ class _Run:
         found = cache.find(start, stop) if cache is not None else None
         if cache is None or found is None:
             return None
+        if file not in self.confirmed:  # its first hit: the store must still hold that version
+            if self.ahead.confirm is not None:
+                self.ahead.confirm(file)
+            self.confirmed.add(file)
         with STATS.lock:
             STATS.cached += stop - start
         open_file = self.ahead.open
@@ -265,6 +276,9 @@ class _Run:
         def read() -> bytes:
             try:
                 return cache.read(found, start, stop)
+            except BadEntry:  # damaged (and dropped): the range fetched again and stored in its place
+                whole = cache.refill(found, lambda: bytes(open_file(file).submit(*found).result()))
+                return whole[start - found[0] : stop - found[0]]
             except OSError:  # evicted since: from the store after all
                 return bytes(open_file(file).submit(start, stop).result())
 

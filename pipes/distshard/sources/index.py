@@ -140,8 +140,9 @@ def dumps(index: FileIndex) -> bytes:
     return MAGIC + _PREFIX.pack(len(header), zlib.crc32(header)) + header + packed
 
 
-def _header(data: bytes, fmt: str, ref: FileRef) -> tuple[dict[str, Any], int] | None:
-    """The header and where the body starts, or ``None`` if it is not ``ref``'s entry."""
+def _header(data: bytes, fmt: str, ref: FileRef, moved: bool = False) -> tuple[dict[str, Any], int] | None:
+    """The header and where the body starts, or ``None`` if it is not ``ref``'s
+    entry (``moved``: of ``ref``'s identity, whatever URL it was written for)."""
     start = len(MAGIC) + _PREFIX.size
     if len(data) < start or not data.startswith(MAGIC):
         return None
@@ -156,7 +157,7 @@ def _header(data: bytes, fmt: str, ref: FileRef) -> tuple[dict[str, Any], int] |
     expected = {
         "version": VERSION,
         "format": fmt,
-        "key": key_of(ref.url),
+        "key": header.get("key") if moved and isinstance(header, dict) else key_of(ref.url),
         "size": ref.size,
         "stamp": ref.stamp,
         "byteorder": sys.byteorder,
@@ -168,15 +169,18 @@ def _header(data: bytes, fmt: str, ref: FileRef) -> tuple[dict[str, Any], int] |
     return header, start + length
 
 
-def loads(data: bytes, fmt: str, ref: FileRef, header_only: bool = False) -> FileIndex | None:
-    """The index in a cache entry, or ``None`` if it is corrupt or another file's."""
-    found = _header(data, fmt, ref)
+def loads(data: bytes, fmt: str, ref: FileRef, header_only: bool = False, moved: bool = False) -> FileIndex | None:
+    """The index in a cache entry, or ``None`` if it is corrupt or another file's.
+    ``moved``: an entry of ``ref``'s size and stamp written for another URL is
+    taken as ``ref``'s (a dataset copied with its stored index; see
+    :func:`.manifest.identifies_content` for when that is sound)."""
+    found = _header(data, fmt, ref, moved)
     if found is None:
         return None
     header, offset = found
     index = FileIndex(
         fmt,
-        header["key"],
+        key_of(ref.url),
         header["size"],
         header["stamp"],
         header["count"],

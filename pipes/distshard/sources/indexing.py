@@ -332,6 +332,9 @@ class _Build:
         self.location, self.access, self.urls, self.formats = location, access, urls, formats
         self.storage_options, self.progress = storage_options, progress
         self.listed: dict[str, StoredFile] = {f.url: f for f in previous.files.values()} if previous else {}
+        # an index copied here from elsewhere: its entries name the files there, so a file whose stamp does
+        # not identify its bytes is indexed again (an S3 ETag does: its entry is kept, one HEAD)
+        self.moved = previous is not None and previous.moved_from is not None
         self.order = {url: k for k, url in enumerate(urls)}
         self.packs = _Packs(location, access, self.order)
         self.done: dict[str, StoredFile] = {}
@@ -360,7 +363,11 @@ class _Build:
         """A listed file of the same format is checked (one metadata request); any
         other is indexed."""
         old = self.listed.get(url)
-        if old is not None and old.format == self.formats[url]:
+        if (
+            old is not None
+            and old.format == self.formats[url]
+            and (not self.moved or manifest.identifies_content(old.url, old.stamp))
+        ):
             return pool.submit(_unchanged, old, self.storage_options), (url, True)
         return self.index(pool, url)
 

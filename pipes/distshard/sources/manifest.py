@@ -8,9 +8,12 @@ folder or any fsspec URL):
   (``entries-<build>-<n>.pack``, see :mod:`.packs`): each the same bytes as an
   entry of the per-machine cache (:mod:`.index`: identity, count, arrays,
   checksums), so an entry is checked against the identity it is loaded for;
-- ``manifest.json``: ``{"format": "distshard-index", "version": 2, "packs":
-  [name, ...], "files": [{"url", "format", "count", "size", "stamp", "pack",
-  "at", "len"}, ...]}``, where ``stamp`` is the file's version when it was
+- ``manifest.json``: ``{"format": "distshard-index", "version": 2, "root",
+  "packs": [name, ...], "files": [{"url", "format", "count", "size", "stamp",
+  "pack", "at", "len"}, ...]}``, where ``root`` is the folder it was written for
+  (read elsewhere, a copy: see :meth:`Stored.moved_from`; entries are then
+  matched by size and a stamp that identifies the bytes, an S3 ETag, and
+  otherwise not used), ``stamp`` is the file's version when it was
   indexed (a strong or weak ETag, an S3 ETag, a generation, an mtime), ``url``
   is relative to the folder that holds ``.distshard/`` when the file is in it,
   and ``pack``, ``at``, ``len`` say where its entry is (an index into
@@ -72,13 +75,42 @@ class StoredFile:
 
 @dataclass(frozen=True)
 class Stored:
-    """A stored index: where it is and its files by :func:`.files.key_of`."""
+    """A stored index: where it is, its files by :func:`.files.key_of`, and the
+    folder its manifest was written for (``root``; ``None`` from a manifest that
+    does not say)."""
 
     location: str
     files: Mapping[str, StoredFile]
+    root: str | None = None
+    relative: bool = False  # some files are named relative to the root (so they move with it)
 
     def get(self, url: str) -> StoredFile | None:
         return self.files.get(key_of(url))
+
+    @property
+    def moved_from(self) -> str | None:
+        """The folder the index was written for when it is read elsewhere now (a
+        dataset copied with its ``.distshard/``): its entries name the files there."""
+        if not self.relative or self.root is None or self.root == parent(self.location):
+            return None  # (files named by their URLs or absolute paths are where they were)
+        return self.root
+
+    def entries_usable(self) -> bool:
+        """Whether the entries serve the files where they are now: not moved, or
+        every file's stamp identifies its bytes (:func:`identifies_content`)."""
+        return self.moved_from is None or all(identifies_content(f.url, f.stamp) for f in self.files.values())
+
+
+_S3_MD5 = re.compile(r'^"[0-9a-f]{32}(-[0-9]+)?"$')
+
+
+def identifies_content(url: str, stamp: str) -> bool:
+    """Whether ``stamp`` names the bytes themselves, so that an entry written for a
+    file at one URL serves a file of the same size and stamp at another: an S3
+    ETag (the MD5 of the bytes, or of the parts' MD5s and their count; a copy has
+    the same). Not an mtime (a copy may keep it with other bytes), an HTTP ETag (a
+    server may make it of the mtime and size) or a generation (a counter)."""
+    return url.startswith(("s3://", "s3a://")) and _S3_MD5.match(stamp) is not None
 
 
 def join(location: str, name: str) -> str:
@@ -170,10 +202,9 @@ def dumps(location: str, files: list[StoredFile]) -> bytes:
             pack, start, stop = packed
             item.update(pack=packs.setdefault(posixpath.basename(pack), len(packs)), at=start, len=stop - start)
         listed.append(item)
+    head = {"format": FORMAT, "version": VERSION, "root": parent(location), "packs": list(packs)}
     return (
-        json.dumps({"format": FORMAT, "version": VERSION, "packs": list(packs), "files": listed}, separators=(",", ":"))
-        .replace('},{"url"', '},\n{"url"')
-        .encode("utf-8")
+        json.dumps({**head, "files": listed}, separators=(",", ":")).replace('},{"url"', '},\n{"url"').encode("utf-8")
     )
 
 
@@ -195,9 +226,12 @@ def parse(location: str, data: bytes) -> Stored:
         )
     packs = raw.get("packs") or []
     files: dict[str, StoredFile] = {}
+    relative = False
     for position, item in enumerate(raw.get("files") or []):
         try:
-            url = resolve(location, str(item["url"]))
+            name = str(item["url"])
+            relative = relative or not (is_remote(name) or os.path.isabs(name))
+            url = resolve(location, name)
             if "entry" in item:
                 entry = join(location, posixpath.basename(str(item["entry"])))
             else:
@@ -210,7 +244,8 @@ def parse(location: str, data: bytes) -> Stored:
         except (KeyError, TypeError, ValueError, IndexError):
             raise SourceDataError(f"{where}: files[{position}] is malformed: {item!r}") from None
         files[key_of(url)] = stored
-    return Stored(location, files)
+    root = raw.get("root")
+    return Stored(location, files, root if isinstance(root, str) else None, relative)
 
 
 def _count(value: Any) -> int:
@@ -302,6 +337,34 @@ def fetch_entry(
         log.info("the stored index entry %s is not there: indexing %s itself", ref.stored, ref.url)
         return None
     index = loads(data, fmt, ref)
-    if index is None:
+    if index is not None:
+        return index
+    moved = loads(data, fmt, ref, moved=True)  # of this size and stamp, written for another URL
+    if moved is None:
         log.info("the stored index entry %s is not %s's (another version?): indexing it itself", ref.stored, ref.url)
-    return index
+        return None
+    if identifies_content(ref.url, ref.stamp or ""):
+        return moved
+    warn_moved(ref.stored.split("#", 1)[0].rsplit("/", 1)[0], None)
+    return None
+
+
+_WARNED: set[str] = set()  # stored indexes found moved, warned about once per process
+
+
+def warn_moved(location: str, root: str | None) -> None:
+    """The WARNING of :func:`moved_words`, once per process and stored index."""
+    if location not in _WARNED:
+        _WARNED.add(location)
+        log.warning(moved_words(location, root))
+
+
+def moved_words(location: str, root: str | None) -> str:
+    """What a moved stored index whose entries cannot serve the files means
+    (``root``: where it was written for, if the manifest says)."""
+    where = f"the files at {root}" if root else "files at another place"
+    return (
+        f"the stored index at {location} was written for {where} (a copy of the dataset?): its "
+        "entries name those files, and these files' stamps (mtimes, HTTP ETags) do not identify their bytes, "
+        f"so each job indexes them itself; `python -m distshard index {location}` rebuilds it for them"
+    )

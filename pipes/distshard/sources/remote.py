@@ -747,6 +747,38 @@ class Client:
         except FileNotFoundError as exc:
             raise _bucket_missing(url, exc) from None
 
+    def list_identities(
+        self, folder: str, prefix: str, last: str, options: ReadOptions = _DEFAULT
+    ) -> dict[str, tuple[int, str]]:
+        """``{name: (size, ETag)}`` of the objects of the S3 folder URL ``folder``
+        whose names (after the folder's ``/``) start with ``prefix``, up to the name
+        ``last``: ListObjectsV2 pages of 1,000 objects, the ETag as ``head_object``
+        gives it (S3 only)."""
+        if self.kind != "s3":
+            raise UnsupportedError(f"{folder}: no listing of identities for {self.protocol}://")
+        return self.run(
+            self._retrying(folder, "a listing", lambda: self._list_identities(folder, prefix, last), options),
+            f"{folder}: a listing",
+            options,
+        )
+
+    async def _list_identities(self, folder: str, prefix: str, last: str) -> dict[str, tuple[int, str]]:
+        bucket, key, _ = self.fs.split_path(self.path_of(folder.rstrip("/") + "/x"))
+        key = key[:-1]  # the folder's key prefix, with its "/"
+        s3 = await self._s3(bucket)
+        found: dict[str, tuple[int, str]] = {}
+        token: str | None = None
+        while True:
+            more = {"ContinuationToken": token} if token else {}
+            page = await _s3_call(
+                folder, "a listing", s3.list_objects_v2(Bucket=bucket, Prefix=key + prefix, Delimiter="/", **more)
+            )
+            objects = page.get("Contents") or []
+            found.update((o["Key"][len(key) :], (int(o["Size"]), str(o.get("ETag") or ""))) for o in objects)
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token or (objects and objects[-1]["Key"] >= key + last):
+                return found
+
     def glob(self, pattern: str) -> list[str]:
         fs = self.fs
         try:

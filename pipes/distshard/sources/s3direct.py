@@ -46,7 +46,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 from urllib.parse import unquote_plus
 from xml.etree import ElementTree
 
@@ -741,6 +741,37 @@ class DirectS3Client:
     def _list(self, url: str, bucket: str, prefix: str, options: ReadOptions, max_keys: int) -> list[str]:
         """Keys and common prefixes (without their ``/``) under ``prefix``, one level."""
         names: list[str] = []
+        for objects, prefixes in self._pages(url, bucket, prefix, options, max_keys):
+            names += [key for key, _, _ in objects]
+            names += [p[:-1] for p in prefixes if p.endswith("/")]
+        return names
+
+    def list_identities(
+        self, folder: str, prefix: str, last: str, options: ReadOptions = _DEFAULT
+    ) -> dict[str, tuple[int, str]]:
+        """``{name: (size, ETag)}`` of the objects of the folder URL ``folder`` whose
+        names (after the folder's ``/``) start with ``prefix``, up to the name
+        ``last``: ListObjectsV2 pages of 1,000 objects (``/`` delimited), the ETag as
+        a HEAD gives it (quotes included)."""
+        if self._botocores(folder):
+            return dict(self.fallback.list_identities(folder, prefix, last, options))
+        bucket, key = self._split(folder.rstrip("/") + "/")
+
+        def listing() -> dict[str, tuple[int, str]]:
+            found: dict[str, tuple[int, str]] = {}
+            for objects, _ in self._pages(folder, bucket, key + prefix, options, 1000):
+                found.update((name[len(key) :], (size, etag)) for name, size, etag in objects)
+                if objects and objects[-1][0] >= key + last:
+                    break  # (names come in order: the rest lie after the last one wanted)
+            return found
+
+        return self._retrying(folder, "a listing", listing, options)
+
+    def _pages(
+        self, url: str, bucket: str, prefix: str, options: ReadOptions, max_keys: int
+    ) -> Iterator[tuple[list[tuple[str, int, str]], list[str]]]:
+        """ListObjectsV2 under ``prefix``, ``/`` delimited, page by page (continued):
+        ``([(key, size, ETag)], [common prefix])`` each, names decoded."""
         token: str | None = None
         while True:
             query = [("list-type", "2"), ("prefix", prefix), ("delimiter", "/"), ("encoding-type", "url")]
@@ -755,20 +786,23 @@ class DirectS3Client:
             except ElementTree.ParseError as exc:
                 raise Transient(f"a listing that is not XML: {exc}") from None
             fields: dict[str, list[str]] = {}
+            objects: list[dict[str, str]] = []
+            prefixes: list[dict[str, str]] = []
             for child in root:
                 tag = child.tag.rsplit("}", 1)[-1]
                 if tag in ("Contents", "CommonPrefixes"):
-                    for inner in child:
-                        if inner.tag.rsplit("}", 1)[-1] in ("Key", "Prefix"):
-                            fields.setdefault(tag, []).append(inner.text or "")
+                    inner = {item.tag.rsplit("}", 1)[-1]: item.text or "" for item in child}
+                    (objects if tag == "Contents" else prefixes).append(inner)
                 else:
                     fields.setdefault(tag, []).append(child.text or "")
             # keys come URL-encoded when the answer says so (as botocore decodes them)
             decode = unquote_plus if fields.get("EncodingType") == ["url"] else str
-            names += [decode(k) for k in fields.get("Contents", [])]
-            names += [decode(p)[:-1] for p in fields.get("CommonPrefixes", []) if decode(p).endswith("/")]
+            yield (
+                [(decode(o.get("Key", "")), int(o.get("Size") or 0), o.get("ETag", "")) for o in objects],
+                [decode(p.get("Prefix", "")) for p in prefixes],
+            )
             if (fields.get("IsTruncated") or ["false"])[0].strip().lower() != "true":
-                return names
+                return
             token = (fields.get("NextContinuationToken") or [""])[0]
             if not token:
                 raise Transient("a truncated listing without a continuation token")
