@@ -194,7 +194,9 @@ def write_corpus(path: Path, documents: int = 90) -> str:
     import random
 
     rng = random.Random(0)
-    lines = (json.dumps({"ids": [rng.randrange(1, 100) for _ in range(rng.randrange(3, 21))]}) for _ in range(documents))
+    lines = (
+        json.dumps({"ids": [rng.randrange(1, 100) for _ in range(rng.randrange(3, 21))]}) for _ in range(documents)
+    )
     path.write_text("".join(line + "\n" for line in lines))
     return str(path)
 

@@ -233,7 +233,9 @@ def test_the_model_parallel_programs_run_on_meshes_of_four_ranks(tmp_path):
         runs.append([o.value for o in outcomes])
     first, resumed = runs
     assert first[0] == first[1] and first[2] == first[3] and first[0] != first[2]  # tp peers, data ranks
-    blocks = [tuple(int(t) for t in b["input_ids"]) for b in distshard.pack(distshard.jsonl(corpus), 16, tokens="ids", eos=0)]
+    blocks = [
+        tuple(int(t) for t in b["input_ids"]) for b in distshard.pack(distshard.jsonl(corpus), 16, tokens="ids", eos=0)
+    ]
     trained = Counter(tuple(block) for rank in (0, 2) for batch in first[rank][:3] for block in batch)
     trained.update(tuple(block) for batches in resumed for batch in batches for block in batch)
     assert max(trained.values()) == 1 and not set(trained) - set(blocks)

@@ -206,6 +206,19 @@ def test_a_data_groups_states_name_their_copy_and_round_trip(one_rank):
     assert "replica" not in plain.state_dict()  # the wire of a pipe without a data group is unchanged
 
 
+def test_the_nodes_front_end_takes_the_data_group(one_rank):
+    from torchdata.nodes import Loader
+
+    node = distshard.DistShardNode(list(range(6)), group=dist.group.WORLD, even="drop")
+    ctx = node.context()
+    assert (ctx.rank, ctx.world_size, ctx.source) == (0, 1, "group")
+    loader = Loader(node)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert distshard.merge_states([state, state])["remaining"] == [[1, 6]]  # a peer's identical state once
+
+
 def test_a_loader_checkpoint_without_a_mesh_resumes_exactly_and_elastically():
     """No torch.distributed: the process is the data group. The same workers resume the
     loader's own state batch by batch; other workers resume the merge, every element once.

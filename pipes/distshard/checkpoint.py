@@ -39,8 +39,8 @@ KEY = "distshard_loader"  # the one key of the state dict DCP sees: a bytes valu
 
 @dataclass(frozen=True)
 class Contribution:
-    """What one rank puts into a checkpoint: ``rank`` (its rank in the saving
-    group), its data rank and data world, the loader's ``workers``, the loader's
+    """What one rank puts into a checkpoint: ``rank`` (its world rank), its data
+    rank and data world, the loader's ``workers``, the loader's
     state (``None``: not started), the pipeline's own state and the pipeline's
     ``identity`` (its upstream graph)."""
 
@@ -193,7 +193,7 @@ class LoaderCheckpoint:
         for :func:`restore`)."""
         ctx = self.shard.context()
         found = _context.dist_rank_world()
-        rank = (0 if found is None else found[0]) if self.group is None else self.group.rank
+        rank = 0 if found is None else found[0]  # the world rank: what a refusal names
         workers = int(getattr(self.loader, "num_workers", 0) or 0)
         loader = pipeline = None
         if with_state:
