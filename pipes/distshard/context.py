@@ -413,8 +413,7 @@ def current_context(
 def given_twice(explicit: tuple[int, int], group: DataGroup) -> OptionError:
     """The error for ``rank=`` / ``world_size=`` given with ``mesh=`` / ``group=``."""
     return OptionError(
-        f"rank={explicit[0]}, world_size={explicit[1]} and {group.kind if group.kind == 'mesh' else 'group'}= "
-        f"were both given: {group.kind}= gives the data rank and data world itself ({group.describe()}); "
+        f"rank={explicit[0]}, world_size={explicit[1]} and {group.kind}= were both given: {group.kind}= gives the data rank and data world itself ({group.describe()}); "
         "pass one or the other"
     )
 
@@ -425,9 +424,10 @@ def gather_objects(obj: object, what: str, group: DataGroup | None = None) -> li
     the error if not every rank joins in time).
 
     Runs on a CPU (gloo) group, so it works whatever backend the job uses (NCCL
-    included): the group itself when it is gloo, else a gloo group over its ranks
-    made for the call and destroyed after it (see :func:`distshard.groups.gloo_group`;
-    every rank of the group must call this, and no other)."""
+    included): the group itself when it is gloo, else the gloo group its ranks made
+    once (every rank's: one made for the call and destroyed after it; see
+    :func:`distshard.groups.gloo_group`). Every rank of the group must call this, and
+    no other."""
     size = dist.get_world_size() if group is None else group.world_size
     over = "every rank" if group is None else f"the data group ({group.describe()})"
     with gloo_group(group) as pg:
