@@ -124,6 +124,26 @@ def divergent(rank: int, world: int) -> dict[str, str]:
     return out
 
 
+# -- DCP without a mesh: the world is the data group --------------------------------------------------
+
+
+def worldwide(rank: int, world: int, ckpt: str) -> dict[str, Any]:
+    """No mesh: save at step 2 of 4 ranks without workers, resume on the same loaders
+    (exactly) and on loaders with 2 workers (elastically)."""
+    import torch.distributed.checkpoint as dcp
+
+    data = loader("list", None, workers=0)
+    it = iter(data)
+    first = batches(it, 2)
+    dcp.save({"data": distshard.LoaderCheckpoint(data)}, checkpoint_id=ckpt)
+    out: dict[Any, Any] = {"first": first, "rest": batches(it)}
+    for workers in (0, 2):
+        again = loader("list", None, workers=workers)
+        dcp.load({"data": distshard.LoaderCheckpoint(again)}, checkpoint_id=ckpt)
+        out[workers] = batches(again)
+    return out
+
+
 # -- DCP: save at step k, resume on the same mesh and on others ---------------------------------------
 
 

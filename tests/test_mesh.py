@@ -132,6 +132,16 @@ def test_a_dcp_checkpoint_resumes_exactly_on_the_same_mesh_and_elastically_on_ot
         assert "shuffle=True but this dist_shard has shuffle=False" in o["refused"]["shuffle"]
 
 
+def test_without_a_mesh_the_world_is_the_data_group(tmp_path):
+    """4 ranks, no mesh, no workers: a DCP checkpoint at step 2 resumes exactly on the
+    same loaders, and elastically on loaders with 2 workers each."""
+    out = values(run_on_group(mesh_runs.worldwide, world_size=4, args=(str(tmp_path / "ckpt"),), timeout=TIMEOUT))
+    assert all(o[0] == o["rest"] for o in out)
+    seen = Counter(x for o in out for x in flat(o["first"]) + flat(o[2]))
+    assert max(seen.values()) == 1
+    assert len(mesh_runs.elements()) - len(seen) < 8 * mesh_runs.BATCH
+
+
 def test_eight_ranks_with_a_two_dimensional_data_mesh(tmp_path):
     """dp_replicate 2 x dp_shard 2 x tp 2, the data mesh ("dp_replicate", "dp_shard"):
     data rank 2 * replicate + shard of 4, tp peers identical, every element once; a file
