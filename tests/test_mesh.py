@@ -236,7 +236,8 @@ def test_a_loader_checkpoint_without_a_mesh_resumes_exactly_and_elastically():
 
     def make(workers):
         shard = IterableWrapper(mesh_runs.elements()).dist_shard(even="drop", shuffle=True, seed=1, multiple_of=4)
-        kwargs = {"multiprocessing_context": "fork", "timeout": 60} if workers else {}
+        # forkserver: workers fork from the clean preloaded server, not from this threaded process
+        kwargs = {"multiprocessing_context": "forkserver", "timeout": 60} if workers else {}
         return StatefulDataLoader(
             distshard.StatefulPipeline(shard.batch(4)), batch_size=None, num_workers=workers, **kwargs
         )
