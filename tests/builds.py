@@ -3,6 +3,8 @@ importable by name in spawned processes, hence a module of their own)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
@@ -339,14 +341,19 @@ def gather_after(rank, world_size, steps):
 
 
 def guarded_subgroup(rank, world_size):
-    """stop_together over a subgroup: ranks outside it never iterate the loop."""
+    """stop_together over a subgroup for three epochs (wrappers made anew or kept):
+    ranks outside it never iterate the loop."""
     import torch.distributed as dist
 
     sub = dist.new_group(ranks=[0, 1])  # collective over all ranks
     if rank > 1:
         return None
     guarded = distshard.stop_together(range(3 + rank), group=sub, timeout=30)
-    return sum(1 for _ in guarded)
+    again = distshard.stop_together(range(4 + rank), group=sub, timeout=30)
+    steps = [sum(1 for _ in guarded)]
+    if rank == 1:  # rank 0 asks for its address first, as a rank that is ahead would
+        time.sleep(1)
+    return [*steps, sum(1 for _ in guarded), sum(1 for _ in again)]
 
 
 def _counted_size(unit: int) -> int:

@@ -186,3 +186,32 @@ def s3_store(bucket: str, objects: dict[str, str]) -> str:
     for key, path in objects.items():
         client.upload_file(path, bucket, key)
     return endpoint
+
+
+def write_corpus(path: Path, documents: int = 90) -> str:
+    """A JSON-lines file of ``{"ids": [...]}`` documents of 3 to 20 token ids in
+    ``[1, 100)`` (seeded), for docs/parallel.md's programs."""
+    import random
+
+    rng = random.Random(0)
+    lines = (
+        json.dumps({"ids": [rng.randrange(1, 100) for _ in range(rng.randrange(3, 21))]}) for _ in range(documents)
+    )
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def run_program(rank: int, world_size: int, code: str, cwd: str, corpus: str) -> Any:
+    """One rank of a docs page's program on a gloo group ``run_on_group`` made (the
+    program's ``init_device_mesh`` uses it): run in ``cwd``, with the page's corpus, and
+    DataLoader workers started as under torchrun on Linux (fork; a rank forked from the
+    tests' forkserver would default to it, each worker importing torch afresh); returns
+    what the program recorded in ``trained``."""
+    import multiprocessing
+
+    multiprocessing.set_start_method("fork", force=True)
+    os.chdir(cwd)
+    os.environ["DISTSHARD_DOCS_CORPUS"] = corpus
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(code, "docs/parallel.md", "exec"), namespace)
+    return namespace["trained"]

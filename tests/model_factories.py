@@ -857,6 +857,18 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
     return source.dist_shard(**options)
 
 
+def on_data_group(pipe, data_rank: int, data_world: int):
+    """``pipe`` (a ``dist_shard`` built with ``rank=data_rank, world_size=data_world``) as
+    ``dist_shard(mesh=...)`` of a data-parallel mesh dimension of ``data_world`` builds it:
+    its rank comes from the data group, its states name their copy (``replica``), so
+    model-parallel peers are modelled in one process without a process group."""
+    from distshard.groups import DataGroup
+
+    group = DataGroup("mesh", data_rank, data_world, tuple(range(data_world)), (data_rank,), (data_world,), ("dp",))
+    pipe.core.options = dataclasses.replace(pipe.core.options, explicit=None, group=group)
+    return pipe
+
+
 def build_node(spec: Spec, rank: int | None = None, world_size: int | None = None):
     """The same pipeline through the torchdata.nodes front-end (``DistShardNode``)."""
     from torchdata.nodes import IterableWrapper as NodeWrapper

@@ -72,6 +72,9 @@ def test_wrappers_release_their_flag_groups():
 
 
 def test_a_subgroup_guard_needs_only_its_members():
+    """Also epoch after epoch, with rank 1 a second behind rank 0 into the second epoch:
+    the flag group of a subgroup made again after a destroy took the destroyed one's name,
+    and gloo connected to the addresses it left in the store (the second epoch failed)."""
     outcomes = run_on_group(builds.guarded_subgroup, world_size=3, timeout=60)
     assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
-    assert [o.value for o in outcomes] == [3, 3, None]
+    assert [o.value for o in outcomes] == [[3, 3, 4], [3, 3, 4], None]

@@ -23,6 +23,10 @@ writes the checkpoint, so every rank is handed rank 0's position: ``dist_shard``
 refuses it on rank 1 (``test_lightning_alone_gives_every_rank_rank0s_position``).
 The callback ``LoaderStatePerRank`` (docs/integrations.md) stores every rank's
 state and makes the resume exact (``test_resume_mid_epoch_through_lightnings_checkpoint``).
+
+``ModelParallelStrategy`` (tensor parallel over 2 CPU processes, a pipeline built with
+``mesh=self.device_mesh["data_parallel"]``) runs its own script
+(tests/integration_scripts/lightning_model_parallel.py).
 """
 
 from __future__ import annotations
@@ -187,10 +191,16 @@ def run_script(out: Path, phases: list[dict]) -> Run:
             }
         )
     )
+    return launch(SCRIPT, str(config), out)
+
+
+def launch(script: Path, argument: str, out: Path) -> Run:
+    """Run ``script argument`` (Lightning starts rank 1 from it) in ``out``, bounded by
+    ``WAIT``, killing its process group (rank 1, DataLoader workers) after."""
     log_path = out / "output.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(config)],
+            [sys.executable, str(script), argument],
             cwd=out,
             env=_env(free_port()),
             stdout=log,
@@ -528,3 +538,15 @@ def test_lightning_alone_gives_every_rank_rank0s_position(fit):
     assert error and "StateMismatchError" in error and "the loaded state is slot" in error, error
     assert "same ranks and workers" in error and "LoaderStatePerRank callback" in error, error
     assert fit.returncode != 0
+
+
+def test_model_parallel_strategy_peers_train_identical_batches(tmp_path):
+    """ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2) on CPU: the
+    pipeline built in train_dataloader() with mesh=self.device_mesh["data_parallel"];
+    the two tensor-parallel ranks train the same batches, every element once
+    (tests/integration_scripts/lightning_model_parallel.py)."""
+    run = launch(SCRIPT.parent / "lightning_model_parallel.py", str(tmp_path), tmp_path)
+    assert run.returncode == 0, run.tail()
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    assert seen[0] == seen[1] and len(seen[0]) == 48 // BATCH
+    assert sorted(i for batch in seen[0] for i in batch) == list(range(48))

@@ -31,6 +31,12 @@ epoch's last split ``F`` started, ``S`` its slot count and ``even`` its mode:
 
 Or the library refused with a clear error, of one of the kinds listed in
 ``REFUSALS`` (construction refusals must happen). Anything else fails.
+
+Model-parallel meshes (``run_mesh_history``): every run on a random mesh (data ranks x
+model-parallel peers x workers); the peers of a data slot must yield the same elements
+(the oracle counts them once), a checkpoint goes through ``LoaderCheckpoint``'s
+``pack`` / ``restore`` (exact on the same data world and workers, else merged) or
+``merge_states`` of every rank's states, and a peer that took one more must be refused.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -54,7 +60,7 @@ import distshard
 from distshard.verify import run_on_group
 
 from .helpers import as_worker
-from .model_factories import PARQUET_PATHS, SOURCES, Spec, build, build_node, gloo_run, untag
+from .model_factories import PARQUET_PATHS, SOURCES, Spec, build, build_node, gloo_run, on_data_group, untag
 
 # -- what the library may refuse, and must refuse --------------------------------------
 
@@ -1038,6 +1044,202 @@ def test_every_carry_history_with_persistent_workers_is_exact_or_refused(spec, d
 @given(spec=carry_specs(), data=st.data())
 def test_every_carry_history_with_spawned_persistent_workers_is_exact_or_refused(spec, data):
     check_model(spec, data, ["sdlp-spawn", "dlp-spawn"], epochs=(2, 2))
+
+
+# -- model-parallel meshes: peers, and checkpoints through LoaderCheckpoint --------------------
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A run on a mesh: ``data`` data ranks (the DP degree), each read by ``peers``
+    model-parallel ranks (TP), ``workers`` DataLoader workers a rank (slots in-process)."""
+
+    data: int
+    peers: int
+    workers: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.data * max(1, self.workers)
+
+    @property
+    def slots(self) -> list[tuple[int, int]]:
+        return [(d, w) for d in range(self.data) for w in range(max(1, self.workers))]
+
+
+MESHES = st.builds(Mesh, st.integers(1, 3), st.integers(1, 3), st.integers(0, 2))
+
+
+def mesh_copy(spec: Spec, mesh: Mesh, data_rank: int, epoch: int, state, load_stage: str):
+    """fresh() of one copy of a data slot (one peer's), built as dist_shard(mesh=...)."""
+
+    def fresh():
+        pipeline = distshard.StatefulPipeline(on_data_group(build(spec, data_rank, mesh.data), data_rank, mesh.data))
+        pipeline.set_epoch(epoch)
+        if state is not None:
+            with stage(load_stage):
+                pipeline.load_state_dict(state)
+        return pipeline, pipeline.state_dict
+
+    return fresh
+
+
+class PeerTake:
+    """The amount a data slot's peers consume: drawn once (by the first peer), the same
+    for every peer, but one more for the peer ``odd`` (when there is more to take)."""
+
+    def __init__(self, data, final: bool, odd: int | None) -> None:
+        self.choose, self.odd = choice(data, final), odd
+        self.taken: int | None = None
+
+    def for_peer(self, peer: int) -> Callable[[int | None], int]:
+        def take(share: int | None) -> int:
+            taken = self.taken = self.choose(share) if self.taken is None else self.taken
+            more = peer == self.odd and taken != ALL and share is not None and taken < share
+            return taken + 1 if more else taken
+
+        return take
+
+
+@dataclass
+class MeshHistory:
+    """A history of runs on meshes (see :func:`run_mesh_history`)."""
+
+    spec: Spec
+    data: Any
+    log: list = field(default_factory=list)
+    history: Counter = field(default_factory=Counter)  # carry: everything consumed, all epochs
+    states: dict | None = None  # (data rank, worker, peer) -> the copy's state at the last checkpoint
+    mesh: Mesh | None = None  # the mesh of the last run
+    diverged: bool = False  # a peer of the last run took more than the others
+
+    def run(self, mesh: Mesh, epoch: int, loads: dict, first_stage: str, record: Epoch, tags: set, final: bool) -> None:
+        """Every peer of every data slot consumes the same amount (rarely, one peer one
+        more; the epoch's ``final`` run: to the end); peers must yield the same elements,
+        which the oracle counts once."""
+        data, states = self.data, {}
+        odd = data.draw(st.sampled_from(mesh.slots)) if mesh.peers > 1 and data.draw(st.integers(0, 9)) == 0 else None
+        self.diverged = False
+        for d, w in mesh.slots:
+            take, seen = PeerTake(data, final, 1 if (d, w) == odd else None), []
+            for peer in range(mesh.peers):
+                with as_worker(w, mesh.workers):
+                    fresh = mesh_copy(self.spec, mesh, d, epoch, loads.get((d, w)), f"load-{first_stage[8:]}")
+                    elements, at_end, states[d, w, peer] = run_unit(fresh, take.for_peer(peer), first_stage)
+                seen.append(elements)
+            self.diverged |= any(e != seen[0] for e in seen)
+            assert (d, w) == odd or all(e == seen[0] for e in seen), f"the peers of data slot {(d, w)} differ"
+            self.log.append(f"  data slot {(d, w)}: {len(seen[0])} elements x {mesh.peers} peers, at end: {at_end}")
+            if self.spec.even == "carry":
+                self.history.update(seen[0])
+                record.add(d * max(1, mesh.workers) + w, seen[0], at_end)
+            else:
+                record.add(d * max(1, mesh.workers) + w, untag_epoch(seen[0], tags, True, self.log), at_end)
+        self.states, self.mesh = states, mesh
+
+    def resume(self, new: Mesh, identity: str) -> tuple[dict, bool] | None:
+        """The next run's loads, and whether merged: through LoaderCheckpoint's pack and
+        restore (exact on the same data world and workers, else merged), or
+        gather_states' merge of every rank's state. Peers that diverged must be refused,
+        naming them: ``None`` then."""
+        from distshard.checkpoint import Contribution, pack, restore
+
+        old, workers = self.mesh, max(1, self.mesh.workers) if self.mesh else 1
+        assert old is not None and self.states is not None, "a checkpoint follows a run"
+        given = [
+            Contribution(
+                d * old.peers + t,
+                d,
+                old.data,
+                old.workers,
+                {"slots": [self.states[d, w, t] for w in range(workers)]},
+                None,
+                identity,
+            )  # fmt: skip
+            for d in range(old.data)
+            for t in range(old.peers)
+        ]
+        try:
+            if self.data.draw(st.booleans(), label="gather"):
+                with stage("merge"):
+                    merged = jsonable(distshard.merge_states([c.loader for c in given]))
+                return {slot: merged for slot in new.slots}, True
+            with stage("checkpoint"):
+                saved = pack(given)
+            with stage("merge"):  # what every new data rank takes from the checkpoint
+                found = [restore(saved, replace(given[0], data_rank=d, data_world=new.data, workers=new.workers))
+                         for d in range(new.data)]  # fmt: skip
+        except Refused as refused:
+            if not self.diverged:
+                raise
+            assert isinstance(refused.error, distshard.StateMismatchError), refused
+            assert "model-parallel peers disagree" in str(refused.error), refused
+            return None
+        assert not self.diverged, "peers at different positions were merged\n" + "\n".join(self.log)
+        if found[0].exact:
+            return {(d, w): found[d].loader["slots"][w] for d, w in new.slots}, False
+        return {(d, w): found[d].merged for d, w in new.slots}, True
+
+
+def run_mesh_history(spec: Spec, data) -> None:
+    """Epochs of one to three runs, each on a mesh of its own, every run checkpointing and
+    the next resuming from that; the oracle as for :func:`run_history`."""
+    universe, carry = Counter(spec.universe()), spec.even == "carry"
+    identity = build(spec, 0, 1).chain_identity()
+    mine = MeshHistory(spec, data)
+    for epoch in range(data.draw(st.integers(1, 3 if carry else 2), label="epochs")):
+        record, tags = Epoch(), set[str]()
+        runs = data.draw(st.integers(1, 3), label="runs")
+        for index in range(runs):
+            mesh = data.draw(MESHES, label="mesh")
+            if mine.mesh is not None and data.draw(st.booleans(), label="same data ranks and workers"):
+                mesh = replace(mine.mesh, peers=mesh.peers)  # another model-parallel degree at most
+            try:
+                found = ({}, False) if mine.states is None else mine.resume(mesh, identity)
+                if found is None:
+                    return  # peers diverged, and the checkpoint refused them
+                loads, merged = found
+                mine.log.append(f"epoch {epoch}: {mesh}, {'merged' if merged else 'own' if loads else 'fresh'}")
+                if index == 0 or merged:
+                    left = (epoch + 1) * sum(universe.values()) - sum(mine.history.values()) if carry else None
+                    record.start_split(universe, mesh.num_slots, spec.even, spec.multiple, left)
+                first = "iterate-merged" if merged else "iterate-own" if loads else "iterate"
+                mine.run(mesh, epoch, loads, first, record, tags, index == runs - 1)
+            except Refused as refused:
+                assert_documented(spec, refused, mine.log)
+                return
+        if mine.diverged and mine.mesh is not None:  # the checkpoint must refuse it; the history ends there
+            assert mine.resume(mine.mesh, identity) is None, "\n".join(mine.log)
+            return
+        where = f"{spec}, epoch {epoch}\n" + "\n".join(mine.log)
+        if carry:
+            check_carry_epoch(universe, epoch, record, mine.history, True, where)
+        else:
+            check_epoch(universe, record, where)
+
+
+def local(spec: Spec) -> Spec:
+    """``spec`` over a local source: the mesh histories build every copy once per peer, and
+    the remote read paths (a build costs requests) are the other histories' concern."""
+    return replace(spec, source="jsonl") if spec.source.startswith("remote") else spec
+
+
+@settings(MODEL_SETTINGS, max_examples=60)
+@given(spec=specs().map(local), data=st.data())
+def test_every_history_on_meshes_is_exact_or_refused(spec, data):
+    """Every run on a random mesh (data ranks x model-parallel peers x workers): peers yield
+    the same elements, a checkpoint (LoaderCheckpoint's pack and restore, or gather_states'
+    merge) counts their states once, resumes exactly on the same data world and workers and
+    elastically on another; a peer that took one more is refused, naming it."""
+    if check_construction(spec):
+        run_mesh_history(spec, data)
+
+
+@settings(MODEL_SETTINGS, max_examples=30)
+@given(spec=carry_specs().map(local), data=st.data())
+def test_every_carry_history_on_meshes_is_exact_or_refused(spec, data):
+    if check_construction(spec):
+        run_mesh_history(spec, data)
 
 
 # -- a state loaded into another pipeline ----------------------------------------------------

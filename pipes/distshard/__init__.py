@@ -19,6 +19,7 @@ if __name__ == "distshard" and sys.argv[:2] == ["-m", "index"]:  # `python -m di
     if _status is not None:
         sys.exit(_status)
 
+from .checkpoint import LoaderCheckpoint
 from .context import ShardContext, UnknownRankError, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch
 from .errors import (
@@ -50,6 +51,7 @@ __all__ = [
     "DistShardNode",
     "DistshardError",
     "Explanation",
+    "LoaderCheckpoint",
     "OptionError",
     "OptionTypeError",
     "ResumeOrderError",

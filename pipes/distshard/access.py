@@ -26,6 +26,7 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from . import context as _context
 from .errors import UnsupportedError
 from .graph import is_positional, random_access
+from .groups import DataGroup
 from .options import carry_refused, random_access_needed
 from .plan import CARRY, Even
 from .protocol import has_sequence, sequence_of, units_of
@@ -209,12 +210,14 @@ class UnitCounts:
         self.answers.update(zip(missing, unit_sizes(missing, self.sizes), strict=True))
         return [self.answers[unit] for unit in units]
 
-    def ask_all(self, units: list) -> None:
+    def ask_all(self, units: list, group: DataGroup | None = None) -> None:
         """Ask the callable for every unit, once per job: with torch.distributed up
         each rank asks for its share of the units and the answers are exchanged (a
-        collective, made when the pipe is built: build the pipeline on every rank);
-        else this process asks for all."""
+        collective, made when the pipe is built: build the pipeline on every rank of
+        ``group``, the data group, default: every rank); else this process asks for all."""
         found = _context.dist_rank_world()
+        if group is not None and found is not None:
+            found = group.rank, group.world_size
         if found is None or found[1] == 1 or get_worker_info() is not None:
             self(units)
             return
@@ -224,7 +227,7 @@ class UnitCounts:
             mine: Any = dict(zip(share, self(share), strict=True))
         except Exception as exc:  # noqa: BLE001 - raised on every rank below
             mine = exc
-        for answer in _context.gather_objects(mine, "the sizes of the units (each rank asks for its share)"):
+        for answer in _context.gather_objects(mine, "the sizes of the units (each rank asks for its share)", group):
             if isinstance(answer, Exception):
                 raise answer
             self.answers.update(answer)

@@ -3,6 +3,9 @@
 The distributed part (``rank``, ``world_size``) comes from, in this order:
 
 1. ``explicit``: the ``rank`` / ``world_size`` given to ``dist_shard``;
+   ``mesh`` / ``group``: the data group given to it (``mesh=`` a ``DeviceMesh`` of the
+   data-parallel dimensions, ``group=`` a ``ProcessGroup``; see ``groups.py``): the
+   data rank and data world, also in DataLoader workers, which receive it with the pipe;
 2. ``torch.distributed``: the default process group, when it is initialized
    (also in DataLoader workers started with ``fork``, which inherit it);
 3. ``pickled``: the values captured when the pipe was pickled in a process where
@@ -33,9 +36,10 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 from .errors import DistshardError, OptionError, OptionTypeError, SetupError
+from .groups import DataGroup, data_group, gloo_group
 from .waits import naming_collective_timeouts
 
-SOURCES = ("explicit", "torch.distributed", "pickled", "env", "default")
+SOURCES = ("explicit", "mesh", "group", "torch.distributed", "pickled", "env", "default")
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,11 @@ class ShardContext:
     or 1 when the pipe is iterated in the rank's own process. ``slot`` is
     ``rank * num_workers + worker_id`` and ``num_slots`` is
     ``world_size * num_workers``. ``source`` says where ``rank`` and
-    ``world_size`` came from (one of ``explicit``, ``torch.distributed``,
-    ``pickled``, ``env``, ``default``).
+    ``world_size`` came from (one of ``explicit``, ``mesh``, ``group``,
+    ``torch.distributed``, ``pickled``, ``env``, ``default``). With ``mesh=`` or
+    ``group=``, ``rank`` and ``world_size`` are the data rank and data world, and
+    ``group`` the :class:`~distshard.groups.DataGroup` (its coordinate, shape and
+    world ranks); model-parallel peers share the data rank and read the same elements.
     """
 
     rank: int
@@ -55,6 +62,7 @@ class ShardContext:
     worker_id: int = 0
     num_workers: int = 1
     source: str = "default"
+    group: DataGroup | None = None
     slot: int = field(init=False)
     num_slots: int = field(init=False)
 
@@ -261,14 +269,17 @@ def note_captured(rank_world: tuple[int, int] | None) -> None:
 def resolve_distributed(
     explicit: tuple[int, int] | None = None,
     captured: tuple[int, int] | None = None,
+    group: DataGroup | None = None,
 ) -> tuple[int, int, str]:
     """``(rank, world_size, source)`` by the priority in the module docstring;
     ``captured`` is a pipe's own captured value, else this process's record
-    (:func:`note_captured`) is used."""
+    (:func:`note_captured`) is used; ``group`` a pipe's data group."""
     if _forced is not None:
         explicit = _forced
     if explicit is not None:
         return explicit[0], explicit[1], "explicit"
+    if group is not None:
+        return group.rank, group.world_size, group.kind
     found = dist_rank_world()
     if found is not None:
         return found[0], found[1], "torch.distributed"
@@ -315,6 +326,7 @@ def sharded_context(
     sharding: Mapping[SHARDING_PRIORITIES, tuple[int, int]],
     explicit: tuple[int, int] | None = None,
     captured: tuple[int, int] | None = None,
+    group: DataGroup | None = None,
 ) -> ShardContext:
     """The context of a pipe on which ``apply_sharding`` was called with values of its
     own (not the DataLoader's automatic call), ``sharding`` holding them by group:
@@ -339,9 +351,9 @@ def sharded_context(
     ranks = sharding.get(SHARDING_PRIORITIES.DISTRIBUTED)
     if ranks is not None:
         rank, world = ranks[1], ranks[0]
-        source = "apply_sharding"
+        source, group = "apply_sharding", None
     else:
-        rank, world, source = resolve_distributed(explicit, captured)
+        rank, world, source = resolve_distributed(explicit, captured, group)
     workers = sharding.get(SHARDING_PRIORITIES.MULTIPROCESSING)
     if workers is not None:
         if info is not None and (workers[0], workers[1]) != (info.num_workers, info.id):
@@ -349,51 +361,77 @@ def sharded_context(
                 f"apply_sharding({workers[0]}, {workers[1]}, MULTIPROCESSING) disagrees with "
                 f"DataLoader worker {info.id} of {info.num_workers}; drop the call"
             )
-        return ShardContext(rank, world, workers[1], workers[0], source)
-    if info is None:
-        return ShardContext(rank, world, 0, 1, source)
-    return ShardContext(rank, world, info.id, info.num_workers, source)
+        return _context_of(rank, world, source, group, (workers[1], workers[0]))
+    return _context_of(rank, world, source, group)
+
+
+def _context_of(
+    rank: int, world: int, source: str, group: DataGroup | None, worker: tuple[int, int] | None = None
+) -> ShardContext:
+    """The context of ``(rank, world)`` from ``source``, in this DataLoader worker
+    (or ``worker``: ``(id, count)``); ``group`` only where the data group decided."""
+    if worker is None:
+        info = get_worker_info()
+        worker = (0, 1) if info is None else (info.id, info.num_workers)
+    decided = group if group is not None and source == group.kind else None
+    return ShardContext(rank, world, worker[0], worker[1], source, decided)
 
 
 def current_context(
     rank: int | None = None,
     world_size: int | None = None,
     *,
+    mesh: object = None,
+    group: object = None,
     _captured: tuple[int, int] | None = None,
+    _group: DataGroup | None = None,
 ) -> ShardContext:
     """The :class:`ShardContext` of the calling process.
 
     Args:
         rank: explicit rank; give it together with ``world_size``.
         world_size: explicit world size.
+        mesh: a ``DeviceMesh`` of the data-parallel dimensions: the data rank (its
+            row-major coordinate) and data world (the product of its sizes), as
+            ``dist_shard(mesh=...)`` takes them.
+        group: a ``ProcessGroup`` of the data-parallel ranks, instead of ``mesh``.
 
     Example:
         >>> import distshard
         >>> distshard.current_context(rank=1, world_size=4).slot
         1
     """
-    r, w, source = resolve_distributed(check_explicit(rank, world_size), _captured)
-    info = get_worker_info()
-    if info is None:
-        return ShardContext(r, w, 0, 1, source)
-    return ShardContext(r, w, info.id, info.num_workers, source)
+    explicit = check_explicit(rank, world_size)
+    given = data_group(mesh, group)
+    if given is not None and explicit is not None:
+        raise given_twice(explicit, given)
+    found = given or _group
+    r, w, source = resolve_distributed(explicit, _captured, found)
+    return _context_of(r, w, source, found)
 
 
-def gather_objects(obj: object, what: str) -> list:
-    """Every rank's ``obj``, on every rank: a collective over the default group
-    (``what`` it gathers names it in the error if not every rank joins in time).
+def given_twice(explicit: tuple[int, int], group: DataGroup) -> OptionError:
+    """The error for ``rank=`` / ``world_size=`` given with ``mesh=`` / ``group=``."""
+    return OptionError(
+        f"rank={explicit[0]}, world_size={explicit[1]} and {group.kind}= were both given: {group.kind}= gives the data rank and data world itself ({group.describe()}); "
+        "pass one or the other"
+    )
+
+
+def gather_objects(obj: object, what: str, group: DataGroup | None = None) -> list:
+    """Every rank's ``obj``, on every rank of ``group`` (default: every rank), in
+    the order of the group's ranks: a collective (``what`` it gathers names it in
+    the error if not every rank joins in time).
 
     Runs on a CPU (gloo) group, so it works whatever backend the job uses (NCCL
-    included): the default group when it is gloo, else a gloo group made for the
-    call and destroyed after it (both collectives: every rank must call this)."""
-    group = None
-    if dist.get_backend() != "gloo":
-        group = dist.new_group(backend="gloo")
-    try:
-        out: list = [None] * dist.get_world_size()
-        with naming_collective_timeouts(f"{what}: all_gather_object over every rank"):
-            dist.all_gather_object(out, obj, group=group)
+    included): the group itself when it is gloo, else the gloo group its ranks made
+    once (every rank's: one made for the call and destroyed after it; see
+    :func:`distshard.groups.gloo_group`). Every rank of the group must call this, and
+    no other."""
+    size = dist.get_world_size() if group is None else group.world_size
+    over = "every rank" if group is None else f"the data group ({group.describe()})"
+    with gloo_group(group) as pg:
+        out: list = [None] * size
+        with naming_collective_timeouts(f"{what}: all_gather_object over {over}"):
+            dist.all_gather_object(out, obj, group=pg)
         return out
-    finally:
-        if group is not None:
-            dist.destroy_process_group(group)

@@ -30,7 +30,7 @@ from .graph import Pushdown
 from .options import ShardOptions, check_flag, check_seed
 from .plan import CARRY, check_multiple
 from .readers import RandomAccessReader, Reader
-from .state import KEY, State, as_state, carry_base_after, check_carry_load, check_fits, fresh_state
+from .state import KEY, State, as_state, carry_base_after, check_carry_load, check_fits
 
 __all__ = ["OptionsView", "PlanModel", "ShardCore"]
 
@@ -345,20 +345,25 @@ class ShardCore:
         assert self.run is not None, "a run was started"
         return self.run.state()
 
-    def state(self, fresh_run: Callable[[State | None], SlotRun] | None) -> StateDict:
+    def state(self, fresh_run: Callable[[State | None], SlotRun] | None, ctx: _context.ShardContext) -> StateDict:
         """Where this shard is: its current run's state if of this epoch; else, under
         carry, that of the run ``fresh_run`` would start here (a state says where its
         run's epoch ends, which depends on the slot count; ``None``: building it would
-        read data); else the loaded state, or a fresh one."""
+        read data); else the loaded state, or a fresh one, as the copy ``ctx`` reports
+        it (a data group's copy says which: see ``State.replica``)."""
         run = self.run
         if run is not None and run.epoch == self.epoch:
             return run.state()
         pending = self.pending
         if self.options.even == CARRY and (pending is None or not pending.is_slot) and fresh_run is not None:
             return fresh_run(pending).state()
-        if pending is not None:
-            return pending.to_dict()
-        return fresh_state(self.epoch, self.mode, self.options.even, self.carry)
+        found = pending if pending is not None else State.fresh(self.epoch, self.mode, self.options.even, self.carry)
+        if ctx.group is not None:  # a slot state is its own slot's copy; any other, this copy's
+            copy_of = (ctx.slot, ctx.num_slots)
+            if found.slot is not None and found.num_slots is not None:
+                copy_of = (found.slot, found.num_slots)
+            found = dataclasses.replace(found, replica=copy_of)
+        return found.to_dict()
 
     def share(self, total: int, slot: int, num_slots: int) -> int:
         """What ``slot`` of ``num_slots`` yields of ``total`` positions this epoch,
@@ -411,6 +416,8 @@ class ShardCore:
         shown = [f"even={options.even!r}"]
         if options.explicit is not None:
             shown.append(f"rank={options.explicit[0]}, world_size={options.explicit[1]}")
+        if options.group is not None:
+            shown.append(f"{options.group.kind}=<{options.group.describe()}>")
         if options.seed is not None:
             shown.append(f"seed={options.seed}")
         if options.shuffle:

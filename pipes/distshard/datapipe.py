@@ -126,6 +126,15 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
             element space), and enables ``even`` and ``shuffle=True`` in unit mode.
         pushdown: run 1:1 maps right above the source on the slot's own elements
             only (default); ``False`` runs them as written, on every element.
+        mesh: in a model-parallel job, a ``DeviceMesh`` of the data-parallel
+            dimensions (``world_mesh["dp"]``, or ``world_mesh["dp_replicate",
+            "dp_shard"]``): the rank is this rank's row-major coordinate over them,
+            the world size the product of their sizes, so ranks with the same
+            coordinate (tensor, context and pipeline parallel peers) get identical
+            elements in identical order. Exclusive with ``rank`` / ``world_size``.
+            Every collective for the pipe runs over these ranks only.
+        group: instead of ``mesh``, a ``ProcessGroup`` of the data-parallel ranks
+            (Megatron's ``get_data_parallel_group()``): the rank in it and its size.
         multiple_of: with ``even="drop"``, round every slot's count down to a
             multiple of this (the batch size of a ``.batch()`` after the shard), so
             every batch is full, every rank runs the same number of steps, and
@@ -159,6 +168,8 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         sizes: Sequence[int] | Mapping[Any, int] | Callable[[Any], int] | None = None,
         pushdown: bool = True,
         multiple_of: int = 1,
+        mesh: Any = None,
+        group: Any = None,
     ) -> None:
         super().__init__()
         if not isinstance(source_datapipe, IterDataPipe):
@@ -176,6 +187,8 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
             expand=expand,
             sizes=sizes,
             multiple_of=multiple_of,
+            mesh=mesh,
+            group=group,
         )
         self.pushdown = check_flag("pushdown", pushdown)
         self._pushdown: Pushdown | None = None  # per process, never pickled
@@ -193,7 +206,8 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         check_no_sharding(source_datapipe, upstream)
         self._counts = UnitCounts(self.sizes)  # a sizes callable's answers, asked once per job
         if self.expand is not None and self._counts.computed:
-            self._counts.ask_all(list(self.source_datapipe))  # before any DataLoader worker copies the pipe
+            # before any DataLoader worker copies the pipe; a collective over the data group
+            self._counts.ask_all(list(self.source_datapipe), options.group)
         self.loader_track = LoaderTrack()  # what torch's DataLoader did to this pipe
         self._chain: str | None = None  # identity of the upstream graph, computed once
         self._random_pipes: list | None = None  # per process, never pickled
@@ -237,10 +251,10 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
     # -- who am I ---------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this pipe resolves to in this process."""
-        explicit, captured = self.core.options.explicit, self.core.captured
+        options, captured = self.core.options, self.core.captured
         if self.loader_track.sharding:
-            return _context.sharded_context(self.loader_track.sharding, explicit, captured)
-        return _context.current_context(*(explicit or (None, None)), _captured=captured)
+            return _context.sharded_context(self.loader_track.sharding, options.explicit, captured, options.group)
+        return _context.current_context(*(options.explicit or (None, None)), _captured=captured, _group=options.group)
 
     # -- hooks torch's DataLoader calls ----------------------------------------
     def apply_sharding(
@@ -489,11 +503,12 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
                 "stands: call set_epoch() with the next epoch before iterating the loader"
             )
 
+        ctx = self.context()
+
         def fresh_run(pending: State | None) -> SlotRun:
-            ctx = self.context()
             return core.slot_run(self.reader(), ctx, core.run_seed(pending, self.base_seed(ctx)), pending)
 
-        return core.state(fresh_run if self._cheap_reader() else None)
+        return core.state(fresh_run if self._cheap_reader() else None, ctx)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (a slot's or a merged state).
@@ -511,6 +526,12 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         if self.core.load(found, self.reader() if self._cheap_reader() else None, get_worker_info() is not None):
             self.core.run = None
             self.loader_track.state_loaded(self.core.epoch)
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise ``ValueError`` (``StateMismatchError`` for another pipeline's) if
+        ``state`` (a slot's or a merged state) does not come from this pipeline;
+        nothing is loaded."""
+        self.core.check_against(State.from_dict(state), self.reader() if self._cheap_reader() else None)
 
     def load_carry_base(self, states: Sequence[dict[str, Any]]) -> None:
         """``even="carry"``: keep where the epochs after ``states``' begin, from the slot

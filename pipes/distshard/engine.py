@@ -194,6 +194,7 @@ class SlotRun:
             finished=self.finished,
             carry_from=self.carry_from,
             whole_files=isinstance(self.reader, WholeFilesReader),
+            replica=(self.ctx.slot, self.ctx.num_slots) if self.ctx.group is not None else None,
         )
 
     def __iter__(self) -> Iterator[Any]:

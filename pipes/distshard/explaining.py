@@ -31,6 +31,8 @@ __all__ = ["Explanation", "explain", "explain_model", "explain_shard"]
 
 _SOURCES = {
     "explicit": "the rank= / world_size= arguments",
+    "mesh": "the mesh= argument (the data-parallel dimensions of a DeviceMesh)",
+    "group": "the group= argument (the data-parallel ProcessGroup)",
     "torch.distributed": "the initialized torch.distributed process group",
     "pickled": "torch.distributed as captured when the pipe was sent to this process",
     "env": "the RANK / WORLD_SIZE environment (torchrun; or LOCAL_RANK / NODE_RANK as Lightning sets them)",
@@ -367,6 +369,7 @@ def _context_section(ctx: ShardContext, out: Explanation) -> None:
                     else "(no DataLoader worker here: inside a DataLoader with K workers there are K slots per rank)"
                 ),
                 f"slot {ctx.slot} of {ctx.num_slots} (slot = rank * num_workers + worker_id)",
+                *_group_lines(ctx),
             ],
         )
     )
@@ -375,6 +378,16 @@ def _context_section(ctx: ShardContext, out: Explanation) -> None:
             "no distributed context found: every process will think it is rank 0 of 1 and read "
             "everything. Initialize torch.distributed, run under torchrun, or pass rank=/world_size=."
         )
+
+
+def _group_lines(ctx: ShardContext) -> list[str]:
+    """The data group that gave the rank, if one did."""
+    if ctx.group is None:
+        return []
+    return [
+        f"data group: {ctx.group.describe()}; the rank is the data rank, and model-parallel peers "
+        "(ranks with the same data coordinate) read the same elements in the same order"
+    ]
 
 
 def _plan_section(model: PlanModel, out: Explanation) -> None:

@@ -4,8 +4,9 @@
 yields a data-dependent number of elements) *after* it unbalances the ranks
 again, and a DDP loop then hangs in the collective of the rank that has one more
 batch. Wrapping the loop's iterable in :func:`stop_together` adds one tiny
-``all_reduce`` per step (a flag on a CPU gloo group with a bounded timeout, created
-for the epoch and destroyed after it), so all
+``all_reduce`` per step (a flag on a CPU gloo group with a bounded timeout: every
+rank's is created for the epoch and destroyed after it, a subgroup's is made by its
+ranks once and kept), so all
 ranks stop at the step where the first one has nothing left. This is what
 torchdata's removed ``fullsync`` did.
 """
@@ -18,6 +19,8 @@ from datetime import timedelta
 from typing import Any, Generic, Iterable, Iterator, TypeVar
 
 from .errors import OptionError, OptionTypeError, SetupError
+from .groups import subgroup
+from .stateful import data_group_of
 from .waits import naming_collective_timeouts
 
 T = TypeVar("T")
@@ -54,7 +57,9 @@ class StopTogether(Generic[T]):
         self.unused: int | None = None
         self.unused_per_rank: list[int] | None = None
 
-    def _new_flag_group(self) -> Any:
+    def _flag_group(self) -> tuple[Any, bool]:
+        """The epoch's flag group, and whether it was made for the epoch (the
+        world's: destroyed after it; a subgroup's is kept, see ``groups.subgroup``)."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -64,23 +69,23 @@ class StopTogether(Generic[T]):
             )
         # a CPU group of its own, so the flag never waits on GPU work and has its own timeout;
         # every rank creates it at the start of every epoch, so all call new_group in the same order
-        ranks = None if self._group_arg is None else dist.get_process_group_ranks(self._group_arg)
-        # with a group, only its members call new_group (the others never iterate this loop)
-        return dist.new_group(
-            ranks=ranks,
-            backend="gloo",
-            timeout=timedelta(seconds=self.timeout),
-            use_local_synchronization=ranks is not None,
-        )
+        if self._group_arg is not None:
+            ranks: list[int] | None = dist.get_process_group_ranks(self._group_arg)
+        else:  # the data group of the pipe's dist_shard(mesh= / group=), else every rank
+            found = data_group_of(self.iterable)
+            ranks = None if found is None else list(found.ranks)
+        if ranks is not None:  # only the group's members make it (the others never iterate this loop)
+            return subgroup(ranks, self.timeout), False
+        return dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout)), True
 
     def __iter__(self) -> Iterator[T]:
         import torch.distributed as dist
 
-        group = self._new_flag_group()
+        group, made = self._flag_group()
         try:
             yield from self._epoch(group)
         finally:  # release its sockets: one group per epoch, never one more per epoch
-            if dist.is_initialized():  # else destroying the default group released it already
+            if made and dist.is_initialized():  # else destroying the default group released it already
                 dist.destroy_process_group(group)
 
     def _epoch(self, group: Any) -> Iterator[T]:
@@ -117,7 +122,11 @@ def stop_together(
 
     Args:
         iterable: what the training loop iterates (a DataLoader, a pipeline).
-        group: the process group of the ranks that train together (default: all).
+        group: the process group of the ranks that train together (default: the
+            data group of the pipeline's ``dist_shard(mesh=...)`` or ``group=``,
+            found from ``iterable``; else all ranks). Under a mesh each data group
+            stops together, and model-parallel peers, which read the same batches,
+            stop at the same step.
         timeout: seconds (finite, positive) the per-step flag may wait for the
             other ranks before raising instead of hanging.
         count_unused: after stopping, count (by draining) what this rank did not

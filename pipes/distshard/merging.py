@@ -11,14 +11,14 @@ every slot once (``_every_slot_once``), what it leaves (``_epoch_left``,
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .errors import OptionError, StateMismatchError
 from .layouts import Layout, invalid_state
 from .plan import CARRY, Even, Remaining, carry_left, slot_count
 from .state import State, find_typed_states, is_whole_files
 
-__all__ = ["merge", "merge_states"]
+__all__ = ["merge", "merge_items", "merge_states", "replicas_once"]
 
 
 def merge_states(states: Iterable[object]) -> dict[str, Any]:
@@ -30,15 +30,34 @@ def merge_states(states: Iterable[object]) -> dict[str, Any]:
     splits the remainder exactly once among its slots. Raises ``ValueError`` if a
     slot is missing or appears twice, or the states come from different epochs,
     seeds or pipelines, or claim more than their share.
+
+    Under ``mesh=`` / ``group=`` the model-parallel peers of a data rank report the
+    same copies: their identical states count once, and peers whose states differ
+    (they consumed different counts) raise, naming them (``states[i]``: the i-th
+    item passed).
     """
-    return merge(find_typed_states(list(states))).to_dict()
+    return merge_items(list(states), lambda index: f"states[{index}]").to_dict()
 
 
-def merge(found: list[State]) -> State:
-    """:func:`merge_states` of states already found and typed."""
+def merge_items(items: Sequence[object], owner: Callable[[int], str]) -> State:
+    """:func:`merge` of the states found in each of ``items`` (what one rank saved),
+    ``owner(i)`` naming where item ``i`` came from."""
+    found: list[State] = []
+    owners: list[str] = []
+    for index, item in enumerate(items):
+        typed = find_typed_states(item)
+        found += typed
+        owners += [owner(index)] * len(typed)
+    return merge(found, owners)
+
+
+def merge(found: list[State], owners: list[str] | None = None) -> State:
+    """:func:`merge_states` of states already found and typed; ``owners`` names
+    where each came from (a rank), for the refusal of peers that disagree."""
     if not found:
         raise OptionError("merge_states found no distshard state in what was given")
-    first = _same_run(found)
+    found = replicas_once(found, owners or [f"state {i}" for i in range(len(found))])
+    first = replace(_same_run(found), replica=None)
     sized = [s for s in found if s.is_slot]
     if not sized:  # only merged/fresh states: nothing to combine
         return first
@@ -111,6 +130,37 @@ class _RunOf:
         return cls(even, layout, multiple, workers, num_slots)
 
 
+def replicas_once(found: list[State], owners: list[str]) -> list[State]:
+    """``found`` with the states of every copy of a data group (``State.replica``)
+    once: model-parallel peers report the same copies, with identical states; peers
+    whose states differ raise ``StateMismatchError`` naming them (``owners[i]`` says
+    where ``found[i]`` came from)."""
+    kept: list[State] = []
+    first: dict[tuple[int, int], tuple[State, str]] = {}
+    for state, owner in zip(found, owners, strict=True):
+        if state.replica is None:
+            kept.append(state)
+            continue
+        seen = first.setdefault(state.replica, (state, owner))
+        if seen[0] is state:
+            kept.append(state)
+        elif seen[0] != state:
+            raise _peers_disagree(seen, (state, owner))
+    return kept
+
+
+def _peers_disagree(a: tuple[State, str], b: tuple[State, str]) -> StateMismatchError:
+    (one, who), (other, whom) = a, b
+    assert one.replica is not None  # a data group's copy
+    wire, theirs = one.to_dict(), other.to_dict()
+    differ = ", ".join(f"{k}: {wire.get(k)!r} vs {theirs.get(k)!r}" for k in wire if wire.get(k) != theirs.get(k))
+    return StateMismatchError(
+        f"model-parallel peers disagree: {who} and {whom} are the same data copy (slot {one.replica[0]} of "
+        f"{one.replica[1]}) but saved different states ({differ}): peers must read the same batches and "
+        "checkpoint at the same step; take every rank's state after the same number of steps"
+    )
+
+
 def _every_slot_once(sized: list[State], blank: int, num_slots: int) -> tuple[list[int], list[int]]:
     """Every slot's count of yielded elements, and the slots without a state; ``blank``
     states (slots that consumed nothing yet, no slot known) stand for those."""
@@ -118,7 +168,11 @@ def _every_slot_once(sized: list[State], blank: int, num_slots: int) -> tuple[li
     for s in sized:
         assert s.slot is not None  # a slot's state
         if s.slot in by_slot:
-            raise StateMismatchError(f"slot {s.slot} appears twice; pass one state per slot")
+            raise StateMismatchError(
+                f"slot {s.slot} appears twice; pass one state per slot (model-parallel peers that read the "
+                "same slot: build the pipe with dist_shard(mesh=...) or group=..., whose peers' identical "
+                "states count once)"
+            )
         by_slot[s.slot] = s
     absent = [slot for slot in range(num_slots) if slot not in by_slot]
     if len(absent) > blank:

@@ -77,6 +77,8 @@ class DistShardNode(OptionsView, BaseNode[T]):
         sizes: unit mode: element counts per unit (sequence, mapping or callable).
         multiple_of: with ``even="drop"``, every slot yields a multiple of this
             (the batch size), as for ``.dist_shard()``.
+        mesh, group: the data group (a ``DeviceMesh`` of the data-parallel
+            dimensions, or a ``ProcessGroup``), as for ``.dist_shard()``.
 
     State:
         ``state_dict()`` (through ``get_state``) is ``{"distshard_node": 2, "shard":
@@ -111,6 +113,8 @@ class DistShardNode(OptionsView, BaseNode[T]):
         expand: Optional[Callable[[Any], Any]] = None,
         sizes: Optional[Sequence[int] | Mapping[Any, int] | Callable[[Any], int]] = None,
         multiple_of: int = 1,
+        mesh: Any = None,
+        group: Any = None,
     ) -> None:
         super().__init__()
         self._sequence: Any = None
@@ -135,6 +139,8 @@ class DistShardNode(OptionsView, BaseNode[T]):
             expand=expand,
             sizes=sizes,
             multiple_of=multiple_of,
+            mesh=mesh,
+            group=group,
         )
         # the options, epoch, loaded state and runs, shared with the DataPipe
         self.core = ShardCore(options, whole=self._whole is not None, what="node")
@@ -158,7 +164,10 @@ class DistShardNode(OptionsView, BaseNode[T]):
     # -- who am I -----------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this node resolves to right now."""
-        return _context.current_context(*(self.core.options.explicit or (None, None)), _captured=self.core.captured)
+        options = self.core.options
+        return _context.current_context(
+            *(options.explicit or (None, None)), _captured=self.core.captured, _group=options.group
+        )
 
     # -- the options (frozen in the core) -------------------------------------------
     @property

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 from . import context as _context
 from .errors import OptionError, OptionTypeError, UnsupportedError
+from .groups import DataGroup, data_group
 from .mailbox import EPOCH_LIMIT
 from .plan import CARRY, Even, check_even, check_multiple
 from .readers import check_sizes
@@ -34,7 +35,8 @@ Sizes = Sequence[int] | Mapping[Any, int] | Callable[[Any], int]
 
 @dataclass(frozen=True)
 class ShardOptions:
-    """The checked arguments: ``explicit`` is ``(rank, world_size)`` or ``None``."""
+    """The checked arguments: ``explicit`` is ``(rank, world_size)`` or ``None``;
+    ``group`` the data group of ``mesh=`` / ``group=`` (see ``groups.py``) or ``None``."""
 
     explicit: tuple[int, int] | None
     even: Even
@@ -43,6 +45,7 @@ class ShardOptions:
     expand: Callable[[Any], Any] | None
     sizes: Any
     multiple_of: int
+    group: DataGroup | None = None
 
 
 def _int(name: str, value: object) -> int:
@@ -82,12 +85,17 @@ def check_options(
     expand: object,
     sizes: object,
     multiple_of: object,
+    mesh: object = None,
+    group: object = None,
 ) -> ShardOptions:
     """Check the arguments both front-ends share and return them, normalised.
 
     Also surfaces a malformed ``RANK`` / ``WORLD_SIZE`` environment now, rather than
-    in a DataLoader worker, when no explicit rank is given."""
+    in a DataLoader worker, when no explicit rank or data group is given."""
     explicit = _context.check_explicit(rank, world_size)
+    found = data_group(mesh, group)
+    if found is not None and explicit is not None:
+        raise _context.given_twice(explicit, found)
     checked_even = check_even(even)
     checked_seed = check_seed(seed)
     check_flag("shuffle", shuffle)
@@ -111,9 +119,9 @@ def check_options(
             "them no slot knows how many elements the others get. Pass sizes=, or use "
             "even=None and shuffle upstream with .shuffle()"
         )
-    if explicit is None:
+    if explicit is None and found is None:
         _context.check_environment()
-    return ShardOptions(explicit, checked_even, checked_seed, bool(shuffle), expand, checked_sizes, multiple)
+    return ShardOptions(explicit, checked_even, checked_seed, bool(shuffle), expand, checked_sizes, multiple, found)
 
 
 def random_access_needed(source: str, fix: str) -> ValueError:

@@ -48,6 +48,7 @@ from .plan import (
 
 VERSION = 3  # 3: carry_from (even="carry")
 KEY = "distshard"  # the marker (and version) key of a slot or merged state
+REPLICA = "replica"  # the copy a data group's state comes from: [slot, num_slots] (absent otherwise)
 # how the source identity of whole files (compressed, each streamed to one slot) begins: on the
 # wire, State.whole_files is this prefix (so states stay readable by older code both ways)
 WHOLE_FILES_SOURCE = "files:"
@@ -99,6 +100,9 @@ class State:
     finished: bool = False
     carry_from: int | None = None  # even="carry": the epoch the base opens, else None
     whole_files: bool = False  # whole compressed files, each streamed to one slot: no merge for another layout
+    # (slot, num_slots) of the copy that reported it, when a data group (mesh= / group=) decided its
+    # slot: model-parallel peers report the same copy, and a merge counts identical ones once
+    replica: tuple[int, int] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -150,6 +154,8 @@ class State:
             "finished": self.finished,
             "carry_from": self.carry_from,
         }
+        if self.replica is not None:  # only a data group's states have it: the others' wire is unchanged
+            out[REPLICA] = list(self.replica)
         out.update((k, v) for k, v in self.extra.items() if k not in out)
         return out
 
@@ -164,7 +170,8 @@ class State:
             layout=layout,
             remaining=remaining,
             whole_files=is_whole_files(wire["source"]),
-            extra={k: v for k, v in wire.items() if k not in _WIRE_KEYS},
+            replica=_replica(wire),
+            extra={k: v for k, v in wire.items() if k not in _WIRE_KEYS and k != REPLICA},
         )
         if found.is_carry:
             _check_carry(found)
@@ -265,6 +272,24 @@ def _check_wire(state: object) -> tuple[Mapping[str, Any], Remaining]:
     if state["even"] == CARRY:
         _int(state, "carry_from")
     return state, remaining
+
+
+def _replica(state: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The ``replica`` of a validated wire state: ``[slot, num_slots]`` of the copy, a
+    slot state's own slot, or ``None`` when absent."""
+    found = state.get(REPLICA)
+    if found is None:
+        return None
+    if (
+        not isinstance(found, (list, tuple))
+        or len(found) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in found)
+        or not 0 <= found[0] < found[1]
+    ):
+        raise _fail(f"replica={found!r} must be [slot, num_slots] with 0 <= slot < num_slots")
+    if state["slot"] is not None and (found[0], found[1]) != (state["slot"], state["num_slots"]):
+        raise _fail(f"replica={list(found)} is not the slot state's own slot [{state['slot']}, {state['num_slots']}]")
+    return found[0], found[1]
 
 
 def _check_slot_keys(state: Mapping[str, Any]) -> None:

@@ -17,11 +17,12 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .datapipe import DistShardIterDataPipe, shards_in
 from .errors import OptionError, OptionTypeError, StateMismatchError
-from .merging import merge, merge_states
+from .groups import DataGroup
+from .merging import merge, merge_items
 from .state import State, find_typed_states
 from .waits import naming_collective_timeouts
 
-__all__ = ["StatefulPipeline", "gather_states"]
+__all__ = ["StatefulPipeline", "data_group_of", "gather_states"]
 
 _KEY = "distshard_pipeline"
 
@@ -104,15 +105,45 @@ def gather_states(state: Any, group: Any = None) -> dict[str, Any]:
     """Collective: merge the states every rank passes (its pipeline's or its
     StatefulDataLoader's ``state_dict()``) into one state any world size can load.
 
-    Every rank of ``group`` must call it at the same step; every rank gets the
-    merged state (save it from rank 0).
+    Every rank of ``group`` (default: every rank) must call it at the same step;
+    every rank gets the merged state (save it from rank 0). Under ``mesh=`` /
+    ``group=`` call it on every rank of the world: model-parallel peers' identical
+    states count once, and peers whose states differ raise ``StateMismatchError``
+    naming their ranks.
     """
     import torch.distributed as dist
 
     states: list[Any] = [None] * dist.get_world_size(group)
     with naming_collective_timeouts("gather_states: all_gather_object of every rank's state"):
         dist.all_gather_object(states, state, group=group)
-    return merge_states(states)
+    return merge_items(
+        states, lambda index: f"rank {index if group is None else dist.get_global_rank(group, index)}"
+    ).to_dict()
+
+
+def data_group_of(obj: Any) -> DataGroup | None:
+    """The data group (``dist_shard(mesh=...)`` / ``group=``) of the pipeline in
+    ``obj`` (a pipeline, a :class:`StatefulPipeline`, a DataLoader over either), or
+    ``None``: no ``dist_shard``, or none with a data group. ``OptionError`` if its
+    ``dist_shard`` pipes have different ones."""
+    shard = _stateful_of(obj)
+    shards = [shard] if shard is not None else shards_in(obj)
+    groups = {s.core.options.group for s in shards if s.core.options.group is not None}
+    if len(groups) > 1:
+        raise OptionError(
+            f"the pipeline's dist_shard pipes have different data groups ({sorted(g.describe() for g in groups)}); "
+            "pass group= explicitly"
+        )
+    return next(iter(groups), None)
+
+
+def _stateful_of(obj: Any) -> DistShardIterDataPipe | None:
+    """The shard of a :class:`StatefulPipeline` in ``obj`` (itself, or a loader's
+    dataset), found without walking the pipeline's graph."""
+    for candidate in (obj, getattr(obj, "dataset", None)):
+        if isinstance(candidate, StatefulPipeline):
+            return candidate.shard
+    return None
 
 
 def _some_slots_of_a_carry_run(found: list[State], shard: DistShardIterDataPipe) -> bool:

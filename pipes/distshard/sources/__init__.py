@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence, Union
 from urllib.parse import urljoin
 
 from ..errors import OptionTypeError, SourceDataError, SourceMissingError
+from ..groups import data_group
 from .base import FileSourceIterDataPipe, SourceSequence
 from .files import FileAccess, key_of
 from .jsonl import JsonlFormat
@@ -199,6 +200,8 @@ def webdataset(
     index: ShardIndex | None = None,
     storage_options: StorageOptions = None,
     read_options: ReadOptions | None = None,
+    mesh: Any = None,
+    group: Any = None,
 ) -> WebDatasetIterDataPipe:
     """WebDataset tar shards as an ``IterDataPipe`` of samples.
 
@@ -225,13 +228,20 @@ def webdataset(
             the environment keeps working as it does for fsspec.
         read_options: read-ahead budget, range sizes, shuffle window, retries
             (:class:`distshard.ReadOptions`).
+        mesh, group: in a model-parallel job, the data group (a ``DeviceMesh`` of
+            the data-parallel dimensions, or a ``ProcessGroup``, as for
+            ``.dist_shard()``): the index build, split across ranks when
+            ``torch.distributed`` is up, is split over these ranks only (build the
+            source on each of them); default: every rank.
 
     Example:
         >>> dp = distshard.webdataset("data/shard-{000000..000063}.tar").dist_shard(even="drop")
         >>> dp = dp.map(lambda s: (decode_jpeg(s["jpg"]), int(s["cls"])))
     """
     files, counts, stored = _files(urls, index, storage_options)
-    return WebDatasetIterDataPipe(TarFormat(), files, counts, storage_options, read_options, stored)
+    return WebDatasetIterDataPipe(
+        TarFormat(), files, counts, storage_options, read_options, stored, data_group(mesh, group)
+    )
 
 
 def jsonl(
@@ -240,6 +250,8 @@ def jsonl(
     index: ShardIndex | None = None,
     storage_options: StorageOptions = None,
     read_options: ReadOptions | None = None,
+    mesh: Any = None,
+    group: Any = None,
 ) -> JsonLinesIterDataPipe:
     """JSON-lines files as an ``IterDataPipe``: one parsed JSON value per non-blank line.
 
@@ -247,17 +259,25 @@ def jsonl(
     naming the file, the line number and the byte offset. ``.dist_shard()`` reads
     each line at random from an index of line offsets (one scan per file, cached);
     compressed files (``.gz``, ``.bz2``, ``.xz``, ``.zst``) go whole to slots.
-    ``index``, ``storage_options`` and ``read_options`` as for :func:`webdataset`.
+    ``index``, ``storage_options``, ``read_options``, ``mesh`` and ``group`` as for
+    :func:`webdataset`.
 
     Example:
         >>> dp = distshard.jsonl("corpus/part-*.jsonl").dist_shard(even="drop").map(tokenize)
     """
     files, counts, stored = _files(urls, index, storage_options)
-    return JsonLinesIterDataPipe(JsonlFormat(), files, counts, storage_options, read_options, stored)
+    return JsonLinesIterDataPipe(
+        JsonlFormat(), files, counts, storage_options, read_options, stored, data_group(mesh, group)
+    )
 
 
 def tokens(
-    urls: UrlsArg, *, storage_options: StorageOptions = None, read_options: ReadOptions | None = None
+    urls: UrlsArg,
+    *,
+    storage_options: StorageOptions = None,
+    read_options: ReadOptions | None = None,
+    mesh: Any = None,
+    group: Any = None,
 ) -> TokensIterDataPipe:
     """Megatron-LM indexed datasets, read in place: one token sequence per
     element, as a 1-D numpy array of the dataset's dtype.
@@ -274,15 +294,17 @@ def tokens(
     match (bad magic, version or dtype code, a truncated ``.idx``, a ``.bin`` whose
     size is not where the pointers end, a missing file) raises naming the file.
     ``lengths()`` gives the tokens per sequence from the ``.idx`` alone.
-    Needs numpy (``pip install distshard[tokens]``). ``storage_options`` and
-    ``read_options`` as for :func:`webdataset`.
+    Needs numpy (``pip install distshard[tokens]``). ``storage_options``,
+    ``read_options``, ``mesh`` and ``group`` as for :func:`webdataset`.
 
     Example:
         >>> dp = distshard.tokens("corpus/train_text_document").dist_shard(even="drop", shuffle=True)
     """
     require_numpy()
     prefixes = pair_prefixes(expand_urls(urls, storage_options))
-    return TokensIterDataPipe(TokensFormat(), prefixes, None, storage_options, read_options)
+    return TokensIterDataPipe(
+        TokensFormat(), prefixes, None, storage_options, read_options, data_group=data_group(mesh, group)
+    )
 
 
 def parquet(
@@ -292,6 +314,8 @@ def parquet(
     index: ShardIndex | None = None,
     storage_options: StorageOptions = None,
     read_options: ReadOptions | None = None,
+    mesh: Any = None,
+    group: Any = None,
 ) -> ParquetIterDataPipe:
     """Parquet files as an ``IterDataPipe``: one dict per row.
 
@@ -300,7 +324,8 @@ def parquet(
     footers (rows and column chunk ranges per row group); a slot fetches a row
     group's selected column chunks and decodes it once while its rows are read
     (``shuffle=True`` keeps a row group's rows together). ``index``,
-    ``storage_options`` and ``read_options`` as for :func:`webdataset`.
+    ``storage_options``, ``read_options``, ``mesh`` and ``group`` as for
+    :func:`webdataset`.
 
     Example:
         >>> dp = distshard.parquet("table/*.parquet", columns=["text", "label"]).dist_shard(even="drop")
@@ -309,4 +334,6 @@ def parquet(
 
     require_pyarrow()
     files, counts, stored = _files(urls, index, storage_options)
-    return ParquetIterDataPipe(ParquetFormat(columns), files, counts, storage_options, read_options, stored)
+    return ParquetIterDataPipe(
+        ParquetFormat(columns), files, counts, storage_options, read_options, stored, data_group(mesh, group)
+    )

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
+from ..groups import DataGroup
 from ..waits import WaitTimeout
 from ._lru import LRU
 from .answers import index_command
@@ -593,6 +594,9 @@ class FileSourceIterDataPipe(IterDataPipe):
             (:class:`distshard.sources.ReadOptions`).
         stored: the folder of a stored index (``python -m distshard index``);
             ``None`` looks for ``.distshard/`` beside the first file.
+        data_group: the data group (``mesh=`` / ``group=`` of the public
+            functions, see ``groups.py``) the index build is split over; ``None``:
+            every rank.
     """
 
     def __init__(
@@ -603,6 +607,7 @@ class FileSourceIterDataPipe(IterDataPipe):
         storage_options: Mapping[str, Any] | None = None,
         read_options: ReadOptions | None = None,
         stored: str | None = None,
+        data_group: DataGroup | None = None,
     ) -> None:
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise OptionTypeError(
@@ -621,10 +626,11 @@ class FileSourceIterDataPipe(IterDataPipe):
         self.stored_location = stored
         self._stored: Stored | None = None  # the stored index found (after prepare)
         self._indexed_here = 0  # files prepare indexed itself (no stored index had them)
+        self.data_group = data_group  # the ranks the index build is split over (None: every rank)
         first_remote = next((url for url in self.urls if is_remote(url)), None)
-        if _collective() is not None:
-            # Built on every rank (as the whole pipeline is): the one place where the
-            # index build is split across ranks. Later, lazy calls (len, explain,
+        if _collective(data_group) is not None:
+            # Built on every rank of the data group (as the whole pipeline is): the one place
+            # where the index build is split across ranks. Later, lazy calls (len, explain,
             # dist_shard) never make collectives, so calling them on one rank cannot hang.
             self.prepare(collective=True)
         elif first_remote is not None:  # its first request comes later (dist_shard, len, iter): start the client now
@@ -664,8 +670,9 @@ class FileSourceIterDataPipe(IterDataPipe):
         counts and identities; returns ``(file, count)`` per file.
 
         ``collective=True`` (what construction does when ``torch.distributed`` is
-        initialized) is a collective every rank must make: the files are split
-        across ranks, each indexes its share and they exchange the results.
+        initialized) is a collective every rank of the data group must make: the
+        files are split across its ranks, each indexes its share and they exchange
+        the results.
         Otherwise every file is indexed here or read from the cache, each under a
         lock, so concurrent processes index a file once. Either way a file's
         identity is asked here only, once per job: it travels with the pipe into
@@ -696,6 +703,7 @@ class FileSourceIterDataPipe(IterDataPipe):
                         partial(_build, self.fmt, self.access),
                         collective,
                         identify=partial(identify, self.fmt, access=self.access),
+                        group=self.data_group,
                     ),
                     strict=True,
                 )

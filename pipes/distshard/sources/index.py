@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator
 
 from .. import errors as _errors
 from ..digests import blake2b_hex
+from ..groups import DataGroup
 from ..waits import WaitTimeout
 from .files import FileRef, file_identity, key_of
 
@@ -340,9 +341,10 @@ def _install(fmt: str, ref: FileRef, data: bytes) -> None:
         write_entry(cache_path(fmt, ref), data)
 
 
-def _collective() -> tuple[int, int] | None:
+def _collective(group: DataGroup | None = None) -> tuple[int, int] | None:
     """``(rank, world_size)`` when this process is a rank of an initialized group
-    of several (not a DataLoader worker), else ``None``."""
+    of several (not a DataLoader worker), else ``None``; in ``group`` (the data
+    group) when given, else in the default group."""
     from torch.utils.data import get_worker_info
 
     if get_worker_info() is not None:
@@ -351,9 +353,10 @@ def _collective() -> tuple[int, int] | None:
         import torch.distributed as dist
     except ImportError:
         return None
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+    if not (dist.is_available() and dist.is_initialized()):
         return None
-    return dist.get_rank(), dist.get_world_size()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if group is None else (group.rank, group.world_size)
+    return None if world <= 1 else (rank, world)
 
 
 def _threads(urls: list[str]) -> int:
@@ -435,21 +438,23 @@ def summarize_files(
     build: Builder,
     collective: bool = False,
     identify: Callable[[str], tuple[int, str]] = file_identity,
+    group: DataGroup | None = None,
 ) -> list[tuple[FileRef, int]]:
     """``(ref with identity, sample count)`` for every url, in order.
 
     With ``collective`` (and this process a rank of an initialized
     ``torch.distributed`` group of several), this is a collective call that every
-    rank must make: rank ``r`` indexes files ``r, r + world, ...`` and the counts
+    rank of ``group`` (the data group; default: every rank) must make: rank ``r``
+    of it indexes files ``r, r + world, ...`` and the counts
     and new cache entries are exchanged with ``all_gather_object``; an error on
     any rank is raised on every rank. Otherwise every file is indexed here (or
     read from the cache), under its lock. ``identify(url)`` gives a file's
     ``(size, stamp)`` (a ``stat``, or one metadata request).
     """
-    group = _collective() if collective else None
-    if group is None:
+    place = _collective(group) if collective else None
+    if place is None:
         return [(ref, count) for ref, count, _ in _summarize(fmt, urls, build, identify, _start_of(len(urls)))]
-    rank, world = group
+    rank, world = place
     mine: list[tuple[int, str, int | None, str | None, int, bytes | None]] = []
     error: tuple[str, str] | None = None
     try:
@@ -466,7 +471,7 @@ def summarize_files(
         mine = [item[:5] + (None,) for item in mine]
     from ..context import gather_objects
 
-    gathered = gather_objects((mine, error), f"indexing {len(urls)} {fmt} files (each rank indexes its share)")
+    gathered = gather_objects((mine, error), f"indexing {len(urls)} {fmt} files (each rank indexes its share)", group)
     for _, other_error in gathered:
         if other_error is not None:
             kind, message = other_error
