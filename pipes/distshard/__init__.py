@@ -19,6 +19,7 @@ if __name__ == "distshard" and sys.argv[:2] == ["-m", "index"]:  # `python -m di
     if _status is not None:
         sys.exit(_status)
 
+from .collate import packed_collate
 from .context import ShardContext, UnknownRankError, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch
 from .errors import (
@@ -76,6 +77,7 @@ __all__ = [
     "merge_states",
     "mix",
     "pack",
+    "packed_collate",
     "positional",
     "set_epoch",
     "stop_together",

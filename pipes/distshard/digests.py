@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from typing import Any
+from typing import Any, Iterable
 
 __all__ = [
     "blake2b_hex",
     "code_digest",
+    "crc32_chunks_hex",
     "crc32_hex",
     "mix_seed",
     "salt",
@@ -55,6 +56,14 @@ def crc32_hex(data: bytes | memoryview) -> str:
     """CRC-32 of ``data`` as 8 hex digits: a fast digest where a collision costs no
     exactness (a salt, a summary of counts also checked another way)."""
     return f"{zlib.crc32(data):08x}"
+
+
+def crc32_chunks_hex(chunks: Iterable[bytes | memoryview]) -> str:
+    """:func:`crc32_hex` of the concatenation of ``chunks``, without joining them."""
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
 
 
 def salt(identity: str) -> int:

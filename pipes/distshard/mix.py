@@ -44,7 +44,7 @@ from torch.utils.data.graph_settings import _is_random_datapipe
 from .digests import blake2b_hex, mix_seed
 from .errors import OptionError, OptionTypeError, SourceDataError, UnsupportedError
 from .graph import plan_pushdown, random_pipes
-from .protocol import has_sequence, reads_many
+from .protocol import has_sequence, reads_many, sequence_length_varies
 from .readers import SequenceReader
 from .readers.sequence import ElementCopier
 from .schedule import CostSchedule, integer_weights, make_schedule
@@ -310,6 +310,14 @@ class MixIterDataPipe(IterDataPipe):
                     f"source {key!r} is a {type(source).__name__}, not an IterDataPipe; wrap it with IterableWrapper"
                 )
         self.sources = list(sources.values())
+        for key, source in sources.items():
+            plan = plan_pushdown(source, True)
+            if plan.sequence is not None and sequence_length_varies(plan.sequence):
+                raise UnsupportedError(
+                    f"source {key!r} changes its length from epoch to epoch ({type(plan.sequence).__name__}), and "
+                    "the mix's schedule is made from the sources' lengths: give it a source of fixed length "
+                    "(pack(fit='best') with shuffle_documents=False)"
+                )
         self.phases = _check_phases(self.keys, weights)
         self.weights = self.phases[0][1]  # the first phase's, in source order
         if not isinstance(stop, str) or stop not in STOPS:
