@@ -156,12 +156,19 @@ def _checkpoints(np: Any, counts: Any, extra: int, step: int) -> Any:
     n = len(counts)
     steps = -(-n // step)
     base = np.zeros(steps + 1, dtype=np.int64)
-    if n:
-        np.add.reduceat(counts, np.arange(0, n, step), dtype=np.int64, out=base[1:])
-        if extra:
-            base[1:] += extra * step
-            base[-1] -= extra * (steps * step - n)
-        np.cumsum(base, out=base)
+    chunk = max(step, _CHUNK // step * step)
+    for lo in range(0, n, chunk):  # in chunks: summing with an int64 accumulator casts no copy of the whole
+        hi = min(n, lo + chunk)
+        whole = (hi - lo) // step * step
+        at = lo // step + 1
+        part = np.asarray(counts[lo : lo + whole]).reshape(-1, step)
+        base[at : at + len(part)] = part.sum(axis=1, dtype=np.int64)
+        if whole < hi - lo:
+            base[-1] = np.asarray(counts[lo + whole : hi]).sum(dtype=np.int64)
+    if n and extra:
+        base[1:] += extra * step
+        base[-1] -= extra * (steps * step - n)
+    np.cumsum(base, out=base)
     return base
 
 
@@ -358,6 +365,7 @@ class BestPacking:
         self.window_documents = window_documents
         self.documents = counts.documents
         self.total = counts.total
+        self._last: tuple[int, ...] | None = None  # the window of the last block asked for
         parts = [_plan_windows(np, counts, seq_len, lo, hi, starts) for lo, hi, starts in self._windows(np)]
         self._join(np, parts)
         self.padding = self.blocks * seq_len - self.total
@@ -431,29 +439,44 @@ class BestPacking:
         return self.counts.count(k)
 
     def window_of(self, block: int) -> int:
+        return self._window(block)[0]
+
+    def _window(self, block: int) -> tuple[int, ...]:
+        """The window of ``block`` and its figures as ints: ``(w, first block, end
+        block, first document, pieces, first long, end long, first bin, end bin,
+        first member, end member)``, kept for the next block (a slot reads on)."""
+        known = self._last
+        if known is not None and known[1] <= block < known[2]:
+            return known
         if not 0 <= block < self.blocks:
             raise IndexError(f"block {block} is outside [0, {self.blocks})")
-        return int(self.win_block.searchsorted(block, "right")) - 1
+        w = int(self.win_block.searchsorted(block, "right")) - 1
+
+        def pair(array: Any) -> tuple[int, int]:
+            return int(array[w]), int(array[w + 1])
+
+        (b0, b1), (la, lb), (g0, g1), (m0, m1) = (
+            pair(a) for a in (self.win_block, self.win_long, self.win_bin, self.win_member)
+        )
+        doc, full = int(self.win_doc[w]), int(self.win_full[w])
+        self._last = (w, b0, b1, doc, full, la, lb, g0, g1, m0, m1)
+        return self._last
 
     def segments(self, block: int) -> list[tuple[int, int, int]]:
         """``(k, lo, hi)`` for every document the block holds tokens of, in the
         block's order: tokens ``[lo, hi)`` of the ``k``-th document of the packing
         (a piece of ``L``, a remainder ``[c - c % L, c)`` or a whole document)."""
-        w = self.window_of(block)
-        j = block - int(self.win_block[w])
-        first = int(self.win_doc[w])
-        full = int(self.win_full[w])
+        _, b0, _, first, full, la, lb, g0, g1, m0, m1 = self._window(block)
+        j = block - b0
         L = self.seq_len
         if j < full:
-            la, lb = int(self.win_long[w]), int(self.win_long[w + 1])
             i = la + int(self.long_cum[la:lb].searchsorted(j, "right"))
             before = int(self.long_cum[i - 1]) if i > la else 0
             piece = j - before
             return [(first + int(self.long_rel[i]), piece * L, (piece + 1) * L)]
-        g = int(self.win_bin[w]) + j - full
-        base = int(self.win_member[w])
-        lo = base + int(self.bin_first[g])
-        hi = base + int(self.bin_first[g + 1]) if g + 1 < int(self.win_bin[w + 1]) else int(self.win_member[w + 1])
+        g = g0 + j - full
+        ends = self.bin_first[g : g + 2].tolist()
+        lo, hi = m0 + ends[0], (m0 + ends[1] if g + 1 < g1 else m1)
         out = []
         for m in self.members[lo:hi].tolist():
             k = first + m
@@ -499,17 +522,18 @@ def _plan_windows(np: Any, counts: TokenCounts, L: int, lo: int, hi: int, starts
     bin_window = np.repeat(np.arange(nw, dtype=np.int64), bins_w)
     if int(sizes_w.max(initial=0)) >= _U32:  # pragma: no cover - a window of 2^32 documents
         raise OptionError("a window of fit='best' holds 2^32 documents or more: give a smaller window")
-    return {
+    wide = bool(len(long_cum)) and int(long_cum.max()) >= _U32
+    return {  # the per-document arrays in their compact dtypes already (the runs are joined at the end)
         "win_doc": starts + lo,
         "full": full,
         "bins": bins_w,
         "items": per_window,
         "longs": longs,
-        "members": members - starts[window[members]],
-        "bin_first": member_start - window_members[bin_window],
-        "long_rel": long_docs - starts[window[long_docs]],
-        "long_cum": long_cum,
-        "wide": bool(len(long_cum)) and int(long_cum.max()) >= _U32,
+        "members": (members - starts[window[members]]).astype(np.uint32),
+        "bin_first": (member_start - window_members[bin_window]).astype(np.uint32),
+        "long_rel": (long_docs - starts[window[long_docs]]).astype(np.uint32),
+        "long_cum": long_cum if wide else long_cum.astype(np.uint32),
+        "wide": wide,
     }
 
 
