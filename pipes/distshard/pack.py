@@ -594,71 +594,37 @@ class PackSequence:
         return tokens
 
     def _block(self, parts: list[tuple[Any, int, int]], block: int, packing: AnyPacking) -> dict[str, torch.Tensor]:
+        """The block of ``parts`` (tokens ``[lo, hi)`` of each document, the eos past
+        its tokens). Built in numpy arrays when numpy is installed (a fraction of
+        torch's cost per small operation) and handed over as tensors without a copy."""
+        L, eos = self.pipe.seq_len, self.pipe.eos
         np = _numpy()
-        if np is not None:
-            return self._block_numpy(np, parts)
-        L, eos = self.pipe.seq_len, self.pipe.eos
-        ids = torch.empty(L, dtype=torch.long)
-        positions = torch.empty(L, dtype=torch.long)
-        segments = torch.empty(L, dtype=torch.long)
-        at = 0
-        flat: Any = None  # ids as numpy, to copy numpy tokens into (read-only arrays too, without a copy first)
-        for segment, (tokens, lo, hi) in enumerate(parts, 1):
-            n = len(tokens)
-            real = min(hi, n)
-            if real > lo:
-                if isinstance(tokens, torch.Tensor):
-                    ids[at : at + real - lo] = tokens[lo:real]
-                else:
-                    if flat is None:
-                        flat = ids.numpy()
-                    flat[at : at + real - lo] = tokens[lo:real]
-            if hi > n:  # the document's eos
-                assert eos is not None  # counts hold an eos only when one is given
-                ids[at + real - lo] = eos
-            torch.arange(lo, hi, out=positions[at : at + hi - lo])
-            segments[at : at + hi - lo] = segment
-            at += hi - lo
-        mask = torch.ones(L, dtype=torch.long)
-        if at < L:  # padding: the last block of fit="concat", the end of a block of fit="best"
-            ids[at:] = self.pipe.pad
-            positions[at:] = 0
-            mask[at:] = 0
-            segments[at:] = 0
-        return {"input_ids": ids, "position_ids": positions, "loss_mask": mask, "segment_ids": segments}
-
-    def _block_numpy(self, np: Any, parts: list[tuple[Any, int, int]]) -> dict[str, torch.Tensor]:
-        """The block of ``parts`` built in numpy arrays (a fraction of torch's cost per
-        small operation), handed over as tensors without a copy."""
-        L, eos = self.pipe.seq_len, self.pipe.eos
         if self._arange is None or len(self._arange) < L:
-            self._arange = np.arange(L, dtype=np.int64)
-        ids = np.empty(L, dtype=np.int64)
-        positions = np.zeros(L, dtype=np.int64)
-        segments = np.zeros(L, dtype=np.int64)
+            self._arange = np.arange(L, dtype=np.int64) if np is not None else torch.arange(L)
+
+        def zeros() -> Any:
+            return np.zeros(L, dtype=np.int64) if np is not None else torch.zeros(L, dtype=torch.long)
+
+        ids, positions, segments, mask = zeros(), zeros(), zeros(), zeros()
         at = 0
         for segment, (tokens, lo, hi) in enumerate(parts, 1):
             n = len(tokens)
             real = min(hi, n)
             if real > lo:  # (a tensor's or a memory map's tokens as a plain array: slicing it is cheap)
-                plain = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+                plain = (
+                    tokens if np is None else tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+                )
                 ids[at : at + real - lo] = plain[lo:real]
             if hi > n:  # the document's eos
                 assert eos is not None  # counts hold an eos only when one is given
                 ids[at + real - lo] = eos
-            np.add(self._arange[: hi - lo], lo, out=positions[at : at + hi - lo])
+            positions[at : at + hi - lo] = self._arange[: hi - lo] + lo
             segments[at : at + hi - lo] = segment
             at += hi - lo
-        mask = np.ones(L, dtype=np.int64)
-        if at < L:  # padding: the last block of fit="concat", the end of a block of fit="best"
-            ids[at:] = self.pipe.pad
-            mask[at:] = 0
-        return {
-            "input_ids": torch.from_numpy(ids),
-            "position_ids": torch.from_numpy(positions),
-            "loss_mask": torch.from_numpy(mask),
-            "segment_ids": torch.from_numpy(segments),
-        }
+        mask[:at] = 1
+        ids[at:] = self.pipe.pad  # padding: the last block of fit="concat", the end of a block of fit="best"
+        block_ = {"input_ids": ids, "position_ids": positions, "loss_mask": mask, "segment_ids": segments}
+        return {name: torch.from_numpy(a) for name, a in block_.items()} if np is not None else block_
 
     def __getstate__(self) -> dict[str, Any]:
         return {"pipe": self.pipe, "_documents": None, "_arange": None}
