@@ -902,3 +902,51 @@ def test_without_numpy_blocks_are_built_in_torch_alike(monkeypatch):
     assert (
         [key(b) for b in distshard.pack(IterableWrapper(tensors), 5, eos=-1, pad=-9)] == fast == oracle(docs, 5, -1, -9)
     )
+
+
+def test_best_with_shuffle_documents_resumes_mid_epoch_elastically():
+    """The epoch's own packing (and number of blocks) is rebuilt from (seed, epoch) by
+    the new run: every token of epoch 1 once over both runs."""
+    docs = corpus(45, seed=33, low=1, high=13)
+
+    def build(rank, world):
+        return distshard.pack(IterableWrapper(docs), 7, fit="best", window=30, shuffle_documents=True).dist_shard(
+            rank=rank, world_size=world, shuffle=True, even="pad"
+        )
+
+    consumed, states = [], []
+    for rank in range(2):
+        pipe = build(rank, 2)
+        pipe.set_epoch(1)
+        it = iter(pipe)
+        consumed += [key(next(it)) for _ in range(2)]
+        states.append(pipe.state_dict())
+    merged = distshard.merge_states(states)
+    for rank in range(3):
+        pipe = build(rank, 3)
+        pipe.set_epoch(1)
+        pipe.load_state_dict(merged)
+        consumed += [key(b) for b in pipe]
+    single = build(0, 1)
+    single.set_epoch(1)
+    epoch = [key(b) for b in single]
+    assert set(consumed) == set(epoch) and len(consumed) - len(epoch) < 3  # even="pad": fewer than 3 repeats
+
+
+def test_the_length_of_best_with_shuffle_documents_is_the_epochs_or_refused():
+    docs = corpus(45, seed=34, low=1, high=13)
+
+    def build(seed):
+        return distshard.pack(IterableWrapper(docs), 7, fit="best", window=30, shuffle_documents=True).dist_shard(
+            rank=0, world_size=1, seed=seed
+        )
+
+    lengths = set()
+    for epoch in range(4):
+        pipe = build(5)
+        pipe.set_epoch(epoch)
+        assert len(pipe) == len(list(pipe))  # asked before the epoch starts: the epoch's own
+        lengths.add(len(pipe))
+    assert len(lengths) > 1  # (the number of blocks does change with the epoch here)
+    with pytest.raises(TypeError, match="no length before its epoch starts.*dist_shard\\(seed=...\\)"):
+        len(build(None))
