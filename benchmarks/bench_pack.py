@@ -458,6 +458,22 @@ def plan_scale(docs: int, shuffle: bool = False, fit: str = "concat") -> dict[st
             "padding": plan.padding / max(plan.blocks * 2048, 1), "shuffle": shuffle, "loadavg": harness.loadavg()}
 
 
+WINDOWS = (32, 64, 128, 256, 512, 1024)  # fit="best"'s window, in blocks' worth of tokens
+
+
+def window_sweep(quick: bool = False) -> dict[str, list[float]]:
+    """fit="best"'s padding on each corpus for each window of ``WINDOWS`` (the plan alone)."""
+    from distshard.packing import BestPacking, TokenCounts
+
+    out = {}
+    for kind in CORPORA:
+        docs = (QUICK_DOCS if quick else DOCS) if kind == "uniform" else (QUICK_WEB_DOCS if quick else WEB_DOCS)
+        counts = TokenCounts(corpus_lengths(kind, docs))
+        plans = [BestPacking(counts, SEQ_LEN, window_tokens=w * SEQ_LEN) for w in WINDOWS]
+        out[kind] = [plan.padding / (plan.blocks * SEQ_LEN) for plan in plans]
+    return out
+
+
 # -- analysis -----------------------------------------------------------------------------------------------
 def documents_cut(ids: Any, per_block: Any, lengths: Any) -> tuple[int, int]:
     """(documents cut, of them at most ``L`` tokens long): a document is cut when its
@@ -608,7 +624,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         print()
     for plan in plans:
         print(_plan_line(plan))
-    session.dump(args.json, corpora=corpora, plans=plans)
+    sweep = window_sweep(args.quick)
+    for kind, padding in sweep.items():
+        print(f"fit='best' padding on {kind!r} by window (blocks of {SEQ_LEN}): "
+              + ", ".join(f"{w}: {p:.2%}" for w, p in zip(WINDOWS, padding, strict=True)))
+    session.dump(args.json, corpora=corpora, plans=plans, windows=sweep)
     return 0
 
 
