@@ -727,7 +727,7 @@ def test_carry_and_mix_refuse_a_length_that_changes_every_epoch():
     with pytest.raises(ValueError, match="even='carry' needs the same length every epoch"):
         next(iter(packed.dist_shard(rank=0, world_size=2, even="carry")))
     with pytest.raises(ValueError, match="changes its length from epoch to epoch"):
-        distshard.mix({"a": packed, "b": IterableWrapper([1, 2])}, {"a": 1, "b": 1})
+        distshard.mix({"a": packed, "b": IterableWrapper([1, 2])}, {"a": 1, "b": 1}).dist_shard(rank=0, world_size=1)
     fixed = distshard.pack(IterableWrapper(corpus(20, seed=24)), 6, fit="best")  # one packing: carry works
     assert len(list(fixed.dist_shard(rank=0, world_size=1, even="carry"))) == len(fixed)
 

@@ -310,14 +310,6 @@ class MixIterDataPipe(IterDataPipe):
                     f"source {key!r} is a {type(source).__name__}, not an IterDataPipe; wrap it with IterableWrapper"
                 )
         self.sources = list(sources.values())
-        for key, source in sources.items():
-            plan = plan_pushdown(source, True)
-            if plan.sequence is not None and sequence_length_varies(plan.sequence):
-                raise UnsupportedError(
-                    f"source {key!r} changes its length from epoch to epoch ({type(plan.sequence).__name__}), and "
-                    "the mix's schedule is made from the sources' lengths: give it a source of fixed length "
-                    "(pack(fit='best') with shuffle_documents=False)"
-                )
         self.phases = _check_phases(self.keys, weights)
         self.weights = self.phases[0][1]  # the first phase's, in source order
         if not isinstance(stop, str) or stop not in STOPS:
@@ -454,10 +446,16 @@ class MixIterDataPipe(IterDataPipe):
         """A positional view of the mixed stream when every source has random
         access, else ``None`` (then the mix is a stream)."""
         plans = []
-        for source in self.sources:
+        for key, source in zip(self.keys, self.sources, strict=True):
             plan = plan_pushdown(source, True)
             if plan.sequence is None:
                 return None
+            if sequence_length_varies(plan.sequence):  # each pass of it would hold another number of elements
+                raise UnsupportedError(
+                    f"source {key!r} changes its length from epoch to epoch ({type(plan.sequence).__name__}), and "
+                    "the mix reads a source's passes at positions made from its length: give it a source of fixed "
+                    "length (pack(fit='best') with shuffle_documents=False)"
+                )
             plans.append(plan)
         counts = [len(plan.sequence) for plan in plans]
         if self.declared is not None and counts != self.declared:  # pragma: no cover - checked at construction

@@ -338,6 +338,11 @@ class ShuffledPackIterDataPipe(PackIterDataPipe):
     ``(seed, received, epoch)``, ``received`` being the last value handed to
     :meth:`set_seed` (``dist_shard`` hands one per epoch, the same on every slot)."""
 
+    @property
+    def distshard_length_varies(self) -> bool:
+        """fit="best" over a new document order every epoch packs a new number of blocks."""
+        return self.fit == "best"
+
     def set_seed(self, seed: int) -> "ShuffledPackIterDataPipe":
         self._received = int(seed)
         return self
@@ -485,8 +490,7 @@ class PackSequence:
 
     @property
     def distshard_length_varies(self) -> bool:
-        """fit="best" over a new document order every epoch packs a new number of blocks."""
-        return self.pipe.fit == "best" and self.pipe.shuffle_documents
+        return bool(getattr(self.pipe, "distshard_length_varies", False))
 
     def __len__(self) -> int:
         return len(self.pipe)
