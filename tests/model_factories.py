@@ -176,43 +176,16 @@ def packed_blocks(n: int, seq_len: int, eos: bool, fit: str = "concat", window: 
     fit="best": the brute-force best fit of tests/packing_oracle.py. Distinct: every
     block holds a token of its own (with an eos, ``seq_len`` is at least 2 and documents
     are not empty; fit="best" has no eos)."""
-    from .packing_oracle import reference_best_fit
+    from .packing_oracle import concat_layout, filled, reference_best_fit
 
     docs = [doc + ([-1] if eos else []) for doc in documents(n)]
-    if fit == "best":
-        layout = reference_best_fit([len(d) for d in docs], seq_len, window or 256 * seq_len)
-    else:
-        layout, total = [], sum(len(d) for d in docs)
-        stream = [(k, t) for k, d in enumerate(docs) for t in range(len(d))]
-        for start in range(0, total, seq_len):
-            part = stream[start : start + seq_len]
-            layout.append(
-                [
-                    (k, min(t for j, t in part if j == k), max(t for j, t in part if j == k) + 1)
-                    for k in dict.fromkeys(j for j, _ in part)
-                ]
-            )
-    out = []
-    for segments in layout:
-        ids: list[int] = []
-        pos: list[int] = []
-        seg: list[int] = []
-        for number, (k, lo, hi) in enumerate(segments, 1):
-            ids += docs[k][lo:hi]
-            pos += range(lo, hi)
-            seg += [number] * (hi - lo)
-        short = seq_len - len(ids)
-        out.append(
-            repr(
-                (
-                    tuple(ids + [0] * short),
-                    tuple(pos + [0] * short),
-                    tuple([1] * len(ids) + [0] * short),
-                    tuple(seg + [0] * short),
-                )
-            )
-        )
-    return out
+    counts = [len(d) for d in docs]
+    layout = (
+        reference_best_fit(counts, seq_len, window or 256 * seq_len)
+        if fit == "best"
+        else concat_layout(counts, seq_len)
+    )
+    return [repr(block) for block in filled(docs, layout, seq_len)]
 
 
 def block_key(block: dict) -> str:

@@ -50,3 +50,42 @@ def reference_best_fit(
             stamps[i] = clock + 1
         blocks += bins
     return blocks
+
+
+def concat_layout(counts: list[int], L: int) -> list[list[tuple[int, int, int]]]:
+    """fit="concat" by definition: the documents' tokens concatenated and cut into L,
+    each block's segments ``(document, lo, hi)`` in order."""
+    stream = [(k, t) for k, c in enumerate(counts) for t in range(c)]
+    layout = []
+    for start in range(0, len(stream), L):
+        part = stream[start : start + L]
+        documents = list(dict.fromkeys(k for k, _ in part))
+        layout.append(
+            [(k, min(t for j, t in part if j == k), max(t for j, t in part if j == k) + 1) for k in documents]
+        )
+    return layout
+
+
+def filled(docs: list[list[int]], layout: list[list[tuple[int, int, int]]], L: int, pad: int = 0) -> list[tuple]:
+    """The blocks of ``layout`` (each block's ``(document, lo, hi)`` segments) filled
+    with the documents' tokens (their eos appended already): ``(ids, positions, mask,
+    segments)`` tuples, padded to ``L``."""
+    out = []
+    for segments in layout:
+        ids: list[int] = []
+        pos: list[int] = []
+        seg: list[int] = []
+        for number, (k, lo, hi) in enumerate(segments, 1):
+            ids += docs[k][lo:hi]
+            pos += range(lo, hi)
+            seg += [number] * (hi - lo)
+        short = L - len(ids)
+        out.append(
+            (
+                tuple(ids + [pad] * short),
+                tuple(pos + [0] * short),
+                tuple([1] * len(ids) + [0] * short),
+                tuple(seg + [0] * short),
+            )
+        )
+    return out

@@ -18,7 +18,7 @@ import distshard
 
 from .helpers import as_worker
 from .model_factories import Stream
-from .packing_oracle import reference_best_fit
+from .packing_oracle import concat_layout, filled, reference_best_fit
 
 
 def corpus(n: int = 23, seed: int = 0, low: int = 0, high: int = 13) -> list[list[int]]:
@@ -30,57 +30,18 @@ def corpus(n: int = 23, seed: int = 0, low: int = 0, high: int = 13) -> list[lis
 def oracle(docs, seq_len: int, eos=None, pad: int = 0) -> list[tuple]:
     """The blocks by definition: concatenate (eos after each), cut, pad the last;
     segment ids number the documents of each block from 1 (0 on padding)."""
-    ids, pos, doc_of = [], [], []
-    for d, doc in enumerate(docs):
-        tail = [] if eos is None else [eos]
-        ids += list(doc) + tail
-        pos += list(range(len(doc) + len(tail)))
-        doc_of += [d] * (len(doc) + len(tail))
-    out = []
-    for start in range(0, len(ids), seq_len):
-        chunk, where, whose = (
-            ids[start : start + seq_len],
-            pos[start : start + seq_len],
-            doc_of[start : start + seq_len],
-        )
-        short = seq_len - len(chunk)
-        segments = [1 + len(set(whose[: i + 1])) - 1 for i in range(len(whose))]
-        out.append(
-            (
-                tuple(chunk + [pad] * short),
-                tuple(where + [0] * short),
-                tuple([1] * len(chunk) + [0] * short),
-                tuple(segments + [0] * short),
-            )
-        )
-    return out
+    with_eos = [list(doc) + ([] if eos is None else [eos]) for doc in docs]
+    return filled(with_eos, concat_layout([len(d) for d in with_eos], seq_len), seq_len, pad)
 
 
 def best_oracle(docs, seq_len: int, eos=None, pad: int = 0, window=None, window_documents=None) -> list[tuple]:
     """The blocks of fit="best" by definition: the brute-force best-fit decreasing of
-    tests/test_packing.py over the documents' counts, filled with their tokens."""
+    tests/packing_oracle.py over the documents' counts, filled with their tokens."""
     with_eos = [list(doc) + ([] if eos is None else [eos]) for doc in docs]
     if window is None and window_documents is None:
         window = 256 * seq_len
-    out = []
-    for segments in reference_best_fit([len(d) for d in with_eos], seq_len, window, window_documents):
-        ids: list[int] = []
-        pos: list[int] = []
-        seg: list[int] = []
-        for s, (k, lo, hi) in enumerate(segments, 1):
-            ids += with_eos[k][lo:hi]
-            pos += range(lo, hi)
-            seg += [s] * (hi - lo)
-        short = seq_len - len(ids)
-        out.append(
-            (
-                tuple(ids + [pad] * short),
-                tuple(pos + [0] * short),
-                tuple([1] * len(ids) + [0] * short),
-                tuple(seg + [0] * short),
-            )
-        )
-    return out
+    layout = reference_best_fit([len(d) for d in with_eos], seq_len, window, window_documents)
+    return filled(with_eos, layout, seq_len, pad)
 
 
 FIELDS = ("input_ids", "position_ids", "loss_mask", "segment_ids")
@@ -172,12 +133,14 @@ def _slots(build, world: int, workers: int) -> dict[int, list]:
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("even", [None, "drop", "pad", "carry"])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_every_block_once_at_every_world_size(world, workers, even, shuffle):
+@pytest.mark.parametrize("fit", ["concat", "best"])
+def test_every_block_once_at_every_world_size(world, workers, even, shuffle, fit):
     docs = corpus(31, seed=world)
-    expected = oracle(docs, 6, eos=-1)
+    window = 20 if fit == "best" else None
+    expected = oracle(docs, 6, eos=-1) if fit == "concat" else best_oracle(docs, 6, -1, window=window)
 
     def build(rank, world_size):
-        return distshard.pack(IterableWrapper(docs), 6, eos=-1).dist_shard(
+        return distshard.pack(IterableWrapper(docs), 6, eos=-1, fit=fit, window=window).dist_shard(
             rank=rank, world_size=world_size, even=even, shuffle=shuffle
         )
 
@@ -187,12 +150,10 @@ def test_every_block_once_at_every_world_size(world, workers, even, shuffle):
     assert set(got) <= set(expected)
     if even is None:
         assert got == Counter(expected)
-    elif even == "drop":
-        assert {len(v) for v in per_slot.values()} == {N // S} and max(got.values()) == 1
     elif even == "pad":
         assert {len(v) for v in per_slot.values()} == {-(-N // S)} and set(got) == set(expected)
-    else:  # carry, epoch 0: whole rounds, nothing repeated
-        assert {len(v) for v in per_slot.values()} == {N // S} and max(got.values()) == 1
+    else:  # drop, and carry's epoch 0 (whole rounds): nothing repeated (blocks of a lone eos repeat in the oracle)
+        assert {len(v) for v in per_slot.values()} == {N // S} and got <= Counter(expected)
     if even is None and not shuffle:
         # the same blocks in the same order as one process reads them
         assert [b for s in sorted(per_slot) for b in per_slot[s]] == expected
@@ -257,12 +218,14 @@ def test_unshuffled_slots_read_each_document_about_once():
 
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("even", [None, "drop", "pad"])
-def test_elastic_resume_is_exact(shuffle, even):
-    docs = corpus(50, seed=9)
-    expected = oracle(docs, 5, eos=-1)
+@pytest.mark.parametrize("fit", ["concat", "best"])
+def test_elastic_resume_is_exact(shuffle, even, fit):
+    docs = corpus(50, seed=9, high=17)
+    window = 7 if fit == "best" else None
+    expected = oracle(docs, 5, eos=-1) if fit == "concat" else best_oracle(docs, 5, -1, window_documents=window)
 
     def build(rank, world):
-        return distshard.pack(IterableWrapper(docs), 5, eos=-1).dist_shard(
+        return distshard.pack(IterableWrapper(docs), 5, eos=-1, fit=fit, window_documents=window).dist_shard(
             rank=rank, world_size=world, shuffle=shuffle, even=even, seed=3
         )
 
@@ -284,8 +247,8 @@ def test_elastic_resume_is_exact(shuffle, even):
     assert set(got) <= set(expected)
     if even is None:
         assert got == Counter(expected)
-    else:
-        assert max(got.values()) <= (1 if even == "drop" else 2)
+    else:  # (blocks of a lone eos repeat in the oracle of fit="best")
+        assert all(n <= Counter(expected)[b] * (1 if even == "drop" else 2) for b, n in got.items())
     if even == "pad":
         assert set(got) == set(expected)
 
@@ -331,7 +294,8 @@ def test_a_state_of_another_packing_is_refused(other):
 # -- shuffle_documents ----------------------------------------------------------------------------------
 
 
-def test_shuffle_documents_changes_the_blocks_every_epoch_and_keeps_every_token():
+@pytest.mark.parametrize("fit", ["concat", "best"])
+def test_shuffle_documents_changes_the_blocks_every_epoch_and_keeps_every_token(fit):
     docs = corpus(40, seed=6)
     all_tokens = Counter(t for d in docs for t in d) + Counter({-1: len(docs)})
     epochs = []
@@ -340,9 +304,9 @@ def test_shuffle_documents_changes_the_blocks_every_epoch_and_keeps_every_token(
         for world in (1, 3):
             got = []
             for rank in range(world):
-                pipe = distshard.pack(IterableWrapper(docs), 6, eos=-1, shuffle_documents=True, seed=2).dist_shard(
-                    rank=rank, world_size=world
-                )
+                pipe = distshard.pack(
+                    IterableWrapper(docs), 6, eos=-1, shuffle_documents=True, seed=2, fit=fit, window=None
+                ).dist_shard(rank=rank, world_size=world, shuffle=fit == "best")
                 pipe.set_epoch(epoch)
                 got += [key(b) for b in pipe]
             assert tokens_of(got) == all_tokens
@@ -350,15 +314,26 @@ def test_shuffle_documents_changes_the_blocks_every_epoch_and_keeps_every_token(
         assert per_world[0] == per_world[1]  # the same blocks at any world size
         epochs.append(per_world[0])
     assert epochs[0] != epochs[1] != epochs[2]
-    # and padding only in the last block: every block but one is full
-    assert sum(1 for b in epochs[0] if 0 in b[2]) <= 1
+    if fit == "concat":  # padding only in the last block: every block but one is full
+        assert sum(1 for b in epochs[0] if 0 in b[2]) <= 1
+        return
+    # whole documents: a document of at most 6 tokens (its eos included) lies in one block
+    short = {d for d, doc in enumerate(docs) if 0 < len(doc) < 6}  # (an empty one holds only its eos, -1)
+    for blocks in epochs:
+        where = Counter(
+            d for ids, _, mask, _ in blocks for d in {t // 1000 for t, m in zip(ids, mask, strict=True) if m and t >= 0}
+        )
+        assert {where[d] for d in short} == {1}
 
 
-def test_shuffle_documents_resumes_mid_epoch_elastically():
+@pytest.mark.parametrize("fit", ["concat", "best"])
+def test_shuffle_documents_resumes_mid_epoch_elastically(fit):
+    """The epoch's own packing (with fit="best" its own number of blocks too) is rebuilt
+    from (seed, epoch) by the new run: every token of epoch 1 once over both runs."""
     docs = corpus(45, seed=7)
 
     def build(rank, world):
-        return distshard.pack(IterableWrapper(docs), 7, shuffle_documents=True).dist_shard(
+        return distshard.pack(IterableWrapper(docs), 7, shuffle_documents=True, fit=fit).dist_shard(
             rank=rank, world_size=world, shuffle=True
         )
 
@@ -372,10 +347,13 @@ def test_shuffle_documents_resumes_mid_epoch_elastically():
     merged = distshard.merge_states(states)
     for rank in range(4):
         pipe = build(rank, 4)
+        pipe.set_epoch(1)
         pipe.load_state_dict(merged)
         consumed += [key(b) for b in pipe]
+    alone = build(0, 1)
+    alone.set_epoch(1)
     assert tokens_of(consumed) == Counter(t for d in docs for t in d)
-    assert len(consumed) == len(oracle(docs, 7))
+    assert Counter(consumed) == Counter(key(b) for b in alone)
 
 
 def test_shuffle_documents_memory_per_document():
@@ -619,56 +597,6 @@ def test_best_cuts_only_documents_longer_than_a_block():
     assert runs[1] == 3 and runs[5] == 2  # 4 + 4 + 1, 4 + 2
 
 
-@pytest.mark.parametrize("world, workers", [(1, 0), (2, 2), (3, 1)])
-@pytest.mark.parametrize("even", [None, "drop", "pad"])
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_best_blocks_are_the_same_at_every_world_size(world, workers, even, shuffle):
-    docs = corpus(45, seed=world, low=1, high=15)
-    expected = best_oracle(docs, 6, -1, window=20)
-
-    def build(rank, world_size):
-        return distshard.pack(IterableWrapper(docs), 6, eos=-1, fit="best", window=20).dist_shard(
-            rank=rank, world_size=world_size, even=even, shuffle=shuffle
-        )
-
-    per_slot = _slots(build, world, workers)
-    got = Counter(b for blocks in per_slot.values() for b in blocks)
-    S, N = world * max(1, workers), len(expected)
-    assert set(got) <= set(expected)
-    if even is None:
-        assert got == Counter(expected)
-    elif even == "drop":  # (blocks of a lone eos repeat in the oracle too)
-        assert {len(v) for v in per_slot.values()} == {N // S} and got <= Counter(expected)
-    else:
-        assert {len(v) for v in per_slot.values()} == {-(-N // S)} and set(got) == set(expected)
-
-
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_best_resumes_elastically_and_exactly(shuffle):
-    docs = corpus(60, seed=22, low=0, high=17)
-    expected = best_oracle(docs, 5, -1, window_documents=7)
-
-    def build(rank, world):
-        return distshard.pack(IterableWrapper(docs), 5, eos=-1, fit="best", window_documents=7).dist_shard(
-            rank=rank, world_size=world, shuffle=shuffle, seed=3
-        )
-
-    consumed, states = [], []
-    for rank in range(2):
-        for worker in range(2):
-            with as_worker(worker, 2):
-                pipe = build(rank, 2)
-                it = iter(pipe)
-                consumed += [key(next(it)) for _ in range(1 + 2 * rank + worker)]
-                states.append(pipe.state_dict())
-    merged = distshard.merge_states(states)
-    for rank in range(3):
-        pipe = build(rank, 3)
-        pipe.load_state_dict(json.loads(json.dumps(merged)))
-        consumed += [key(b) for b in pipe]
-    assert Counter(consumed) == Counter(expected)
-
-
 @pytest.mark.parametrize(
     "first, second",
     [
@@ -692,34 +620,6 @@ def test_a_state_of_another_fit_or_window_is_refused(first, second):
     with pytest.raises(ValueError, match="source|another pipeline"):
         fresh.load_state_dict(state)
         next(iter(fresh))
-
-
-def test_best_with_shuffle_documents_repacks_every_epoch_every_token_once():
-    docs = corpus(50, seed=23, low=1, high=11)
-    every = Counter(t for d in docs for t in d) + Counter({-1: len(docs)})
-    epochs = []
-    for epoch in range(2):
-        per_world = []
-        for world in (1, 3):
-            got = []
-            for rank in range(world):
-                pipe = distshard.pack(
-                    IterableWrapper(docs), 8, eos=-1, fit="best", window=40, shuffle_documents=True, seed=1
-                ).dist_shard(rank=rank, world_size=world, shuffle=True)
-                pipe.set_epoch(epoch)
-                got += [key(b) for b in pipe]
-            assert tokens_of(got) == every
-            per_world.append(sorted(got))
-        assert per_world[0] == per_world[1]  # the same blocks at any world size
-        epochs.append(per_world[0])
-    assert epochs[0] != epochs[1]
-    # whole documents: a document of at most 8 tokens (its eos included) lies in one block
-    short = {d for d, doc in enumerate(docs) if len(doc) + 1 <= 8}
-    for blocks in epochs:
-        where = Counter(
-            d for ids, _, mask, _ in blocks for d in {t // 1000 for t, m in zip(ids, mask, strict=True) if m and t >= 0}
-        )
-        assert {where[d] for d in short} == {1} and max(where.values()) <= 2
 
 
 def test_carry_and_mix_refuse_a_length_that_changes_every_epoch():
@@ -902,35 +802,6 @@ def test_without_numpy_blocks_are_built_in_torch_alike(monkeypatch):
     assert (
         [key(b) for b in distshard.pack(IterableWrapper(tensors), 5, eos=-1, pad=-9)] == fast == oracle(docs, 5, -1, -9)
     )
-
-
-def test_best_with_shuffle_documents_resumes_mid_epoch_elastically():
-    """The epoch's own packing (and number of blocks) is rebuilt from (seed, epoch) by
-    the new run: every token of epoch 1 once over both runs."""
-    docs = corpus(45, seed=33, low=1, high=13)
-
-    def build(rank, world):
-        return distshard.pack(IterableWrapper(docs), 7, fit="best", window=30, shuffle_documents=True).dist_shard(
-            rank=rank, world_size=world, shuffle=True, even="pad"
-        )
-
-    consumed, states = [], []
-    for rank in range(2):
-        pipe = build(rank, 2)
-        pipe.set_epoch(1)
-        it = iter(pipe)
-        consumed += [key(next(it)) for _ in range(2)]
-        states.append(pipe.state_dict())
-    merged = distshard.merge_states(states)
-    for rank in range(3):
-        pipe = build(rank, 3)
-        pipe.set_epoch(1)
-        pipe.load_state_dict(merged)
-        consumed += [key(b) for b in pipe]
-    single = build(0, 1)
-    single.set_epoch(1)
-    epoch = [key(b) for b in single]
-    assert set(consumed) == set(epoch) and len(consumed) - len(epoch) < 3  # even="pad": fewer than 3 repeats
 
 
 def test_the_length_of_best_with_shuffle_documents_is_the_epochs_or_refused():
