@@ -1,46 +1,63 @@
 """Packing tokens into fixed-length blocks over 4 gloo ranks × 2 workers:
-``distshard.pack`` against Hugging Face ``group_texts`` and litdata's
-``TokensLoader``, in one run, on the same tokenized corpus; and planning 10⁸
-documents by simulation.
+``distshard.pack`` (``fit="concat"`` and ``fit="best"``) against Hugging Face
+``group_texts``, litdata's ``TokensLoader`` and Grain's ``FirstFitPackIterDataset``
+and ``BestFitPackIterDataset``, in one run, on two tokenized corpora; and planning
+10⁸ documents by simulation.
 
-The corpus
-----------
-``DOCS`` documents (``--quick``: fewer) of 20 to 8,000 tokens (log-uniform), over
-10⁶ tokens in all; token ``t`` of the concatenation has id ``t`` (int32), so a
-multiset of delivered ids says exactly what was lost or repeated. It is written
-once per run as a flat ``tokens.bin`` (int32) and ``lengths.npy``, read in place
-by every row (memory-mapped): distshard through a 30-line source that exposes the
-documents by position and their lengths (``distshard_token_counts()``, what
-``distshard.tokens`` reads from Megatron's ``.idx``); litdata from the chunks its
-``optimize(..., item_loader=TokensLoader())`` wrote (not timed); HF from an Arrow
-``Dataset`` of the documents (not timed).
+The corpora
+-----------
+``uniform``: ``DOCS`` documents (``--quick``: fewer) of 20 to 8,000 tokens (log-uniform).
+``web``: ``WEB_DOCS`` documents of a web-text-like length distribution: 97 % log-normal
+around a median of 400 tokens (σ = 1), 3 % a Pareto tail (α = 1.1 from 2,000 tokens),
+clipped to 16–100,000 tokens. Token ``t`` of the concatenation has id ``t`` (int32), so
+a multiset of delivered ids says exactly what was lost or repeated, and the block a
+token came in says which documents were cut. Each is written once per run as a flat
+``tokens.bin`` (int32) and ``lengths.npy``, read in place by every row
+(memory-mapped): distshard through a 30-line source that exposes the documents by
+position and their lengths (``distshard_token_counts()``, what ``distshard.tokens``
+reads from Megatron's ``.idx``); litdata from the chunks its ``optimize(...,
+item_loader=TokensLoader())`` wrote (not timed); HF from an Arrow ``Dataset`` of the
+documents (not timed); Grain from the same memory map, documents pre-split into
+pieces of at most ``L`` (its packers take no longer sequence).
 
-The rows (blocks of ``L = 1024`` tokens, batches of 8 blocks, ``DataLoader(num_workers=2)``
-on every rank; each on a fresh gloo group on 127.0.0.1)
+The rows (blocks of ``L = 1024`` tokens, batches of 8 blocks, 4 ranks × 2 workers; each
+on a fresh gloo group on 127.0.0.1)
 --------------------------------------------------------------------------------------
 (a) ``distshard.pack(docs, L).dist_shard()``: ``even=None`` (every token; slot
-    counts within 1 block) and ``even="drop"`` (equal blocks per slot; the last
-    blocks of the epoch, fewer than 8, wait for ``"carry"`` or are dropped).
+    counts within 1 block) and ``even="drop"`` (equal blocks per slot); ``fit="best"``
+    (whole documents, the default window of 256 blocks' worth of tokens).
+    ``DataLoader(num_workers=2)`` on every rank.
 (b) HF ``datasets`` 4.8.5 (benchmark venv): ``Dataset.from_dict(docs)
     .to_iterable_dataset(num_shards=8).map(group_texts, batched=True)`` (the
     ``group_texts`` of HF's run_clm example: each map batch of 1,000 documents is
     concatenated and cut, its remainder dropped), ``split_dataset_by_node``.
 (c) litdata 0.2.76 (benchmark venv): ``StreamingDataset(chunks,
     item_loader=TokensLoader(block_size=L))``, ``StreamingDataLoader``.
+(d) Grain 0.2.18 (benchmark venv), its documented recipe: ``MapDataset.source(pieces)
+    [rank::4].to_iter_dataset()``, ``FirstFitPackIterDataset`` or
+    ``BestFitPackIterDataset(length_struct={"input_ids": L}, num_packing_bins=8)``,
+    ``.batch(8).mp_prefetch(MultiprocessingOptions(num_workers=2))`` (each worker packs
+    its slice of the rank's pieces).
 
 Metrics: tokens delivered / tokens in the corpus (real tokens, padding excluded),
-tokens repeated, padding fraction of what was delivered, blocks per rank, tokens/s
-(delivered tokens / the slowest rank's wall) and CPU per token (user + sys of the
-ranks and their workers / delivered tokens). Resume: distshard's rows are also run
-as a training job that checkpoints mid-epoch (``StatefulDataLoader``,
-``gather_states``) on 4 ranks × 2 workers and resumes on 3 ranks × 2 workers: every
-token of the corpus once over the two runs (the peers' were not run so).
+tokens repeated, padding fraction of what was delivered, documents cut (delivered
+in more than one block, or not whole; in brackets those of at most ``L`` tokens, which
+a whole-document packer need not cut), blocks per rank, CPU per token (user + sys of
+the ranks and their workers / delivered tokens) and, for distshard and Grain, CPU
+per token in one process (the whole corpus packed and batched without workers, after
+the imports: the packer's own cost, without the start of worker processes). Resume:
+distshard's rows are also run as a training job that checkpoints mid-epoch
+(``StatefulDataLoader``, ``gather_states``) on 4 ranks × 2 workers and resumes on 3
+ranks × 2 workers: every token of the corpus once over the two runs (the peers'
+were not run so: none resumes on another world size).
 
 Planning at scale (``--plan-only`` runs it alone): ``pack()`` of 10⁸ documents whose
 counts the source gives (what ``distshard.tokens`` reads from an ``.idx``), in a
 fresh process: time to the first block's documents, the plan's bytes per document
 and the process's peak RSS (which also holds the simulated counts: 4 bytes a
-document, a memory map of the ``.idx`` in real use). Target: ≤ 2 s and ≤ 1 GB per slot.
+document, a memory map of the ``.idx`` in real use). Targets: ``fit="concat"`` ≤ 2 s
+of CPU and ≤ 1 GB of peak RSS at 10⁸ documents; ``fit="best"`` ≤ 24 bytes per
+document and ≤ 10 s of CPU at 10⁷.
 """
 
 from __future__ import annotations
@@ -64,27 +81,50 @@ WORLD_SIZE, NUM_WORKERS = 4, 2
 SEQ_LEN = 1024
 BATCH = 8  # blocks per batch, every row (litdata's loader needs a batch size)
 DOCS, QUICK_DOCS = 1_000, 400
+WEB_DOCS, QUICK_WEB_DOCS = 2_000, 800
+CORPORA = ("uniform", "web")
 HF_BATCH = 1_000  # group_texts' map batch (HF's default)
+GRAIN_BINS = 8  # Grain's num_packing_bins: one batch of blocks
 PLAN_DOCS, QUICK_PLAN_DOCS = 100_000_000, 10_000_000
-ROWS = ("distshard", "distshard-drop", "hf", "litdata")
+BEST_PLAN_DOCS = 10_000_000
+ROWS = ("distshard", "distshard-drop", "distshard-best", "hf", "litdata", "grain-ff", "grain-bf")
+DISTSHARD = ("distshard", "distshard-drop", "distshard-best")
+GRAIN = ("grain-ff", "grain-bf")
+ONE_PROCESS = ("distshard", "distshard-best", *GRAIN)
 LABELS = {
     "distshard": "distshard `pack(docs, L).dist_shard()`",
     "distshard-drop": "distshard `pack(docs, L).dist_shard(even=\"drop\")`",
+    "distshard-best": "distshard `pack(docs, L, fit=\"best\").dist_shard()`",
     "hf": "HF `group_texts` + `split_dataset_by_node`",
     "litdata": "litdata `TokensLoader(block_size=L)`",
+    "grain-ff": "Grain `FirstFitPackIterDataset` (8 bins)",
+    "grain-bf": "Grain `BestFitPackIterDataset` (8 bins)",
 }
 
 
 # -- the corpus ----------------------------------------------------------------------------------
-def make_corpus(root: str, docs: int, seed: int = 0) -> dict[str, int]:
+def corpus_lengths(kind: str, docs: int, seed: int = 0) -> Any:
+    """Document lengths: log-uniform 20–8,000 (``uniform``) or web-text-like (``web``)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    lengths = np.exp(rng.uniform(np.log(20), np.log(8000), docs)).astype(np.int64)
+    if kind == "uniform":
+        return np.exp(rng.uniform(np.log(20), np.log(8000), docs)).astype(np.int64)
+    body = rng.lognormal(np.log(400), 1.0, docs)
+    tail = 2000 * (1 - rng.random(docs)) ** (-1 / 1.1)
+    return np.clip(np.where(rng.random(docs) < 0.03, tail, body), 16, 100_000).astype(np.int64)
+
+
+def make_corpus(root: str, docs: int, seed: int = 0, kind: str = "uniform") -> dict[str, Any]:
+    import numpy as np
+
+    lengths = corpus_lengths(kind, docs, seed)
     total = int(lengths.sum())
+    os.makedirs(root, exist_ok=True)
     np.arange(total, dtype=np.int32).tofile(os.path.join(root, "tokens.bin"))
     np.save(os.path.join(root, "lengths.npy"), lengths)
-    return {"docs": docs, "tokens": total}
+    return {"docs": docs, "tokens": total, "kind": kind, "median": float(np.median(lengths)),
+            "longest": int(lengths.max()), "longer_than_L": int((lengths > SEQ_LEN).sum())}
 
 
 class _Documents:
@@ -145,12 +185,55 @@ def group_texts(examples: dict[str, list]) -> dict[str, list]:
     return {"input_ids": [ids[i : i + SEQ_LEN] for i in range(0, total, SEQ_LEN)]}
 
 
+class GrainPieces:
+    """Grain's data source: the corpus's documents pre-split into pieces of at most
+    ``L`` tokens, by position, read from the memory map (opened once per process)."""
+
+    def __init__(self, root: str) -> None:
+        import numpy as np
+
+        lengths = np.load(os.path.join(root, "lengths.npy"))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        starts = [np.arange(offsets[d], offsets[d + 1], SEQ_LEN) for d in range(len(lengths))]
+        self.starts = np.concatenate(starts).astype(np.int64)
+        self.stops = np.minimum(self.starts + SEQ_LEN, np.repeat(offsets[1:], [len(s) for s in starts]))
+        self.root, self._map = root, None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import numpy as np
+
+        if self._map is None:
+            self._map = np.memmap(os.path.join(self.root, "tokens.bin"), dtype=np.int32, mode="r")
+        return {"input_ids": np.array(self._map[self.starts[i] : self.stops[i]])}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_map": None}
+
+
+def grain_pipeline(key: str, root: str, rank: int, world_size: int, workers: int) -> Any:
+    """Grain's recipe: shard the source by rank, pack in each worker's slice, batch."""
+    import grain
+    from grain import experimental
+
+    packer = experimental.FirstFitPackIterDataset if key == "grain-ff" else experimental.BestFitPackIterDataset
+    pieces = grain.MapDataset.source(GrainPieces(root))[rank::world_size]
+    packed = packer(pieces.to_iter_dataset(), length_struct={"input_ids": SEQ_LEN}, num_packing_bins=GRAIN_BINS)
+    batched = packed.batch(BATCH)
+    return batched.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)) if workers else batched
+
+
 def build(key: str, root: str, rank: int, world_size: int) -> Any:
     if key.startswith("distshard"):
         import distshard
 
         even = "drop" if key == "distshard-drop" else None
-        return distshard.pack(CorpusDocuments(root), SEQ_LEN).dist_shard(even=even)
+        fit = "best" if key == "distshard-best" else "concat"
+        return distshard.pack(CorpusDocuments(root), SEQ_LEN, fit=fit).dist_shard(even=even)
+    if key in GRAIN:
+        return grain_pipeline(key, root, rank, world_size, NUM_WORKERS)
     if key == "hf":
         import datasets
         from datasets.distributed import split_dataset_by_node
@@ -167,16 +250,21 @@ def build(key: str, root: str, rank: int, world_size: int) -> Any:
     raise ValueError(key)
 
 
-def block_tokens(batch: Any) -> tuple[bytes, int, int, int]:
-    """(the real token ids as int32 bytes, the batch's tokens, its padding, its blocks)
-    of one batch of blocks (``BATCH`` rows of ``L``; the last batch may be shorter)."""
+def block_tokens(batch: Any) -> tuple[bytes, int, int, int, bytes]:
+    """(the real token ids as int32 bytes, the batch's tokens, its padding, its blocks,
+    the real tokens of each block as int32 bytes) of one batch of blocks (``BATCH``
+    rows of ``L``; the last batch may be shorter)."""
+    import numpy as np
     import torch
 
-    if isinstance(batch, dict) and "loss_mask" in batch:
-        ids, mask = batch["input_ids"], batch["loss_mask"].bool()
-        return ids[mask].to(torch.int32).numpy().tobytes(), ids.numel(), int((~mask).sum()), len(ids)
+    if isinstance(batch, dict) and ("loss_mask" in batch or "input_ids_segment_ids" in batch):
+        ids = torch.as_tensor(np.asarray(batch["input_ids"]))
+        real = batch["loss_mask"].bool() if "loss_mask" in batch else torch.as_tensor(batch["input_ids_segment_ids"]) > 0
+        per_block = real.sum(1).to(torch.int32).numpy().tobytes()
+        return ids[real].to(torch.int32).numpy().tobytes(), ids.numel(), int((~real).sum()), len(ids), per_block
     ids = torch.as_tensor(batch["input_ids"] if isinstance(batch, dict) else batch)
-    return ids.reshape(-1).to(torch.int32).numpy().tobytes(), ids.numel(), 0, len(ids)
+    per_block = np.full(len(ids), ids.shape[-1], dtype=np.int32).tobytes()
+    return ids.reshape(-1).to(torch.int32).numpy().tobytes(), ids.numel(), 0, len(ids), per_block
 
 
 @dataclass
@@ -191,6 +279,8 @@ class PackJob(harness.Job):
             import datasets  # noqa: F401
         if self.key == "litdata":
             import litdata  # noqa: F401
+        if self.key in GRAIN:
+            import grain  # noqa: F401
 
     def build(self, rank: int) -> Any:
         return build(self.key, self.root, rank, self.world_size)
@@ -200,7 +290,15 @@ class PackJob(harness.Job):
             from litdata import StreamingDataLoader
 
             return StreamingDataLoader(pipe, batch_size=BATCH, num_workers=self.num_workers, timeout=self.timeout)
+        if self.key in GRAIN:
+            return pipe  # batched, its workers started by mp_prefetch
         return super().loader(pipe)
+
+    def close(self, iterator: Any) -> None:
+        if iterator is not None and hasattr(iterator, "close") and not hasattr(iterator, "_shutdown_workers"):
+            iterator.close()  # Grain's mp_prefetch workers, joined (so that RUSAGE_CHILDREN counts them)
+            return
+        super().close(iterator)
 
     def keep(self, item: Any, values: list) -> None:
         values.append(block_tokens(item))
@@ -214,16 +312,46 @@ def _compact(run: dict[str, Any]) -> dict[str, Any]:
         rank["block_tokens"] = sum(b[1] for b in blocks)
         rank["padding"] = sum(b[2] for b in blocks)
         rank["ids"] = base64.b64encode(b"".join(b[0] for b in blocks)).decode()
+        rank["per_block"] = base64.b64encode(b"".join(b[4] for b in blocks)).decode()
     return run
 
 
 def run_row(key: str, root: str, timeout: float) -> dict[str, Any]:
     job = PackJob(key=key, root=root, world_size=WORLD_SIZE, num_workers=NUM_WORKERS, timeout=timeout,
-                  report=key != "litdata", batch_size=BATCH)
+                  report=key not in ("litdata", *GRAIN), batch_size=BATCH)
     out = _compact(asdict(harness.run_job(job)))
-    if key in ("hf", "litdata"):
-        out["versions"] = harness.versions("torch", "datasets", "litdata")
+    if key not in DISTSHARD:
+        out["versions"] = harness.versions("torch", "datasets", "litdata", "grain")
     return out
+
+
+def one_process(key: str, root: str) -> dict[str, Any]:
+    """The whole corpus packed and batched in this process, no workers, after the
+    imports and a first batch (what a library imports lazily is not the packer's
+    cost): CPU seconds (building the pipeline included) and the real tokens delivered."""
+    import numpy as np
+
+    def pipeline() -> Any:
+        if key in GRAIN:
+            return grain_pipeline(key, root, 0, 1, 0)
+        from torch.utils.data import DataLoader
+
+        import distshard
+
+        fit = "best" if key == "distshard-best" else "concat"
+        return DataLoader(distshard.pack(CorpusDocuments(root), SEQ_LEN, fit=fit).dist_shard(rank=0, world_size=1),
+                          batch_size=BATCH)
+
+    def real(batch: Any) -> int:  # counted, not copied: the packer's cost alone
+        if key in GRAIN:
+            return int(np.count_nonzero(batch["input_ids_segment_ids"]))
+        return int(batch["loss_mask"].sum())
+
+    next(iter(pipeline()))  # the warm-up
+    cpu = time.process_time()
+    delivered = sum(real(batch) for batch in pipeline())
+    return {"cpu_s": time.process_time() - cpu, "delivered": delivered,
+            "tokens": int(np.load(os.path.join(root, "lengths.npy")).sum())}
 
 
 def prepare_peers(root: str) -> dict[str, Any]:
@@ -256,14 +384,13 @@ def _litdata_doc(spec: tuple[str, int, int]) -> Iterator[Any]:
 
 
 # -- resume on another world size ------------------------------------------------------------------------
-def _resume_rank(rank: int, world_size: int, root: str, even: str | None, take: int | None,
+def _resume_rank(rank: int, world_size: int, root: str, key: str, take: int | None,
                  state: dict | None) -> tuple[str, int, dict]:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     import distshard
 
-    pipeline = distshard.StatefulPipeline(build("distshard-drop" if even == "drop" else "distshard", root, rank,
-                                                world_size))
+    pipeline = distshard.StatefulPipeline(build(key, root, rank, world_size))
     pipeline.set_epoch(0)
     if state is not None:
         pipeline.load_state_dict(state)
@@ -281,16 +408,16 @@ def _resume_rank(rank: int, world_size: int, root: str, even: str | None, take: 
     return base64.b64encode(b"".join(got)).decode(), len(got), merged
 
 
-def resume_check(root: str, even: str | None, timeout: float) -> dict[str, Any]:
+def resume_check(root: str, key: str, timeout: float) -> dict[str, Any]:
     """4 ranks × 2 workers take 5 batches each, checkpoint; 3 ranks × 2 workers resume."""
     from distshard.verify import run_on_group
 
-    first = run_on_group(_resume_rank, world_size=WORLD_SIZE, timeout=timeout, args=(root, even, 5, None))
+    first = run_on_group(_resume_rank, world_size=WORLD_SIZE, timeout=timeout, args=(root, key, 5, None))
     errors = [o.error for o in first if o.error]
     if errors:
         return {"errors": errors}
     state = first[0].value[2]
-    second = run_on_group(_resume_rank, world_size=3, timeout=timeout, args=(root, even, None, state))
+    second = run_on_group(_resume_rank, world_size=3, timeout=timeout, args=(root, key, None, state))
     errors = [o.error for o in second if o.error]
     if errors:
         return {"errors": errors}
@@ -299,7 +426,7 @@ def resume_check(root: str, even: str | None, timeout: float) -> dict[str, Any]:
 
 
 # -- planning 10^8 documents ----------------------------------------------------------------------------
-def plan_scale(docs: int, shuffle: bool = False) -> dict[str, Any]:
+def plan_scale(docs: int, shuffle: bool = False, fit: str = "concat") -> dict[str, Any]:
     """In a fresh process: ``pack()`` over ``docs`` documents whose counts the source gives."""
     import resource
 
@@ -318,37 +445,76 @@ def plan_scale(docs: int, shuffle: bool = False) -> dict[str, Any]:
             return iter(())
 
     start, cpu = time.perf_counter(), time.process_time()
-    packed = distshard.pack(Counted(), 2048, shuffle_documents=shuffle)
+    packed = distshard.pack(Counted(), 2048, shuffle_documents=shuffle, fit=fit)
     plan = packed.packing()
     first = plan.segments(plan.blocks // 2)
     seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    plan_bytes = packed._counts.prefix.nbytes + (plan.prefix.nbytes if shuffle else 0)
+    # the plan: the counts' checkpoints and a best fit's placement; a shuffled order's counts are the plan's own
+    plan_bytes = plan.nbytes + (plan.counts.counts.nbytes if shuffle else 0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"docs": docs, "blocks": plan.blocks, "seconds": seconds, "cpu_s": cpu_s,
+    return {"docs": docs, "blocks": plan.blocks, "seconds": seconds, "cpu_s": cpu_s, "fit": fit,
             "plan_bytes_per_doc": plan_bytes / docs, "plan_mib": plan_bytes / 2**20, "peak_rss_mib": peak / 1024,
             "base_rss_mib": base_rss / 1024, "counts_mib": counts.nbytes / 2**20, "first": len(first),
-            "shuffle": shuffle, "loadavg": harness.loadavg()}
+            "padding": plan.padding / max(plan.blocks * 2048, 1), "shuffle": shuffle, "loadavg": harness.loadavg()}
+
+
+WINDOWS = (32, 64, 128, 256, 512, 1024)  # fit="best"'s window, in blocks' worth of tokens
+
+
+def window_sweep(quick: bool = False) -> dict[str, list[float]]:
+    """fit="best"'s padding on each corpus for each window of ``WINDOWS`` (the plan alone)."""
+    from distshard.packing import BestPacking, TokenCounts
+
+    out = {}
+    for kind in CORPORA:
+        docs = (QUICK_DOCS if quick else DOCS) if kind == "uniform" else (QUICK_WEB_DOCS if quick else WEB_DOCS)
+        counts = TokenCounts(corpus_lengths(kind, docs))
+        plans = [BestPacking(counts, SEQ_LEN, window_tokens=w * SEQ_LEN) for w in WINDOWS]
+        out[kind] = [plan.padding / (plan.blocks * SEQ_LEN) for plan in plans]
+    return out
 
 
 # -- analysis -----------------------------------------------------------------------------------------------
-def analyze(run: dict[str, Any], corpus_tokens: int) -> dict[str, Any]:
+def documents_cut(ids: Any, per_block: Any, lengths: Any) -> tuple[int, int]:
+    """(documents cut, of them at most ``L`` tokens long): a document is cut when its
+    delivered tokens lie in more than one block or some of them were not delivered."""
     import numpy as np
 
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    docs = np.searchsorted(offsets, ids, side="right") - 1
+    block = np.repeat(np.arange(len(per_block)), per_block)
+    pairs = np.unique(docs.astype(np.int64) * (len(per_block) + 1) + block)
+    blocks_of = np.bincount(pairs // (len(per_block) + 1), minlength=len(lengths))
+    delivered = np.bincount(docs, minlength=len(lengths))
+    cut = (blocks_of > 1) | (delivered < lengths)
+    return int(cut.sum()), int((cut & (lengths <= SEQ_LEN)).sum())
+
+
+def analyze(run: dict[str, Any], lengths: Any) -> dict[str, Any]:
+    import numpy as np
+
+    corpus_tokens = int(lengths.sum())
     if "skipped" in run or "ranks" not in run:
         return {"error": run.get("skipped") or "; ".join(run.get("errors", ["no result"]))[-300:]}
     group = harness.GroupRun.of(run)
     if group.errors or not group.complete:
         return {"error": "; ".join(group.errors or ["incomplete"])[-300:]}
-    ids = np.concatenate([np.frombuffer(base64.b64decode(r["ids"]), dtype=np.int32) for r in run["ranks"]]
-                         or [np.zeros(0, np.int32)])
+
+    def decoded(name: str) -> Any:
+        parts = [np.frombuffer(base64.b64decode(r[name]), dtype=np.int32) for r in run["ranks"]]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    ids, per_block = decoded("ids"), decoded("per_block")
     seen = np.bincount(ids, minlength=corpus_tokens) if len(ids) else np.zeros(corpus_tokens, np.int64)
     delivered = int(len(ids))
     block_tokens = sum(r["block_tokens"] for r in run["ranks"])
     wall = group.wall_s or float("nan")
+    cut, cut_short = documents_cut(ids, per_block, lengths)
     return {
         "delivered": delivered, "distinct": int((seen > 0).sum()), "repeated": int((seen[seen > 1] - 1).sum()),
         "coverage": int((seen > 0).sum()) / corpus_tokens, "padding": sum(r["padding"] for r in run["ranks"]),
         "padding_fraction": sum(r["padding"] for r in run["ranks"]) / max(block_tokens, 1),
+        "documents_cut": cut, "documents_cut_short": cut_short,
         "blocks_per_rank": [r["blocks"] for r in run["ranks"]], "wall_s": wall, "cpu_s": group.cpu_s,
         "tokens_per_s": delivered / wall if delivered else None,
         "cpu_ns_per_token": group.cpu_s / delivered * 1e9 if delivered else None,
@@ -357,14 +523,78 @@ def analyze(run: dict[str, Any], corpus_tokens: int) -> dict[str, Any]:
 
 
 COLUMNS = [Col("row"), Col("tokens delivered / corpus", 4), Col("tokens repeated", 0), Col("padding", 4),
-           Col("blocks per rank"), Col("tokens/s", fmt=lambda v: f"{v / 1e6:.2f} M"),
-           Col("CPU per token", fmt=lambda v: f"{v:.0f} ns"), Col("elastic resume")]
+           Col("documents cut (≤ L)"), Col("blocks per rank"), Col("CPU per token", fmt=lambda v: f"{v:.0f} ns"),
+           Col("CPU per token, one process"), Col("elastic resume")]
+
+
+def run_corpus(kind: str, root: str, rows: list[str], args: Any) -> dict[str, Any]:
+    """Every row on one corpus: the 4 × 2 run, the one-process run, the elastic resume."""
+    import numpy as np
+
+    corpus = make_corpus(root, (QUICK_DOCS if args.quick else DOCS) if kind == "uniform" else
+                         (QUICK_WEB_DOCS if args.quick else WEB_DOCS), kind=kind)
+    lengths = np.load(os.path.join(root, "lengths.npy"))
+    if any(r in ("hf", "litdata") for r in rows):
+        prepared = harness.launch(__file__, "prepare_peers", {"root": root}, peers=True, timeout=args.timeout)
+        if not prepared.get("ok"):
+            print(f"# peers not prepared: {prepared}", file=sys.stderr)
+    results: dict[str, Any] = {}
+    for key in rows:
+        t0 = time.perf_counter()
+        peers = key not in DISTSHARD
+        run = (run_row(key, root, args.timeout) if not peers else
+               harness.launch(__file__, "run_row", {"key": key, "root": root, "timeout": args.timeout}, peers=True,
+                              timeout=args.timeout))
+        results[key] = analyze(run, lengths)
+        resume = resume_check(root, key, args.timeout) if not peers else None
+        results[key]["resume"] = _resume_cell(resume, corpus["tokens"], key == "distshard-drop")
+        if key in ONE_PROCESS:
+            alone = harness.launch(__file__, "one_process", {"key": key, "root": root}, peers=peers,
+                                   timeout=args.timeout)
+            results[key]["one_process"] = alone
+        print(f"#   {kind} {key} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return {"corpus": corpus, "rows": results}
+
+
+def _one_process_cell(alone: dict[str, Any] | None) -> str:
+    if not alone:
+        return "not run"
+    if "cpu_s" not in alone:
+        return "failed: " + harness.error_line(str(alone))[:60]
+    return f"{alone['cpu_s'] / max(alone['delivered'], 1) * 1e9:.0f} ns"
+
+
+def _table(corpus: dict[str, Any], rows: list[str], results: dict[str, Any]) -> str:
+    cells = []
+    for key in rows:
+        r = results[key]
+        if "delivered" not in r:
+            cells.append([LABELS[key], "failed: " + harness.error_line(r.get("error", ""))])
+            continue
+        cells.append([LABELS[key], r["coverage"], r["repeated"], r["padding_fraction"],
+                      f"{r['documents_cut']} ({r['documents_cut_short']})",
+                      " / ".join(map(str, r["blocks_per_rank"])), r["cpu_ns_per_token"],
+                      _one_process_cell(r.get("one_process")), r["resume"]])
+    return harness.table(COLUMNS, cells)
+
+
+def _plan_line(plan: dict[str, Any]) -> str:
+    if "seconds" not in plan:
+        return f"planning: failed: {plan}"
+    what = f"fit={plan['fit']!r}" + (", shuffle_documents=True" if plan["shuffle"] else "")
+    return (f"planning {plan['docs']:,} documents ({what}): {plan['seconds']:.2f} s wall ({plan['cpu_s']:.2f} s CPU) "
+            f"to the first block's documents ({plan['blocks']:,} blocks of 2048, padding {plan['padding']:.2%}); "
+            f"the plan {plan['plan_mib']:,.1f} MiB ({plan['plan_bytes_per_doc']:.2f} bytes per document); peak RSS "
+            f"{plan['peak_rss_mib']:,.0f} MiB = interpreter with torch {plan['base_rss_mib']:,.0f} MiB + the simulated "
+            f"counts {plan['counts_mib']:,.0f} MiB (a memory map of the .idx in real use) + the plan and what building "
+            f"it held; 1-min load average {plan['loadavg']:.1f}")
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_DOCS} documents, planning 10^7 documents")
     parser.add_argument("--only", default="", help="comma-separated rows: " + ",".join(ROWS))
+    parser.add_argument("--corpus", default="", help="comma-separated corpora: " + ",".join(CORPORA))
     parser.add_argument("--plan-only", action="store_true", help="only the planning simulation")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds a row may take")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the raw numbers")
@@ -374,54 +604,31 @@ def main(argv: Iterable[str] | None = None) -> int:
         return harness.child(args.run, args.out, globals())
     session = harness.Session()
     rows = [] if args.plan_only else harness.choose(args.only, {r: r for r in ROWS}, parser)
-    results: dict[str, Any] = {}
+    kinds = [] if args.plan_only else harness.choose(args.corpus, {c: c for c in CORPORA}, parser)
+    corpora: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pack-") as root:
-        corpus = make_corpus(root, QUICK_DOCS if args.quick else DOCS)
-        if any(r in ("hf", "litdata") for r in rows):
-            prepared = harness.launch(__file__, "prepare_peers", {"root": root}, peers=True, timeout=args.timeout)
-            if not prepared.get("ok"):
-                print(f"# peers not prepared: {prepared}", file=sys.stderr)
-        for key in rows:
-            t0 = time.perf_counter()
-            if key.startswith("distshard"):
-                run = run_row(key, root, args.timeout)
-                resume = resume_check(root, "drop" if key == "distshard-drop" else None, args.timeout)
-            else:
-                run = harness.launch(__file__, "run_row", {"key": key, "root": root, "timeout": args.timeout},
-                                     peers=True, timeout=args.timeout)
-                resume = None
-            results[key] = analyze(run, corpus["tokens"])
-            results[key]["resume"] = _resume_cell(resume, corpus["tokens"], key == "distshard-drop")
-            print(f"#   {key} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    plans = [harness.launch(__file__, "plan_scale", {"docs": n, "shuffle": s}, timeout=args.timeout)
-             for n, s in ((QUICK_PLAN_DOCS if args.quick else PLAN_DOCS, False), (QUICK_PLAN_DOCS, True))]
-    print(session.header(f"{corpus['docs']:,} documents of 20–8,000 tokens, {corpus['tokens']:,} tokens; blocks of "
-                         f"{SEQ_LEN}; {WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; one round"))
+        for kind in kinds if rows else []:
+            corpora[kind] = run_corpus(kind, os.path.join(root, kind), rows, args)
+    big = QUICK_PLAN_DOCS if args.quick else PLAN_DOCS
+    plans = [harness.launch(__file__, "plan_scale", {"docs": n, "shuffle": s, "fit": f}, timeout=args.timeout)
+             for n, s, f in ((big, False, "concat"), (QUICK_PLAN_DOCS, True, "concat"),
+                             (BEST_PLAN_DOCS, False, "best"), (QUICK_PLAN_DOCS // 10, True, "best"))]
+    print(session.header(f"blocks of {SEQ_LEN}; {WORLD_SIZE} gloo ranks × {NUM_WORKERS} workers; one round"))
     print()
-    if rows:
-        cells = []
-        for key in rows:
-            r = results[key]
-            if "delivered" not in r:
-                cells.append([LABELS[key], "failed: " + harness.error_line(r.get("error", ""))])
-                continue
-            cells.append([LABELS[key], r["coverage"], r["repeated"], r["padding_fraction"],
-                          " / ".join(map(str, r["blocks_per_rank"])), r["tokens_per_s"], r["cpu_ns_per_token"],
-                          r["resume"]])
-        print(harness.table(COLUMNS, cells))
+    for kind, done in corpora.items():
+        c = done["corpus"]
+        print(f"corpus {kind!r}: {c['docs']:,} documents, {c['tokens']:,} tokens, median {c['median']:.0f}, longest "
+              f"{c['longest']:,}, {c['longer_than_L']} longer than {SEQ_LEN}")
+        print()
+        print(_table(c, rows, done["rows"]))
         print()
     for plan in plans:
-        if "seconds" not in plan:
-            print(f"planning: failed: {plan}")
-            continue
-        print(f"planning {plan['docs']:,} documents{' (shuffle_documents=True)' if plan['shuffle'] else ''}: "
-              f"{plan['seconds']:.2f} s wall ({plan['cpu_s']:.2f} s CPU) to the first block's documents "
-              f"({plan['blocks']:,} blocks of 2048); the plan {plan['plan_mib']:,.0f} MiB "
-              f"({plan['plan_bytes_per_doc']:.1f} bytes per document); peak RSS {plan['peak_rss_mib']:,.0f} MiB = "
-              f"interpreter with torch {plan['base_rss_mib']:,.0f} MiB + the simulated counts "
-              f"{plan['counts_mib']:,.0f} MiB (a memory map of the .idx in real use) + the plan and what building it "
-              f"held; 1-min load average {plan['loadavg']:.1f}")
-    session.dump(args.json, corpus=corpus, rows=results, plans=plans)
+        print(_plan_line(plan))
+    sweep = window_sweep(args.quick)
+    for kind, padding in sweep.items():
+        print(f"fit='best' padding on {kind!r} by window (blocks of {SEQ_LEN}): "
+              + ", ".join(f"{w}: {p:.2%}" for w, p in zip(WINDOWS, padding, strict=True)))
+    session.dump(args.json, corpora=corpora, plans=plans, windows=sweep)
     return 0
 
 

@@ -542,30 +542,57 @@ def cost_figure(streams: dict[str, tuple[list, list]], weights: dict[str, float]
     return fig
 
 
-def packed_blocks(rows: list[dict], seq_len: int, colours: list, slot_names: list[str]):
-    """``rows``: one per block, in block order, ``{"doc": [document of each token or -1
-    for padding], "slot": slot that read it}``. Each block is a row of ``seq_len`` cells
-    coloured by document (alternating shades, a bold edge where a document starts),
-    padding grey, and a tag on the left with the slot that read the block."""
-    fig, ax = plt.subplots(figsize=(11, 0.32 * len(rows) + 1.2))
-    shades = ["#4c72b0", "#9fb8dc", "#dd8452", "#f0c1a0", "#55a868", "#a9d4b2"]
+_SHADES = ["#4c72b0", "#9fb8dc", "#dd8452", "#f0c1a0", "#55a868", "#a9d4b2"]
+
+
+def _blocks_panel(ax, rows: list[dict], seq_len: int, tag: Callable[[dict], tuple[str, Any]] | None = None) -> None:
+    """One row of ``seq_len`` cells per block, coloured by document (alternating
+    shades, a bold edge where a document starts), padding grey; a segment id in each
+    cell when the row has ``segments``; ``tag(row)`` gives a label and a colour on the left."""
     for b, row in enumerate(rows):
         y = len(rows) - 1 - b
         previous = None
         for t, doc in enumerate(row["doc"]):
-            colour = "#dddddd" if doc < 0 else shades[doc % len(shades)]
+            colour = "#dddddd" if doc < 0 else _SHADES[doc % len(_SHADES)]
             ax.add_patch(Rectangle((t, y + 0.1), 1, 0.8, facecolor=colour, edgecolor="white", linewidth=0.5))
             if doc >= 0 and doc != previous and row["starts"][t]:
                 ax.plot([t, t], [y + 0.05, y + 0.95], color="black", linewidth=2)
+            if "segments" in row:
+                ax.text(t + 0.5, y + 0.5, str(row["segments"][t]), ha="center", va="center", fontsize=6)
             previous = doc
-        ax.add_patch(Rectangle((-3.2, y + 0.1), 2.9, 0.8, facecolor=colours[row["slot"]], edgecolor="none"))
-        ax.text(-1.75, y + 0.5, slot_names[row["slot"]], ha="center", va="center", fontsize=7, color="white")
-    ax.set_xlim(-3.4, seq_len + 0.2)
+        if tag is not None:
+            text, colour = tag(row)
+            ax.add_patch(Rectangle((-3.2, y + 0.1), 2.9, 0.8, facecolor=colour, edgecolor="none"))
+            ax.text(-1.75, y + 0.5, text, ha="center", va="center", fontsize=7, color="white")
+    ax.set_xlim(-3.4 if tag is not None else -0.2, seq_len + 0.2)
     ax.set_ylim(-0.2, len(rows) + 0.2)
     ax.set_yticks([len(rows) - 1 - b + 0.5 for b in range(len(rows))], [f"block {b}" for b in range(len(rows))])
     ax.set_xticks(range(0, seq_len + 1, 4))
-    ax.set_xlabel("token position in the block (black bar: a document starts; grey: padding)")
-    ax.set_title("pack(): blocks cut from the concatenated documents, and the slot that reads each")
     for spine in ax.spines.values():
         spine.set_visible(False)
+
+
+def packed_blocks(rows: list[dict], seq_len: int, colours: list, slot_names: list[str]):
+    """``rows``: one per block, in block order, ``{"doc": [document of each token or -1
+    for padding], "starts": [whether a document starts there], "slot": slot that read
+    it}``, drawn by ``_blocks_panel`` with a tag on the left naming the slot."""
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(rows) + 1.2))
+    _blocks_panel(ax, rows, seq_len, lambda row: (slot_names[row["slot"]], colours[row["slot"]]))
+    ax.set_xlabel("token position in the block (black bar: a document starts; grey: padding)")
+    ax.set_title("pack(): blocks cut from the concatenated documents, and the slot that reads each")
+    return fig
+
+
+def fits_figure(fits: dict[str, list[dict]], seq_len: int, title: str):
+    """The same documents packed by each fit (``{fit: rows}``, rows as for
+    :func:`packed_blocks` with ``segments``, the block's segment id of each token):
+    side by side, the segment ids written in the cells."""
+    tallest = max(len(rows) for rows in fits.values())
+    fig, axes = plt.subplots(1, len(fits), figsize=(6.2 * len(fits), 0.34 * tallest + 1.6))
+    for ax, (name, rows) in zip(axes, fits.items(), strict=True):
+        _blocks_panel(ax, rows, seq_len)
+        ax.set_title(name, loc="left", fontsize=11)
+        ax.set_xlabel("token position (digits: segment_ids, 0 on padding)")
+    fig.suptitle(title, x=0.06, ha="left", fontsize=12, fontweight="bold")
+    fig.tight_layout()
     return fig

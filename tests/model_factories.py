@@ -33,7 +33,8 @@ import distshard
 # after a 1:1 map that checks its tokens: "tokens"; documents of
 # distinct token ids (lists, uint16 arrays or uint16 tensors) packed into blocks of seq_len tokens (distshard.pack), each block
 # made a string (hashable, and as the DataLoader's default_convert leaves it) by a 1:1
-# map, pushed down: "pack"; a JSON-lines
+# map, pushed down: "pack" (``Spec.fit``: cut from the concatenation, or whole documents
+# by best fit within windows of ``Spec.window`` tokens); a JSON-lines
 # file over HTTP from a server that sends weak ETags without If-Match support and
 # rewrites the file at the same size in the middle of the history: "remote-weak"
 # (reading must refuse, never yield the new version's elements); the "remote" file with
@@ -96,6 +97,8 @@ class Spec:
     seed: int | None = 0  # None: dist_shard's default (a DataLoader may hand over its seed)
     seq_len: int = 3  # "pack": tokens per block
     eos: bool = False  # "pack": an eos token (-1) after every document
+    fit: str = "concat"  # "pack": "concat" or "best" (whole documents; no eos, so every block is distinct)
+    window: int | None = None  # "pack", fit="best": tokens per window (None: the default, the whole corpus here)
     parquet: str = "suffix"  # "remote-parquet": one of PARQUET_PATHS
     # "remote-parquet": its server fails every n-th GET; its own history test takes 7, the
     # others less often (a fault costs a retry's backoff, and every build asks two GETs)
@@ -138,7 +141,7 @@ class Spec:
         if self.source in MIXES:
             return list(mixed(self.n, self.source, remote=False))
         if self.source == "pack":
-            return packed_blocks(self.n, self.seq_len, self.eos)
+            return packed_blocks(self.n, self.seq_len, self.eos, self.fit, self.window)
         return [upper(f"e{i}") if self.source == "list+map" else f"e{i}" for i in range(self.n)]
 
 
@@ -172,44 +175,44 @@ def documents(n: int) -> list[list[int]]:
     return [[100 * i + j for j in range(1 + (7 * i) % 5)] for i in range(n)]
 
 
-def packed_blocks(n: int, seq_len: int, eos: bool) -> list[str]:
-    """The oracle of "pack": the blocks by definition (the concatenation of the documents,
-    each followed by the eos -1 if any, cut into ``seq_len``, the last padded with 0), as
-    strings of the tuples (ids, positions, mask). Distinct: every block holds a token of its own (with an
-    eos, ``seq_len`` is at least 2 and documents are not empty)."""
-    ids: list[int] = []
-    pos: list[int] = []
-    for doc in documents(n):
-        tail = [-1] if eos else []
-        ids += doc + tail
-        pos += list(range(len(doc) + len(tail)))
-    out = []
-    for start in range(0, len(ids), seq_len):
-        chunk, where = ids[start : start + seq_len], pos[start : start + seq_len]
-        short = seq_len - len(chunk)
-        out.append(
-            repr((tuple(chunk + [0] * short), tuple(where + [0] * short), tuple([1] * len(chunk) + [0] * short)))
-        )
-    return out
+def packed_blocks(n: int, seq_len: int, eos: bool, fit: str = "concat", window: int | None = None) -> list[str]:
+    """The oracle of "pack": the blocks by definition, as strings of the tuples (ids,
+    positions, mask, segments). fit="concat": the concatenation of the documents, each
+    followed by the eos -1 if any, cut into ``seq_len``, the last padded with 0;
+    fit="best": the brute-force best fit of tests/packing_oracle.py. Distinct: every
+    block holds a token of its own (with an eos, ``seq_len`` is at least 2 and documents
+    are not empty; fit="best" has no eos)."""
+    from .packing_oracle import concat_layout, filled, reference_best_fit
+
+    docs = [doc + ([-1] if eos else []) for doc in documents(n)]
+    counts = [len(d) for d in docs]
+    layout = (
+        reference_best_fit(counts, seq_len, window or 256 * seq_len)
+        if fit == "best"
+        else concat_layout(counts, seq_len)
+    )
+    return [repr(block) for block in filled(docs, layout, seq_len)]
 
 
 def block_key(block: dict) -> str:
-    """A block as a string: the repr of the tuple (input_ids, position_ids, loss_mask)."""
-    return repr(tuple(tuple(block[k].tolist()) for k in ("input_ids", "position_ids", "loss_mask")))
+    """A block as a string: the repr of the tuple (input_ids, position_ids, loss_mask, segment_ids)."""
+    return repr(tuple(tuple(block[k].tolist()) for k in ("input_ids", "position_ids", "loss_mask", "segment_ids")))
 
 
 def packed(spec: "Spec") -> Any:
-    """:func:`documents` packed, as lists, as uint16 numpy arrays, or as those arrays
-    made uint16 tensors by ``tokens=torch.from_numpy`` (by ``n % 3``)."""
+    """:func:`documents` packed (``Spec.fit``, ``Spec.window``), as lists, as uint16
+    numpy arrays, or as those arrays made uint16 tensors by ``tokens=torch.from_numpy``
+    (by ``n % 3``)."""
     eos = -1 if spec.eos else None
+    window = spec.window if spec.fit == "best" else None
     if spec.n % 3 == 0:
-        return distshard.pack(IterableWrapper(documents(spec.n)), spec.seq_len, eos=eos)
+        return distshard.pack(IterableWrapper(documents(spec.n)), spec.seq_len, eos=eos, fit=spec.fit, window=window)
     import numpy as np
     import torch
 
     arrays = [np.array(d, np.uint16) for d in documents(spec.n)]
     picker = torch.from_numpy if spec.n % 3 == 2 else None
-    return distshard.pack(IterableWrapper(arrays), spec.seq_len, tokens=picker, eos=eos)
+    return distshard.pack(IterableWrapper(arrays), spec.seq_len, tokens=picker, eos=eos, fit=spec.fit, window=window)
 
 
 def jsonl_file(n: int) -> str:

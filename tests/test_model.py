@@ -558,6 +558,10 @@ def specs(draw) -> Spec:
         common["parquet"] = draw(st.sampled_from(PARQUET_PATHS))
     if source == "pack":
         seq_len = draw(st.integers(1, 6))
+        fit = draw(st.sampled_from(["concat", "best"]))
+        if fit == "best":  # blocks of up to 10 (bins of several documents), windows of 3 tokens to all
+            window = draw(st.sampled_from([None, 3, 8, 20]))
+            return Spec(n=draw(st.integers(0, 40)), seq_len=draw(st.integers(1, 10)), fit=fit, window=window, **common)
         return Spec(n=draw(st.integers(0, 40)), seq_len=seq_len, eos=seq_len > 1 and draw(st.booleans()), **common)
     if source != "units":
         return Spec(n=draw(st.integers(0, 60)), **common)
@@ -982,6 +986,41 @@ def test_every_history_with_persistent_workers_is_exact_or_refused(spec, data):
 @given(spec=shuffled_specs(), data=st.data())
 def test_every_history_with_spawned_persistent_workers_is_exact_or_refused(spec, data):
     check_model(spec, data, ["sdlp-spawn", "dlp-spawn"], epochs=(2, 2))
+
+
+# -- pack(fit="best"): whole documents, drawn on purpose (one kind in many above) -----------
+
+
+@st.composite
+def best_pack_specs(draw) -> Spec:
+    """ "pack" with fit="best" in windows of a few tokens to the whole corpus, every even
+    (carry too: one packing, the same length every epoch)."""
+    return Spec(
+        source="pack",
+        n=draw(st.integers(0, 40)),
+        seq_len=draw(st.integers(1, 10)),
+        fit="best",
+        window=draw(st.sampled_from([None, 3, 8, 20])),
+        shuffle=draw(st.booleans()),
+        seed=draw(SEEDS),
+        multiple=draw(st.sampled_from([1, 1, 2, 3])),
+        even=draw(st.sampled_from([None, "drop", "pad", "carry"])),
+    )
+
+
+@settings(MODEL_SETTINGS, max_examples=80)
+@given(spec=best_pack_specs(), data=st.data())
+def test_every_history_of_best_fit_blocks_is_exact_or_refused(spec, data):
+    """Blocks of whole documents: every block once per epoch over every layout and
+    elastic resume, in-process, through StatefulDataLoader and the nodes front-end."""
+    check_model(spec, data, ["plain", "sdl0"])
+    check_model(spec, data, ["node"], build_spec=build_node)
+
+
+@settings(MODEL_SETTINGS, max_examples=3, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(spec=best_pack_specs(), data=st.data())
+def test_every_history_of_best_fit_blocks_is_exact_or_refused_with_real_workers(spec, data):
+    check_model(spec, data, ["sdl2", "plain"])
 
 
 # -- even="carry": histories over several epochs, resumed elastically in between -------------

@@ -30,8 +30,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # the pictures the notebook draws (figures.show(fig, name)): the slot map, the recipe
 # comparison, the elastic resume timeline, the running shares of a weighted mix, the
 # running shares across a phase boundary, cost shares against sample shares and the
-# timeline of even="carry" across epochs, and packed blocks with the slots that read them
-FIGURES = {"slot_map", "recipes", "resume", "mix", "phases", "cost", "carry", "pack"}
+# timeline of even="carry" across epochs, packed blocks with the slots that read them, and the same
+# documents packed by fit="concat" and fit="best" side by side
+FIGURES = {"slot_map", "recipes", "resume", "mix", "phases", "cost", "carry", "pack", "fits"}
 MIN_WIDTH, MIN_HEIGHT = 800, 300  # pixels: readable, not thumbnails
 
 # Inserted before the first cell of the in-memory copy (never saved): proves which
@@ -181,6 +182,8 @@ def test_the_tour_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     )
     assert "carry: every draw of the 4 epochs yielded exactly once: True" in everything
     assert "carry: draws of epoch e's stream yielded in epoch e + 1: [6, 4, 2]" in everything
+    # 8. packing: fit="best" keeps whole documents, cutting only those longer than a block
+    assert "best cuts only the documents longer than a block: True" in everything
     assert not any(workdir.iterdir())
 
 

@@ -174,3 +174,45 @@ def test_a_uint64_id_an_int64_block_cannot_hold_is_refused(kind):
     docs = arrays if kind == "numpy" else [torch.from_numpy(a) for a in arrays]
     with pytest.raises(ValueError, match=r"token 1 of document 1 is 9223372036854775808 \(uint64\), above"):
         distshard.pack(IterableWrapper(docs), 4)
+
+
+def test_best_fit_over_a_token_corpus_reads_the_idx_alone_and_resumes_elastically(tmp_path, bins_opened):
+    """fit="best" plans from the .idx counts (no .bin opened), keeps every sequence of at
+    most a block whole, and an elastic resume gives every token once."""
+    from .packing_oracle import reference_best_fit
+
+    prefixes, documents = corpus(tmp_path)
+    bins_opened.clear()
+    packed = distshard.pack(distshard.tokens(prefixes), 16, fit="best", window=64)
+    assert len(packed) == len(reference_best_fit([len(d) for d in documents], 16, 64))
+    assert bins_opened == []
+    read, states = [], []
+    for worker in range(4):  # 2 ranks x 2 workers, simulated; each slot stops after 2 blocks
+        rank, wid = divmod(worker, 2)
+        with as_worker(wid, 2):
+            pipe = distshard.StatefulPipeline(
+                distshard.pack(distshard.tokens(prefixes), 16, fit="best", window=64).dist_shard(
+                    shuffle=True, seed=3, rank=rank, world_size=2
+                )
+            )
+            it = iter(pipe)
+            read += [key(next(it)) for _ in range(2)]
+            states.append(json.loads(json.dumps(pipe.state_dict())))
+    merged = distshard.merge_states(states)
+    for worker in range(3):
+        with as_worker(worker, 3):
+            pipe = distshard.StatefulPipeline(
+                distshard.pack(distshard.tokens(prefixes), 16, fit="best", window=64).dist_shard(
+                    shuffle=True, seed=3, rank=0, world_size=1
+                )
+            )
+            pipe.load_state_dict(merged)
+            read += [key(b) for b in pipe]
+    assert tokens_of(read) == Counter(t for d in documents for t in d)
+    assert len(read) == len(packed)
+    whole = {tuple(d) for d in documents if 0 < len(d) <= 16}  # (an empty one holds no segment)
+    in_blocks = set()
+    for ids, _, _, segments in read:
+        for s in set(segments) - {0}:
+            in_blocks.add(tuple(t for t, g in zip(ids, segments, strict=True) if g == s))
+    assert whole <= in_blocks  # every sequence of at most 16 tokens is one segment of one block

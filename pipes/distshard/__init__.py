@@ -20,6 +20,7 @@ if __name__ == "distshard" and sys.argv[:2] == ["-m", "index"]:  # `python -m di
         sys.exit(_status)
 
 from .checkpoint import LoaderCheckpoint
+from .collate import packed_collate
 from .context import ShardContext, UnknownRankError, current_context
 from .datapipe import DistShardIterDataPipe, set_epoch
 from .errors import (
@@ -78,6 +79,7 @@ __all__ = [
     "merge_states",
     "mix",
     "pack",
+    "packed_collate",
     "positional",
     "set_epoch",
     "stop_together",

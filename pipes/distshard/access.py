@@ -29,7 +29,7 @@ from .graph import is_positional, random_access
 from .groups import DataGroup
 from .options import carry_refused, random_access_needed
 from .plan import CARRY, Even
-from .protocol import has_sequence, sequence_of, units_of
+from .protocol import has_sequence, sequence_length_varies, sequence_of, units_of
 from .readers import (
     RandomAccessReader,
     Reader,
@@ -145,6 +145,13 @@ def check_access(
     (units need sizes, which ``options.check_options`` asks for). ``fix`` says which
     random-access sources this front-end takes, ``shuffle_fix`` what else serves
     ``shuffle=True``."""
+    if even == CARRY and access.random and sequence_length_varies(access.sequence):
+        raise UnsupportedError(
+            f"even='carry' needs the same length every epoch (an epoch starts with the tail of the one before), "
+            f"but {source} ({type(access.sequence).__name__}) changes its length from epoch to epoch: "
+            "pack(fit='best', shuffle_documents=True) packs a new number of blocks every epoch. Use even='drop' "
+            "or 'pad', or shuffle_documents=False"
+        )
     if expand is not None or access.random:
         return
     if access.whole is not None and (even is not None or shuffle):

@@ -29,6 +29,7 @@ from .errors import OptionTypeError, StateMismatchError
 from .graph import Pushdown
 from .options import ShardOptions, check_flag, check_seed
 from .plan import CARRY, check_multiple
+from .protocol import sequence_length_varies
 from .readers import RandomAccessReader, Reader
 from .state import KEY, State, as_state, carry_base_after, check_carry_load, check_fits
 
@@ -229,10 +230,13 @@ class ShardCore:
         resume = self.resume
         return resume if resume is not None and resume.epoch == self.epoch else None
 
-    def check_against(self, found: State | StateDict, reader: Reader | None) -> None:
+    def check_against(self, found: State | StateDict, reader: Reader | None, seeded: bool = True) -> None:
         """Raise ``ValueError`` if ``found`` does not come from a shard like this one
-        (and, given ``reader``, from its data)."""
+        (and, given ``reader``, from its data). A source whose length changes with the
+        epoch's seeds (``distshard_length_varies``) is checked for its length only once
+        ``seeded`` for the run (at the first element)."""
         options = self.options
+        varies = reader is not None and sequence_length_varies(getattr(reader, "sequence", None))
         check_fits(
             found,
             mode=self.mode,
@@ -240,7 +244,7 @@ class ShardCore:
             even=options.even,
             multiple_of=options.multiple_of,
             seed=self.state_seed,
-            length=reader.length() if reader is not None else None,
+            length=reader.length() if reader is not None and (seeded or not varies) else None,
             source=reader.identity() if reader is not None else None,
             what=self.what,
         )
@@ -250,14 +254,14 @@ class ShardCore:
         if self.options.even == CARRY:
             check_carry_load(found, self.carry, in_worker)
 
-    def load(self, state: State | StateDict, reader: Reader | None, in_worker: bool) -> bool:
+    def load(self, state: State | StateDict, reader: Reader | None, in_worker: bool, seeded: bool = True) -> bool:
         """Load the validated state (typed or on the wire; checked against ``reader``
         when given) for its epoch's next run; ``False`` if it is void (``set_epoch``
         set another epoch). Under carry, the epoch boundaries it holds stay, unless
         set_epoch already moved past its epoch. Raises, leaving the core unchanged, if
         it does not fit."""
         found = as_state(state)
-        self.check_against(found, reader)
+        self.check_against(found, reader, seeded)
         self.check_carry(found, in_worker)
         if self.options.even == CARRY and not (self.epoch_set and found.epoch > self.epoch):
             self.carry = carry_base_after(found)

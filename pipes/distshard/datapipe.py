@@ -52,7 +52,7 @@ from .graph import (
 )
 from .options import ShardOptions, check_epoch, check_flag, check_options
 from .plan import CARRY, Even
-from .protocol import own_identity, sequence_prefetch
+from .protocol import own_identity, sequence_length_varies, sequence_prefetch
 from .readers import RandomAccessReader, Reader, stable_digest
 from .state import State
 from .tracking import LoaderTrack
@@ -523,7 +523,8 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         (other options, other data), leaving this pipe exactly as it was.
         """
         found = State.from_dict(state)
-        if self.core.load(found, self.reader() if self._cheap_reader() else None, get_worker_info() is not None):
+        reader = self.reader() if self._cheap_reader() else None
+        if self.core.load(found, reader, get_worker_info() is not None, seeded=False):
             self.core.run = None
             self.loader_track.state_loaded(self.core.epoch)
 
@@ -557,12 +558,28 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
             if self.sizes is None:
                 raise TypeError(f"{type(self).__name__} in unit mode without sizes= has no length")
             return sum(self._counts(list(self.source_datapipe)))
+        access = self.access()
+        if access is not None and access.random and sequence_length_varies(access.sequence):
+            self._seed_for_length()
         try:
             return len(self.source_datapipe)
         except TypeError:
             raise TypeError(
                 f"{type(self).__name__} has no length: its source {type(self.source_datapipe).__name__} has none"
             ) from None
+
+    def _seed_for_length(self) -> None:
+        """A source whose length depends on the epoch's seeds (``pack(fit="best",
+        shuffle_documents=True)``): seed it as this epoch's run will, or refuse to
+        guess when that seed is the DataLoader's, known only as the epoch starts."""
+        if self.seed is None and self.even != CARRY:
+            raise TypeError(
+                f"{type(self).__name__} over {type(self.source_datapipe).__name__} has no length before its epoch "
+                "starts: the source's length depends on the epoch's seed (pack(fit='best', shuffle_documents=True) "
+                "packs a new number of blocks every epoch), which is the DataLoader's when seed=None; pass "
+                "dist_shard(seed=...) for a length known ahead"
+            )
+        self._seed_upstream(self.core.run_seed(self.core.pending, self.seed or 0))
 
     def __len__(self) -> int:
         """This worker's count inside a DataLoader worker; else this rank's count,

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from typing import Any
+from typing import Any, Iterable
 
 __all__ = [
     "blake2b_hex",
     "code_digest",
+    "crc32_chunks_hex",
     "crc32_hex",
     "crc32_of",
     "mix_seed",
@@ -62,6 +63,14 @@ def crc32_of(data: bytes | memoryview) -> int:
     """CRC-32 of ``data`` as an int: the checksum of stored bytes (the local range
     cache's chunks), where a damaged copy must be told from a good one."""
     return zlib.crc32(data)
+
+
+def crc32_chunks_hex(chunks: Iterable[bytes | memoryview]) -> str:
+    """:func:`crc32_hex` of the concatenation of ``chunks``, without joining them."""
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
 
 
 def salt(identity: str) -> int:

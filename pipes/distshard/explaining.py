@@ -298,12 +298,24 @@ def _packing_lines(packed: PackIterDataPipe, out: Explanation, ctx: ShardContext
         "counted": "counted in one pass over the documents when pack() was built"
         + (", and cached for the next pack() of the same files and maps" if packed._counts.entry else ""),
     }[packed._counts.how]
+    if plan.fit == "best":
+        window = (
+            f"windows of {packed.window_documents} documents"
+            if packed.window_documents is not None
+            else f"windows of {packed.window} tokens"
+        )
+        fit = (
+            f"whole documents placed by best fit (decreasing, within {window} in source order; a document "
+            f"longer than {packed.seq_len} in pieces of {packed.seq_len} and its remainder): {plan.padding} padding "
+            f"tokens at the ends of blocks, {plan.padding / max(plan.blocks * packed.seq_len, 1):.2%}"
+        )
+    else:
+        fit = f"{plan.padding} padding tokens in the last block"
     lines = [
         f"{plan.blocks} blocks of {packed.seq_len} tokens (input_ids, position_ids restarting at each document, "
-        f"loss_mask) from {packed.documents} documents, {plan.total} tokens"
+        f"loss_mask, segment_ids) from {packed.documents} documents, {plan.total} tokens"
         + (f" with an eos ({packed.eos}) after each document" if packed.eos is not None else ""),
-        f"{plan.padding} padding tokens in the last block (pad={packed.pad}, loss_mask 0); no token dropped, "
-        "the blocks are the same at any world size",
+        f"{fit} (pad={packed.pad}, loss_mask 0); no token dropped, the blocks are the same at any world size",
         f"token counts {how}",
     ]
     if out.per_slot is not None:
@@ -324,13 +336,15 @@ def _packing_lines(packed: PackIterDataPipe, out: Explanation, ctx: ShardContext
             d0, d1 = (k0, k1) if seed is None else (packed.order(seed)(k0), packed.order(seed)(k1))
             span = f"documents {d0}..{d1}" if seed is None else f"documents {d0} .. {d1} (packed {k0}..{k1})"
             lines.append(f"this slot's first block: block {first[0]} reads {span}")
+    per_document = plan.nbytes / max(packed.documents, 1)
     if packed.shuffle_documents:
         lines.append(
-            "documents packed in an order seeded from (seed, epoch): a new packing every epoch; the plan holds "
-            "16 bytes per document (prefix sums of the file order and of the shuffled order)"
+            "documents packed in an order seeded from (seed, epoch): a new packing every epoch"
+            + (" (and a new number of blocks)" if plan.fit == "best" else "")
+            + f"; the plan holds {per_document:.3g} bytes per document besides the counts in that order"
         )
     else:
-        lines.append("the plan holds 8 bytes per document (prefix sums of the token counts)")
+        lines.append(f"the plan holds {per_document:.3g} bytes per document besides the source's token counts")
     return lines
 
 

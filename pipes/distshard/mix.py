@@ -44,7 +44,7 @@ from torch.utils.data.graph_settings import _is_random_datapipe
 from .digests import blake2b_hex, mix_seed
 from .errors import OptionError, OptionTypeError, SourceDataError, UnsupportedError
 from .graph import plan_pushdown, random_pipes
-from .protocol import has_sequence, reads_many
+from .protocol import has_sequence, reads_many, sequence_length_varies
 from .readers import SequenceReader
 from .readers.sequence import ElementCopier
 from .schedule import CostSchedule, integer_weights, make_schedule
@@ -446,10 +446,16 @@ class MixIterDataPipe(IterDataPipe):
         """A positional view of the mixed stream when every source has random
         access, else ``None`` (then the mix is a stream)."""
         plans = []
-        for source in self.sources:
+        for key, source in zip(self.keys, self.sources, strict=True):
             plan = plan_pushdown(source, True)
             if plan.sequence is None:
                 return None
+            if sequence_length_varies(plan.sequence):  # each pass of it would hold another number of elements
+                raise UnsupportedError(
+                    f"source {key!r} changes its length from epoch to epoch ({type(plan.sequence).__name__}), and "
+                    "the mix reads a source's passes at positions made from its length: give it a source of fixed "
+                    "length (pack(fit='best') with shuffle_documents=False)"
+                )
             plans.append(plan)
         counts = [len(plan.sequence) for plan in plans]
         if self.declared is not None and counts != self.declared:  # pragma: no cover - checked at construction

@@ -1,16 +1,21 @@
 """``distshard.pack``: documents of token ids packed into blocks of ``seq_len`` tokens,
 as a positional source that is the same at any world size.
 
-Block ``b`` is tokens ``[b*L, (b+1)*L)`` of the concatenation of the documents (each
-followed by ``eos`` when given). The documents' token counts come from one pass at
+With ``fit="concat"`` (the default) block ``b`` is tokens ``[b*L, (b+1)*L)`` of the
+concatenation of the documents (each followed by ``eos`` when given); with
+``fit="best"`` whole documents are placed into blocks by a best-fit decreasing over
+windows of documents (see :class:`distshard.packing.BestPacking`). Every block carries
+``segment_ids`` (1.. per document in the block, 0 on padding, Grain's convention).
+The documents' token counts come from one pass at
 construction (or from the source itself: a source with ``distshard_token_counts()``
 gives them without reading a document, as ``distshard.tokens`` does from its
 ``.idx``), cached on disk for distshard file sources, keyed by the files' identities
 (see :mod:`distshard.sources.index`) and what the maps and the token picker compute
-(:mod:`distshard.callkeys`; counts a block finds wrong delete their entry), so the plan (the prefix sums, see
-:mod:`distshard.packing`) is known before the first block. A block reads only the
+(:mod:`distshard.callkeys`; counts a block finds wrong delete their entry), so the plan
+(see :mod:`distshard.packing`) is known before the first block. A block reads only the
 documents it spans: by position when the source has random access (a list, a file
-source, below 1:1 maps), else by walking the stream up to them.
+source, below 1:1 maps), else by walking the stream up to them; consecutive blocks of
+one window of ``fit="best"`` ask for their documents together, in ascending order.
 
 ``.dist_shard()`` after ``pack`` reads it like any random-access source
 (``__distshard_sequence__``): every block once per epoch, ``even``, ``multiple_of``,
@@ -33,10 +38,10 @@ import torch
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .callkeys import Unkeyable, call_key
-from .digests import blake2b_hex, code_digest, crc32_hex, mix_seed
+from .digests import blake2b_hex, code_digest, crc32_chunks_hex, mix_seed
 from .errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError, UnsupportedError
 from .graph import Pushdown, plan_pushdown, random_pipes
-from .packing import Packing, prefix_sums, shuffled_prefix
+from .packing import BestPacking, Group, Packing, ReadGroups, Segments, TokenCounts
 from .plan import Permutation
 from .readers import SequenceReader
 
@@ -47,6 +52,9 @@ _COUNTS_FORMAT = "pack-counts"
 _COUNTS_VERSION = 2  # 2: keyed by what the maps and the token picker compute (callkeys), not by their names
 _END = object()
 _ORDERS_KEPT = 2  # document orders per process: this epoch's and the one even="carry" reads the tail of
+FITS = ("concat", "best")
+WINDOW_BLOCKS = 256  # fit="best"'s default window: 256 blocks' worth of tokens (padding about 1/256)
+AnyPacking = Packing | BestPacking
 
 log = logging.getLogger("distshard")
 
@@ -58,6 +66,32 @@ def _check_int(name: str, value: object, low: int | None, what: str) -> int:
     if low is not None and value < low:
         raise OptionError(f"{name}={value} must be at least {low} ({what})")
     return value
+
+
+def _check_fit(
+    fit: object, window: object, window_documents: object, seq_len: int
+) -> tuple[str, int | None, int | None]:
+    """``(fit, window, window_documents)`` checked; ``fit="best"`` without a window
+    gets ``WINDOW_BLOCKS`` blocks' worth of tokens."""
+    if not isinstance(fit, str):
+        raise OptionTypeError(f"fit={fit!r} must be one of {FITS}, got {type(fit).__name__}")
+    if fit not in FITS:
+        raise OptionError(
+            f"fit={fit!r} is not one of {FITS}: 'concat' cuts the concatenation, 'best' keeps documents whole"
+        )
+    given = {"window": window, "window_documents": window_documents}
+    if fit == "concat":
+        named = [name for name, value in given.items() if value is not None]
+        if named:
+            raise OptionError(f"{named[0]}= applies to fit='best' only (fit='concat' cuts the concatenation): drop it")
+        return fit, None, None
+    if window is not None and window_documents is not None:
+        raise OptionError("give window= (tokens) or window_documents= (documents), not both")
+    if window_documents is not None:
+        return fit, None, _check_int("window_documents", window_documents, 1, "documents per best-fit window")
+    if window is None:
+        return fit, WINDOW_BLOCKS * seq_len, None
+    return fit, _check_int("window", window, 1, "tokens per best-fit window"), None
 
 
 def _picker_name(tokens: str | Picker | None) -> str:
@@ -79,11 +113,12 @@ class _Counts:
     attribute values that are pipes or collections)."""
 
     def __init__(self, counts: Sequence[int], eos: bool, how: str, entry: str | None = None) -> None:
-        self.prefix = prefix_sums(counts, 1 if eos else 0)
+        self.tokens = TokenCounts(counts, 1 if eos else 0)
         self.how = how  # "source" (distshard_token_counts), "cache", "counted"
         self.entry = entry  # the cache entry they were read from or written to, if any
         self.longest = int(_extreme(counts, max)) if len(counts) else 0
-        self.digest = crc32_hex(memoryview(self.prefix).cast("B"))  # fast: 10^8 documents in ~0.3 s
+        # the CRC-32 of the prefix sums (int64), as states have always recorded it: computed in chunks
+        self.digest = crc32_chunks_hex(self.tokens.prefix_chunks())
 
     def stale(self, problem: str) -> SourceChangedError:
         """The error for counts a block found wrong (``problem`` says how), after
@@ -125,6 +160,9 @@ class PackIterDataPipe(IterDataPipe):
         pad: int = 0,
         shuffle_documents: bool = False,
         seed: int | None = None,
+        fit: str = "concat",
+        window: int | None = None,
+        window_documents: int | None = None,
     ) -> None:
         if not isinstance(source, IterDataPipe):
             raise OptionTypeError(
@@ -143,6 +181,7 @@ class PackIterDataPipe(IterDataPipe):
             raise OptionTypeError(f"shuffle_documents={shuffle_documents!r} must be True or False")
         self.shuffle_documents = shuffle_documents
         self.seed = None if seed is None else _check_int("seed", seed, 0, "the base seed of the document order")
+        self.fit, self.window, self.window_documents = _check_fit(fit, window, window_documents, self.seq_len)
         randoms = random_pipes(source)
         if randoms:
             raise UnsupportedError(
@@ -152,14 +191,16 @@ class PackIterDataPipe(IterDataPipe):
             )
         self.source = source
         self._counts = self._find_counts()
-        self._orders: dict[int, Packing] = {}  # per process: packings of document orders, by seed
+        self._orders: dict[int, AnyPacking] = {}  # per process: packings of document orders, by seed
         self._received: int | None = None
         self._epoch = 0
         self._identity = (
             f"pack seq_len={self.seq_len} eos={self.eos} pad={self.pad} tokens={_picker_name(tokens)} "
             f"shuffle_documents={shuffle_documents} seed={self.seed or 0} documents={self.documents} "
-            f"tokens={self._counts.prefix[-1]} counts={self._counts.digest}"
+            f"tokens={self.total_tokens} counts={self._counts.digest}"
         )
+        if self.fit != "concat":  # (a concat pack's identity is what it always was: its states still load)
+            self._identity += f" fit={self.fit} window={self.window} window_documents={self.window_documents}"
 
     # -- the counts ------------------------------------------------------------------
     def _find_counts(self) -> _Counts:
@@ -254,28 +295,34 @@ class PackIterDataPipe(IterDataPipe):
     # -- sizes ------------------------------------------------------------------------
     @property
     def documents(self) -> int:
-        return len(self._counts.prefix) - 1
+        return self._counts.tokens.documents
 
     @property
     def total_tokens(self) -> int:
         """Tokens of all documents, their eos included (padding not)."""
-        return int(self._counts.prefix[-1])
+        return self._counts.tokens.total
 
-    def packing(self) -> Packing:
+    def packing(self) -> AnyPacking:
         """The blocks of the current document order."""
         return self._packing(self._order_seed())
 
     def _order_seed(self) -> int | None:
         return None
 
-    def _packing(self, seed: int | None) -> Packing:
+    def _packing(self, seed: int | None) -> AnyPacking:
         key = -1 if seed is None else seed
         found = self._orders.get(key)
         if found is None:
-            prefix = self._counts.prefix if seed is None else shuffled_prefix(self._counts.prefix, self.order(seed))
+            counts = self._counts.tokens if seed is None else self._counts.tokens.permuted(self.order(seed))
             if len(self._orders) >= _ORDERS_KEPT:
                 self._orders.pop(next(iter(self._orders)))
-            found = self._orders[key] = Packing(prefix, self.seq_len)
+            if self.fit == "best":
+                found = BestPacking(
+                    counts, self.seq_len, window_tokens=self.window, window_documents=self.window_documents
+                )
+            else:
+                found = Packing(counts, self.seq_len)
+            self._orders[key] = found
         return found
 
     def order(self, seed: int) -> Permutation:
@@ -283,7 +330,9 @@ class PackIterDataPipe(IterDataPipe):
         return Permutation(self.documents, seed)
 
     def __len__(self) -> int:
-        return -(-self.total_tokens // self.seq_len)
+        if self.fit == "concat":
+            return -(-self.total_tokens // self.seq_len)
+        return self.packing().blocks
 
     def distshard_identity(self) -> str:
         return self._identity
@@ -300,11 +349,14 @@ class PackIterDataPipe(IterDataPipe):
         packing = self.packing()
         order = " in a per-epoch seeded order" if self.shuffle_documents else ""
         average = packing.total / packing.blocks if packing.blocks else 0.0
+        if packing.fit == "best":
+            padding = f"{packing.padding} padding at the ends of blocks, whole documents (best fit)"
+        else:
+            padding = f"{packing.padding} padding in the last block"
         return (
             f"{packing.blocks:,} blocks of {self.seq_len} tokens packed from {self.documents:,} documents{order} "
-            f"({packing.total:,} tokens{' with eos' if self.eos is not None else ''}, {packing.padding} padding "
-            f"in the last block; about {self.documents / max(packing.blocks, 1):.3g} documents and "
-            f"{average:.0f} real tokens a block)"
+            f"({packing.total:,} tokens{' with eos' if self.eos is not None else ''}, {padding}; about "
+            f"{self.documents / max(packing.blocks, 1):.3g} documents and {average:.0f} real tokens a block)"
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -323,6 +375,11 @@ class ShuffledPackIterDataPipe(PackIterDataPipe):
     order that changes every epoch. The order of an epoch is a pure function of
     ``(seed, received, epoch)``, ``received`` being the last value handed to
     :meth:`set_seed` (``dist_shard`` hands one per epoch, the same on every slot)."""
+
+    @property
+    def distshard_length_varies(self) -> bool:
+        """fit="best" over a new document order every epoch packs a new number of blocks."""
+        return self.fit == "best"
 
     def set_seed(self, seed: int) -> "ShuffledPackIterDataPipe":
         self._received = int(seed)
@@ -357,6 +414,15 @@ def _behaviour_key(maps: Sequence[Any], tokens: str | Picker | None) -> str | No
             )
             return None
     return ",".join(keys)
+
+
+def _numpy() -> Any:
+    """numpy if it is installed (blocks are built in it), else ``None``."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with the test extra
+        return None
+    return numpy
 
 
 def _check_counts(counts: Any, where: str) -> None:
@@ -500,11 +566,16 @@ class PackSequence:
     def __init__(self, pipe: PackIterDataPipe) -> None:
         self.pipe = pipe
         self._documents: _Documents | None = None
+        self._arange: Any = None  # 0 .. seq_len - 1, the positions a segment adds its start to
 
     def _docs(self) -> _Documents:
         if self._documents is None:
             self._documents = _Documents(self.pipe.source, self.pipe._counts)
         return self._documents
+
+    @property
+    def distshard_length_varies(self) -> bool:
+        return bool(getattr(self.pipe, "distshard_length_varies", False))
 
     def __len__(self) -> int:
         return len(self.pipe)
@@ -537,28 +608,22 @@ class PackSequence:
 
     def distshard_read(self, positions: Iterable[int], shuffled: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """The blocks at ``positions``, in order. Documents are asked of the source as
-        the blocks need them, in one reader (a file source reads ahead in ranges)."""
+        the blocks need them, in one reader (a file source reads ahead in ranges):
+        per :class:`distshard.packing.ReadGroups`, a group's documents ascending."""
         pipe = self.pipe
         seed = pipe._order_seed()
         packing = pipe._packing(seed)
         order = pipe.order(seed) if seed is not None else None
-        positions = iter(positions)
-        pending: deque[tuple[int, list[tuple[int, int, int]]]] = deque()
+        groups = ReadGroups(packing, iter(positions))
+        pending: deque[Group] = deque()
         wanted: deque[int] = deque()
-        last = [-1]  # the last document asked for
 
         def take() -> bool:
-            block = next(positions, None)
-            if block is None:
+            group = groups.take()
+            if group is None:
                 return False
-            if not 0 <= block < packing.blocks:
-                raise IndexError(f"block {block} is outside [0, {packing.blocks})")
-            segments = packing.segments(block)
-            pending.append((block, segments))
-            for k, _, _ in segments:
-                if k != last[0]:
-                    wanted.append(order(k) if order is not None else k)
-                    last[0] = k
+            pending.append(group)
+            wanted.extend(group[1] if order is None else map(order, group[1]))
             return True
 
         def indices() -> Iterator[int]:
@@ -567,22 +632,45 @@ class PackSequence:
                     yield wanted.popleft()
 
         documents = self._docs().read(indices())
-        current: tuple[int, Any] = (-1, None)
+        held: dict[int, Any] = {}
         try:
             while pending or take():
-                block, segments = pending.popleft()
-                parts = []
-                for k, lo, hi in segments:
-                    if k != current[0]:
-                        current = (k, self._tokens(next(documents), k, packing, order))
-                    parts.append((current[1], lo, hi))
-                yield self._block(parts, block, packing)
+                blocks, reads = pending.popleft()
+                yield from self._group(blocks, reads, held, documents, packing, order)
         finally:
             close = getattr(documents, "close", None)
             if close is not None:
                 close()
 
-    def _tokens(self, document: Any, k: int, packing: Packing, order: Permutation | None) -> Any:
+    def _group(
+        self,
+        blocks: list[tuple[int, Segments]],
+        reads: list[int],
+        held: dict[int, Any],
+        documents: Iterator[Any],
+        packing: AnyPacking,
+        order: Permutation | None,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """The blocks of one group: its documents read in ascending order as far as
+        each block needs them, dropped after their last block (those of the last
+        block are held over for the next group)."""
+        last = {k: i for i, (_, segments) in enumerate(blocks) for k, _, _ in segments}
+        reading = iter(reads)
+        for i, (block, segments) in enumerate(blocks):
+            for k, _, _ in segments:
+                while k not in held:
+                    r = next(reading)
+                    held[r] = self._tokens(next(documents), r, packing, order)
+            yield self._block([(held[k], lo, hi) for k, lo, hi in segments], block, packing)
+            if i < len(blocks) - 1:
+                for k, _, _ in segments:
+                    if last[k] == i:
+                        held.pop(k, None)
+        keep = {k for k, _, _ in blocks[-1][1]}
+        for k in [k for k in held if k not in keep]:
+            del held[k]
+
+    def _tokens(self, document: Any, k: int, packing: AnyPacking, order: Permutation | None) -> Any:
         index = order(k) if order is not None else k
         tokens = _as_ids(self.pipe._pick(document, index), index)
         expected = packing.count(k) - (self.pipe.eos is not None)
@@ -592,36 +680,41 @@ class PackSequence:
             )
         return tokens
 
-    def _block(self, parts: list[tuple[Any, int, int]], block: int, packing: Packing) -> dict[str, torch.Tensor]:
+    def _block(self, parts: list[tuple[Any, int, int]], block: int, packing: AnyPacking) -> dict[str, torch.Tensor]:
+        """The block of ``parts`` (tokens ``[lo, hi)`` of each document, the eos past
+        its tokens). Built in numpy arrays when numpy is installed (a fraction of
+        torch's cost per small operation) and handed over as tensors without a copy."""
         L, eos = self.pipe.seq_len, self.pipe.eos
-        ids = torch.empty(L, dtype=torch.long)
-        positions = torch.empty(L, dtype=torch.long)
+        np = _numpy()
+        if self._arange is None or len(self._arange) < L:
+            self._arange = np.arange(L, dtype=np.int64) if np is not None else torch.arange(L)
+
+        def zeros() -> Any:
+            return np.zeros(L, dtype=np.int64) if np is not None else torch.zeros(L, dtype=torch.long)
+
+        ids, positions, segments, mask = zeros(), zeros(), zeros(), zeros()
         at = 0
-        flat: Any = None  # ids as numpy, to copy numpy tokens into (read-only arrays too, without a copy first)
-        for tokens, lo, hi in parts:
+        for segment, (tokens, lo, hi) in enumerate(parts, 1):
             n = len(tokens)
             real = min(hi, n)
-            if real > lo:
-                if isinstance(tokens, torch.Tensor):
-                    ids[at : at + real - lo] = tokens[lo:real]
-                else:
-                    if flat is None:
-                        flat = ids.numpy()
-                    flat[at : at + real - lo] = tokens[lo:real]
+            if real > lo:  # (a tensor's or a memory map's tokens as a plain array: slicing it is cheap)
+                plain = (
+                    tokens if np is None else tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+                )
+                ids[at : at + real - lo] = plain[lo:real]
             if hi > n:  # the document's eos
                 assert eos is not None  # counts hold an eos only when one is given
                 ids[at + real - lo] = eos
-            torch.arange(lo, hi, out=positions[at : at + hi - lo])
+            positions[at : at + hi - lo] = self._arange[: hi - lo] + lo
+            segments[at : at + hi - lo] = segment
             at += hi - lo
-        mask = torch.ones(L, dtype=torch.long)
-        if at < L:  # the last block: padding
-            ids[at:] = self.pipe.pad
-            positions[at:] = 0
-            mask[at:] = 0
-        return {"input_ids": ids, "position_ids": positions, "loss_mask": mask}
+        mask[:at] = 1
+        ids[at:] = self.pipe.pad  # padding: the last block of fit="concat", the end of a block of fit="best"
+        block_ = {"input_ids": ids, "position_ids": positions, "loss_mask": mask, "segment_ids": segments}
+        return {name: torch.from_numpy(a) for name, a in block_.items()} if np is not None else block_
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"pipe": self.pipe, "_documents": None}
+        return {"pipe": self.pipe, "_documents": None, "_arange": None}
 
     def __repr__(self) -> str:
         return f"PackSequence({len(self)} blocks of {self.pipe.seq_len})"
@@ -636,16 +729,26 @@ def pack(
     pad: int = 0,
     shuffle_documents: bool = False,
     seed: int | None = None,
+    fit: str = "concat",
+    window: int | None = None,
+    window_documents: int | None = None,
 ) -> PackIterDataPipe:
     r"""Pack the documents of ``source`` into blocks of ``seq_len`` tokens.
 
-    Block ``b`` is tokens ``[b*seq_len, (b+1)*seq_len)`` of the concatenation of the
-    documents (each followed by ``eos`` when given): defined by the data alone, the
-    same at any world size. A block is a dict of 1-D int64 tensors of ``seq_len``:
-    ``input_ids``; ``position_ids``, each token's index in its document (restarting at
-    0 where a document starts, as packed-sequence attention takes them); ``loss_mask``,
-    1 on tokens and 0 on padding. Only the last block is padded (with ``pad``); no
-    token is dropped.
+    With ``fit="concat"`` block ``b`` is tokens ``[b*seq_len, (b+1)*seq_len)`` of the
+    concatenation of the documents (each followed by ``eos`` when given); only the
+    last block is padded. With ``fit="best"`` whole documents are placed into blocks
+    by a best-fit decreasing within windows of documents in source order (a document
+    longer than ``seq_len`` gives pieces of ``seq_len`` and its remainder is placed
+    like a document), and a block that no further document fits is padded at its
+    end. Either way the blocks are defined by the counts alone, the same at any world
+    size, and no token is dropped or repeated.
+
+    A block is a dict of 1-D int64 tensors of ``seq_len``: ``input_ids``;
+    ``position_ids``, each token's index in its document (0 where a document
+    starts); ``loss_mask``, 1 on tokens and 0 on padding; ``segment_ids``, 1, 2, ...
+    for the documents (or pieces) of the block in order and 0 on padding (Grain's
+    convention; :func:`distshard.packed_collate` turns them into ``cu_seqlens``).
 
     The result is a positional source: ``.dist_shard()`` after it gives every block
     once per epoch over ranks and workers, with ``even``, ``multiple_of``,
@@ -663,22 +766,39 @@ def pack(
             unsigned), a field name
             (``document[tokens]``) or a function ``document -> token ids``.
         eos: a token id appended to every document, or ``None``.
-        pad: the token id of the last block's padding.
+        pad: the token id of padding.
         shuffle_documents: pack the documents in a seeded order that changes every
-            epoch (from ``(seed, epoch)``, through ``dist_shard``'s seeding); the
-            plan then takes 16 bytes per document instead of 8.
+            epoch (from ``(seed, epoch)``, through ``dist_shard``'s seeding).
         seed: the base seed of that order (``None``: 0).
+        fit: ``"concat"`` (cut the concatenation) or ``"best"`` (whole documents).
+        window: ``fit="best"``: the documents whose first token lies in the same
+            stretch of ``window`` tokens of the concatenation are placed together
+            (default ``256 * seq_len``: about 0.4 % padding).
+        window_documents: ``fit="best"``: windows of this many documents instead.
 
     The token counts come from one pass over the documents at construction (or from
     ``source.distshard_token_counts()`` without reading them), cached on disk for
     distshard file sources under ``$DISTSHARD_CACHE``.
 
     Example:
-        >>> docs = IterableWrapper([[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+        >>> docs = IterableWrapper([[1, 2, 3], [4], [5, 6], [7]])
         >>> blocks = distshard.pack(docs, 4, eos=0)
         >>> [b["input_ids"].tolist() for b in blocks]
-        [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 0]]
+        [[1, 2, 3, 0], [4, 0, 5, 6], [0, 7, 0, 0]]
+        >>> [b["input_ids"].tolist() for b in distshard.pack(docs, 4, eos=0, fit="best")]
+        [[1, 2, 3, 0], [5, 6, 0, 0], [4, 0, 7, 0]]
         >>> sharded = blocks.dist_shard(even="drop", shuffle=True)  # doctest: +SKIP
     """
     cls = ShuffledPackIterDataPipe if shuffle_documents is True else PackIterDataPipe
-    return cls(source, seq_len, tokens=tokens, eos=eos, pad=pad, shuffle_documents=shuffle_documents, seed=seed)
+    return cls(
+        source,
+        seq_len,
+        tokens=tokens,
+        eos=eos,
+        pad=pad,
+        shuffle_documents=shuffle_documents,
+        seed=seed,
+        fit=fit,
+        window=window,
+        window_documents=window_documents,
+    )

@@ -18,6 +18,8 @@ The sequence it returns may declare, for the reader (``readers/sequence.py``):
 * ``distshard_order(seed)``: the permutation ``shuffle=True`` visits;
 * ``distshard_shuffle_kind``: what that permutation is, for ``explain()``;
 * ``distshard_blocks``: neighbours share a file, so slots take contiguous blocks;
+* ``distshard_length_varies``: its length may change from epoch to epoch (a packing of
+  whole documents in a new order every epoch), so ``even="carry"`` is refused;
 * ``distshard_prefetch(slots)``: called in a rank before its DataLoader workers start,
   with the positions each of its slots will read (lazy iterators): fetch once what they
   all need first and keep it in the sequence, which the workers get (pickled or forked);
@@ -47,6 +49,7 @@ __all__ = [
     "sequence_blocks",
     "sequence_description",
     "sequence_identity",
+    "sequence_length_varies",
     "sequence_order",
     "sequence_prefetch",
     "sequence_reader",
@@ -83,6 +86,7 @@ class ReadableSequence(Protocol):
     """What ``__distshard_sequence__()`` returns, with the optional hooks the reader asks for."""
 
     distshard_blocks: bool
+    distshard_length_varies: bool
     distshard_shuffle_kind: str
 
     def __len__(self) -> int: ...
@@ -176,6 +180,11 @@ def sequence_shuffle_kind(sequence: Any) -> str | None:
 def sequence_blocks(sequence: Any) -> bool:
     """Whether ``sequence`` asks for contiguous blocks per slot (``distshard_blocks``)."""
     return bool(getattr(sequence, "distshard_blocks", False))
+
+
+def sequence_length_varies(sequence: Any) -> bool:
+    """Whether ``sequence``'s length may change from epoch to epoch (``distshard_length_varies``)."""
+    return bool(getattr(sequence, "distshard_length_varies", False))
 
 
 def sequence_identity(sequence: Any) -> str | None:
