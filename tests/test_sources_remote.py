@@ -281,37 +281,85 @@ def test_missing_fsspec_names_the_extra(monkeypatch):
 
 
 # -- fork safety ------------------------------------------------------------------------------------
+# A forked child shares its parent's sockets and its event loop's epoll set (one kernel object
+# for both): a child that closes an inherited aiohttp connection (its garbage collection, or the
+# finalizers its exit runs) removes the parent's socket from the parent's epoll set, or, over TLS,
+# sends the server a close_notify on it, and the parent's next request on that pooled connection
+# never gets its answer. ``remote._after_fork_in_child`` keeps what the child inherited alive and
+# detaches those finalizers. The parent's requests after the forks are made with no retry, so
+# that a connection a child spoilt fails them (within ``timeout``) instead of being retried away.
 FORK_SCRIPT = r"""
-import gc, json, os, sys, threading
+import gc, os, sys, threading
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from tests.range_server import RangeServer
+import aiohttp, fsspec  # before distshard: fsspec's fork hook runs before distshard's, and empties its caches
+from tests.range_server import RangeHandler, RangeServer
 from tests.source_factories import write_shards
 import distshard
+from distshard.sources import ReadOptions
 from torch.utils.data import DataLoader
 
 root = Path({folder!r})
 os.environ["DISTSHARD_CACHE"] = str(root / "cache")
-server = RangeServer(root, scheme={scheme!r}, certfile={cert!r}, keyfile={key!r}).start()
+OPEN, LOCK = set(), threading.Lock()  # the server's connections not ended yet, by the client's port
+
+class Tracked(RangeHandler):
+    def setup(self):
+        super().setup()
+        with LOCK:
+            OPEN.add(self.client_address[1])
+
+    def finish(self):
+        with LOCK:
+            OPEN.discard(self.client_address[1])
+        super().finish()
+
+def still_open(ports):  # a child that closed one over TLS told the server so (close_notify): it ended it
+    with LOCK:
+        return ports <= OPEN
+
+server = RangeServer(root, scheme={scheme!r}, certfile={cert!r}, keyfile={key!r})
+server.RequestHandlerClass = Tracked
+server.start()
 paths, _ = write_shards(root / "a", shards=4, per_shard=10)
 more, _ = write_shards(root / "b", shards=2, per_shard=10)
 urls, others = [server.url(p) for p in paths], [server.url(p) for p in more]
-source = distshard.webdataset(urls)
-print("before", len(source), flush=True)  # the parent's client holds pooled connections now
+once = ReadOptions(retries=0, timeout=20)  # a request a child spoilt fails, within 20 s, instead of being retried
+
+async def get_client(**kwargs):  # idle connections kept 10 minutes: the parent's are still pooled after its forks
+    connector = aiohttp.TCPConnector(keepalive_timeout=600)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=20), **kwargs)
+
+store = {{"get_client": get_client}}
+
+def user_read(url):  # a filesystem of the user's, held by fsspec's instance cache alone; one GET
+    return len(fsspec.filesystem("http", **store).cat_file(url, start=0, end=100))
 
 def collect(sample):  # what any long epoch does in a worker: a garbage collection
     gc.collect()
     return sample["__key__"]
 
+source = distshard.webdataset(urls, storage_options=store)
+print("before", len(source), user_read(urls[0]), flush=True)  # both hold pooled connections now
+with LOCK:
+    pooled = set(OPEN)  # the parent's, idle
 loader = DataLoader(source.dist_shard().map(collect), batch_size=None, num_workers=2,
                     multiprocessing_context="fork")
 print("epoch", len(list(loader)), flush=True)
-print("after", len(distshard.webdataset(others)), flush=True)  # the parent's next remote requests
+if os.fork() == 0:  # a child that ends as a program does: its exit runs the finalizers it inherited
+    gc.collect()
+    sys.exit(0)
+os.wait()
+print("pooled", still_open(pooled), flush=True)
+print("after", len(distshard.webdataset(others, storage_options=store, read_options=once)), user_read(urls[1]), flush=True)
 """
 
 
 @pytest.mark.parametrize("scheme", ["http", "https"])
 def test_no_hang_in_the_parent_after_fork_workers(tmp_path, scheme):
+    """The parent's pooled connections outlive its fork children: DataLoader workers
+    that collect garbage, and a child that exits through the interpreter's shutdown;
+    for distshard's clients and for a filesystem of the user's in fsspec's cache."""
     cert = key = None
     env = dict(os.environ)
     if scheme == "https":
@@ -322,11 +370,13 @@ def test_no_hang_in_the_parent_after_fork_workers(tmp_path, scheme):
         env["SSL_CERT_FILE"] = cert  # aiohttp reads it at import
     script = FORK_SCRIPT.format(root=str(ROOT), folder=str(tmp_path), scheme=scheme, cert=cert, key=key)
     try:
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, env=env)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the parent hung after its fork workers ended: {exc.stdout!r}")
+        pytest.fail(f"the parent hung after its fork children ended: {exc.stdout!r}")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["before", "46", "epoch", "46", "after", "21"], done.stdout
+    assert done.stdout.split() == ["before", "46", "100", "epoch", "46", "pooled", "True", "after", "21", "100"], (
+        done.stdout
+    )
 
 
 def test_a_mix_of_remote_sources_reads_each_through_its_read_ahead(tmp_path, server):

@@ -29,9 +29,13 @@ What this module adds to fsspec:
   DataLoader worker) never uses, closes or garbage-collects what it inherited:
   closing an inherited aiohttp connection in the child removes the parent's
   socket from the parent's epoll set (the same kernel object), and the parent
-  then waits forever for its next response. So the child keeps every inherited
-  fsspec filesystem alive, detaches their close-on-collect finalizers, and makes
-  its own. What the parent learnt that holds no connection nor event loop is
+  then waits forever for its next response (over TLS it tells the server
+  ``close_notify``, which ends the parent's connection). So the child keeps every
+  inherited fsspec filesystem alive (those in fsspec's instance caches included,
+  held from just before the fork: fsspec's own fork hook empties its caches in
+  the child, first when fsspec was imported before this module), detaches their
+  close-on-collect finalizers (which also run at a child's normal exit), and
+  makes its own. What the parent learnt that holds no connection nor event loop is
   reused: an ``s3://`` client in the child is made from the parent's aiobotocore
   session (its resolved credentials and the parsed service model, endpoint rules
   and partitions: about 0.4 s of CPU per process otherwise), with fresh locks.
@@ -115,6 +119,7 @@ _LOCK = threading.Lock()
 _CLIENTS: dict[Any, Any] = {}  # Client, or s3direct.DirectS3Client
 _ORPHANS: list[Any] = []  # what a forked child inherited: kept alive, never closed or collected
 _INHERITED: dict[Any, Any] = {}  # a forked child: the parent's aiobotocore sessions, by client key
+_FORKING: list[Any] = []  # fsspec's cached filesystems, held from just before a fork to just after it
 
 
 class ClientStats:
@@ -226,6 +231,11 @@ def _before_fork() -> None:
     for thread in list(_WARMING.values()):
         if thread is not threading.current_thread():
             thread.join(WARM_UP_JOIN)
+    _FORKING[:] = _cached_filesystems()
+
+
+def _after_fork_in_parent() -> None:
+    _FORKING.clear()
 
 
 def forget_clients() -> None:
@@ -260,16 +270,14 @@ def _fresh_locks(session: Any) -> Any:
     return session
 
 
-def _keep_inherited_filesystems() -> None:
-    """Keep every fsspec filesystem this child inherited alive and detach the
-    finalizers that would close its sessions (see the module docstring): fsspec
-    empties its instance cache in a new process, which would collect them."""
+def _cached_filesystems() -> list[Any]:
+    """The filesystems in fsspec's instance caches (none if fsspec is not imported)."""
     import sys
 
     spec = sys.modules.get("fsspec.spec")
     if spec is None:
-        return
-    inherited: list[Any] = []
+        return []
+    found: list[Any] = []
     todo = [spec.AbstractFileSystem]
     seen: set[int] = set()
     while todo:
@@ -280,7 +288,19 @@ def _keep_inherited_filesystems() -> None:
         todo.extend(cls.__subclasses__())
         cache = cls.__dict__.get("_cache")
         if isinstance(cache, dict):
-            inherited.extend(cache.values())
+            found.extend(cache.values())
+    return found
+
+
+def _keep_inherited_filesystems() -> None:
+    """Keep every fsspec filesystem this child inherited alive and detach the
+    finalizers that would close its sessions (see the module docstring): fsspec
+    empties its instance caches in a new process, which would collect them. Its own
+    fork hook may have emptied them before this one runs (when fsspec was imported
+    before this module), so the filesystems cached at the fork were held across it
+    (``_FORKING``, filled by ``_before_fork``)."""
+    inherited: list[Any] = list(_FORKING)
+    _FORKING.clear()
     for client in _ORPHANS:
         client = getattr(client, "_fallback", None) or client  # a direct S3 client's s3fs one
         if isinstance(client, Client) and client._fs is not None:
@@ -295,7 +315,7 @@ def _keep_inherited_filesystems() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 # -- the client -----------------------------------------------------------------------------
