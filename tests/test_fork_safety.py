@@ -1,0 +1,178 @@
+"""Every ``os.register_at_fork`` hook of the package against the state it guards
+against, put there on purpose at the fork: a lock another thread of the parent
+holds, a client a thread is still starting (its module half imported), a request
+of the parent's in flight, the parent's counters and caches. A child made by
+``os.fork`` (as a DataLoader worker is) must not wait for anything of its
+parent's: each test fails without its hook, by a bounded wait (the child is
+killed), never a hang.
+
+Tested elsewhere: ``remote``'s keeping of the connections a child inherits
+(``test_sources_remote.py::test_no_hang_in_the_parent_after_fork_workers``),
+``parquet``'s decode counter lock (``test_waits.py``), the epoch mailbox
+(``test_persistent.py::test_a_forked_rank_and_its_workers_hear_only_themselves``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import pytest
+
+from distshard.sources import cache, fetch, remote
+from distshard.sources._lru import LRU
+
+CHILD_SECONDS = 30.0  # what a child may take; one that waits for its parent's thread never ends
+
+FORKING = threading.Event()  # set when a fork starts, while _ARMED (see tests/fork_slow_fs.py)
+IMPORTING = threading.Event()  # set by tests/fork_slow_fs.py when its import has begun
+_ARMED: list[bool] = []
+
+
+def _fork_starting() -> None:
+    if _ARMED:
+        FORKING.set()
+
+
+# registered after distshard's hooks, so it runs before them (before-hooks run last registered first)
+os.register_at_fork(before=_fork_starting)
+
+
+def in_child(check: Callable[[], object], seconds: float = CHILD_SECONDS) -> None:
+    """Run ``check()`` in a child made by ``os.fork``: fail if it raises, or if it has
+    not ended within ``seconds`` (it waits for something nobody in it will release)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        code = 1
+        try:
+            check()
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported to the parent
+            os.write(write, traceback.format_exc()[-4000:].encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    end = time.monotonic() + seconds
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < end:
+        time.sleep(0.02)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+        pytest.fail(f"the forked child did not end within {seconds:.0f} s: it waits for its parent's thread")
+    with os.fdopen(read, "rb") as pipe:
+        report = pipe.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0, report
+
+
+@contextmanager
+def held_by_another_thread(lock: object) -> Iterator[None]:
+    """``lock`` held by another thread of this process for the block (a fork in the
+    block: the child inherits it held, by a thread it does not have)."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:  # type: ignore[attr-defined]
+            taken.set()
+            release.wait(120)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert taken.wait(30)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join(30)
+
+
+def test_a_fork_waits_for_a_client_a_thread_is_starting():
+    """``remote._before_fork``: a source starts its client in a thread (``warm_up``:
+    the filesystem's imports, its session); a fork made while that thread is still
+    importing the filesystem's module would leave the child a module lock held by a
+    thread it does not have, and the child's first client would wait for it forever."""
+    import fsspec
+
+    url = "slowimport://bucket/file"
+    fsspec.register_implementation("slowimport", "tests.fork_slow_fs.SlowImportFileSystem", clobber=True)
+    sys.modules.pop("tests.fork_slow_fs", None)
+    IMPORTING.clear()
+    FORKING.clear()
+    _ARMED.append(True)
+    try:
+        remote.warm_up(url)
+        assert IMPORTING.wait(30)  # the thread is inside the module's import now
+        in_child(lambda: remote.client_for(url).fs)
+    finally:
+        _ARMED.clear()
+        FORKING.set()  # (the import goes on, if the fork did not wait for it)
+        for thread in list(remote._WARMING.values()):
+            thread.join(30)
+        with remote._LOCK:
+            remote._CLIENTS.pop(("slowimport", ()), None)
+        registry = importlib.import_module("fsspec.registry")  # (fsspec.registry is its mapping)
+        registry.known_implementations.pop("slowimport", None)
+        registry._registry.pop("slowimport", None)
+
+
+def test_the_clients_lock_held_at_a_fork_is_free_in_the_child():
+    """``remote._after_fork_in_child``: another thread of the parent making a client
+    at the fork (the index's threads, a read-ahead) holds the clients' lock."""
+    pytest.importorskip("fsspec")
+    with held_by_another_thread(remote._LOCK):
+        in_child(lambda: remote.client_for("memory://fork/file"))
+
+
+def test_the_range_caches_lock_held_at_a_fork_is_free_in_the_child(tmp_path):
+    """``cache._after_fork_in_child``: another thread of the parent opening the local
+    range cache at the fork holds the lock of the process's caches."""
+    with held_by_another_thread(cache._LOCK):
+        in_child(lambda: cache.range_cache(str(tmp_path / "ranges"), 1 << 20))
+
+
+def test_a_child_counts_its_own_reads_from_zero():
+    """``fetch.reset_stats`` at a fork: the read-ahead's counters are the child's own
+    (what the tests and benchmarks read per DataLoader worker), and their lock,
+    held by another thread of the parent at the fork, is free."""
+
+    def check() -> None:
+        assert fetch.STATS.as_dict() == {"ranges": 0, "bytes": 0, "cached": 0, "peak_held": 0}, fetch.STATS
+        with fetch.STATS.lock:  # as the read-ahead counts a range
+            fetch.STATS.ranges += 1
+
+    with fetch.STATS.lock:
+        fetch.STATS.ranges += 1  # the parent read something
+    try:
+        with held_by_another_thread(fetch.STATS.lock):
+            in_child(check)
+    finally:
+        with fetch.STATS.lock:
+            fetch.STATS.ranges -= 1
+
+
+def test_a_child_starts_with_empty_caches_whose_locks_are_free():
+    """``_lru._after_fork``: the per-process caches (open files, indexes, entries
+    fetched along) start empty in a child, the parent's handles stay the parent's,
+    and a cache's lock another thread of the parent held at the fork is free."""
+    kept: LRU[str] = LRU(max_items=4)
+    kept.put("handle", "the parent's")
+
+    def check() -> None:
+        assert kept.get("handle") is None and len(kept) == 0
+        kept.put("handle", "the child's")
+        assert kept.get("handle") == "the child's"
+
+    with held_by_another_thread(kept._lock):
+        in_child(check)
+    assert kept.get("handle") == "the parent's"
