@@ -265,8 +265,9 @@ def fetch_first(needed: Sequence[str], packed: PackedEntries | None, access: Fil
 
 
 def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
-    """``_read_range`` asked now: remote, a request in flight (its ``result()``, and
-    its ``future``); a local pack is read when its ``result()`` is first asked."""
+    """Bytes ``[start, stop)`` of the pack ``url``, asked now: remote, a request in
+    flight (its ``result()``, and its ``future``); a local pack is read when its
+    ``result()`` is first asked."""
     from .fetch import deferred
     from .urls import is_remote
 
