@@ -134,6 +134,43 @@ def test_the_clients_lock_held_at_a_fork_is_free_in_the_child():
         in_child(lambda: remote.client_for("memory://fork/file"))
 
 
+def test_a_child_fetches_a_stored_entry_its_parent_had_on_its_way(tmp_path):
+    """``packs._after_fork_in_child``: the parent's request for a chunk of stored index
+    entries in flight at the fork (the store holds its answer back), and the lock of
+    the entries' table held by another of its threads: the child asks the entry
+    itself, instead of waiting for a request of its parent's that will never answer
+    in it."""
+    pytest.importorskip("aiohttp")
+    from distshard.sources import packs
+    from distshard.sources.files import DEFAULT_FILE_ACCESS
+    from tests.range_server import serve
+
+    pack = tmp_path / "entries.pack"
+    pack.write_bytes(bytes(range(256)) * 4)
+    answer, asked = threading.Event(), threading.Event()
+
+    def hold_the_first(path: object) -> None:  # the parent's request: answered once the test says so
+        if not asked.is_set():
+            asked.set()
+            answer.wait(60)
+
+    with serve(tmp_path, before_get=hold_the_first) as server:
+        entries = [packs.pack_entry(server.url(pack), start, start + 256) for start in (0, 256, 512, 768)]
+        chunks = packs.PackedEntries(entries)
+
+        def check() -> None:
+            assert packs.fetch_packed(entries[1], chunks, DEFAULT_FILE_ACCESS) == bytes(range(256))
+
+        try:
+            packs.fetch_ahead(entries[:1], chunks, DEFAULT_FILE_ACCESS)
+            assert asked.wait(30) and entries[0] in packs._PENDING
+            with held_by_another_thread(packs._LOCK):
+                in_child(check)
+        finally:
+            answer.set()
+        assert packs.fetch_packed(entries[1], chunks, DEFAULT_FILE_ACCESS) == bytes(range(256))
+
+
 def test_the_range_caches_lock_held_at_a_fork_is_free_in_the_child(tmp_path):
     """``cache._after_fork_in_child``: another thread of the parent opening the local
     range cache at the fork holds the lock of the process's caches."""

@@ -114,24 +114,107 @@ def test_a_job_with_a_stored_index_asks_no_head_and_packed_entries_in_few_reques
     assert "index stored at" in str(distshard.explain(pipe))
 
 
-def test_a_slot_fetches_the_entries_of_its_files_ahead_in_few_ranges(tmp_path, server, monkeypatch):
-    """Entries bigger than one range: a slot still asks one range per RANGE_BYTES of
-    the entries it reads (and those between them), never one per file."""
+def pack_ranges(log) -> list[tuple[str, int, int]]:
+    """``(pack, start, stop)`` of every range a range server's ``log`` holds of a pack."""
+    out = []
+    for method, path, rng in log:
+        if method == "GET" and path.endswith(".pack"):
+            start, last = rng.split("=")[1].split("-")
+            out.append((path, int(start), int(last) + 1))
+    return out
+
+
+def chunks_of(sizes: list[int], limit: int) -> int:
+    """How many ranges of at most ``limit`` bytes the entries of ``sizes`` (one after
+    the other in a pack) take, a range closed when the next entry would pass it."""
+    count, used = 0, limit
+    for size in sizes:
+        if used + size > limit:
+            count, used = count + 1, 0
+        used += size
+    return count
+
+
+def entries_in_few_ranges(tmp_path, server, monkeypatch) -> tuple[str, list[dict], int]:
+    """SHARDS tars indexed, ``packs.RANGE_BYTES`` set to about 8 entries, a fresh machine:
+    ``(pattern, expected samples, the ranges the entries take)``."""
     from distshard.sources import packs
 
     pattern, urls, expected = indexed(tmp_path, server, shards=SHARDS, per_shard=3)
     sizes = [f["len"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]]
-    monkeypatch.setattr(packs, "RANGE_BYTES", 8 * max(sizes))  # about 8 entries a range
+    monkeypatch.setattr(packs, "RANGE_BYTES", 8 * max(sizes))  # 8 entries a range at least
     fresh_machine(monkeypatch, tmp_path, "node")
     server.reset_counters()
+    return pattern, expected, chunks_of(sizes, 8 * max(sizes))
+
+
+def test_a_slot_fetches_the_entries_of_its_files_ahead_in_few_ranges(tmp_path, server, monkeypatch):
+    """Entries bigger than one range, a shuffled slot over every file (its order's
+    lookups, its read-ahead's entries asked ahead): each range of entries is asked
+    once, so the slot asks exactly as many as the entries take (at most SHARDS // 8),
+    whatever the order and the load, and no byte of the pack twice."""
+    pattern, expected, ranges = entries_in_few_ranges(tmp_path, server, monkeypatch)
     got = list(webdataset(pattern, read_options=SMALL).dist_shard(shuffle=True))
     assert Counter(map(key, got)) == Counter(map(key, expected))
     kinds = requests_by_kind(server)
     assert kinds.get("HEAD", 0) == 0 and kinds["manifest"] == 1
-    # about SHARDS // 8 ranges; the threads fetching ahead race with the slot's own
-    # lookups, so under load a few ranges more (11-17 measured at a load of 5, before and
-    # after the rank's prefetch): the bound says what is promised, never one per file
-    assert SHARDS // 8 <= kinds["entry"] <= SHARDS // 2, kinds
+    assert kinds["entry"] == ranges <= SHARDS // 8, (kinds, ranges)
+    asked = sorted(pack_ranges(server.log))
+    assert all(stop <= start for (_, _, stop), (_, start, _) in zip(asked, asked[1:], strict=False)), asked
+
+
+@pytest.mark.parametrize("threads", [1, 8])
+def test_lookups_in_any_order_and_at_once_ask_each_range_of_entries_once(tmp_path, monkeypatch, threads):
+    """Whoever looks an entry up first (any file, any order, threads at once against a
+    slow store), it comes with the same range of its neighbours, and a lookup of one on
+    its way waits for it: the lookups of every file ask exactly the ranges the entries
+    take, each once."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    with serve(tmp_path, latency=0.02) as slow:
+        pattern, expected, ranges = entries_in_few_ranges(tmp_path, slow, monkeypatch)
+        sequence = webdataset(pattern).__distshard_sequence__()
+        slow.settle().reset_counters()
+        order = list(range(SHARDS))
+        random.Random(threads).shuffle(order)
+        with ThreadPoolExecutor(threads) as pool:
+            counts = [index.count for _, index in pool.map(sequence.file_index, order)]
+        assert sum(counts) == len(expected)
+        assert requests_by_kind(slow) == {"entry": ranges}
+        asked = sorted(pack_ranges(slow.log))
+        assert all(stop <= start for (_, _, stop), (_, start, _) in zip(asked, asked[1:], strict=False)), asked
+
+
+@pytest.mark.parametrize("how", ["ahead", "first"])
+def test_entries_whose_request_ahead_failed_are_asked_again_when_read(tmp_path, caplog, how):
+    """A range of entries asked ahead (a slot's read-ahead, or the rank's before its
+    workers start) that fails is not the lookup's error: the lookup asks it again
+    (logged for the rank's), and gets the right bytes."""
+    import time
+
+    from distshard.sources import packs
+    from distshard.sources.files import FileAccess
+
+    pack = tmp_path / "entries.pack"
+    pack.write_bytes(bytes(range(200)) * 3)
+    access = FileAccess(ReadOptions(retries=0))
+    with serve(tmp_path, fault_every=1, faults=("500",)) as failing:
+        entries = [packs.pack_entry(failing.url(pack), start, start + 200) for start in (0, 200, 400)]
+        chunks = packs.PackedEntries(entries)
+        with caplog.at_level(logging.INFO, logger="distshard"):
+            if how == "ahead":
+                packs.fetch_ahead(entries[:1], chunks, access)
+                end = time.monotonic() + 30
+                while entries[0] in packs._PENDING and time.monotonic() < end:  # until its answer came
+                    time.sleep(0.01)
+            else:
+                assert packs.fetch_first(entries[:1], chunks, access) == {}
+                assert "were not fetched ahead" in caplog.text
+        assert failing.settle().faulted["500"] == 1 and entries[0] not in packs._PENDING
+        failing.fault_every = 0
+        assert packs.fetch_packed(entries[2], chunks, access) == bytes(range(200))
+        assert [rng for _, path, rng in failing.settle().log if path.endswith(".pack")] == ["bytes=0-599"] * 2
 
 
 def test_a_file_changed_since_the_index_was_written_names_it_and_the_refresh(tmp_path, server, monkeypatch):

@@ -31,8 +31,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
@@ -40,7 +38,6 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
 from ..groups import DataGroup
-from ..waits import WaitTimeout
 from ._lru import LRU
 from .answers import index_command
 from .cache import FileCache, range_cache
@@ -51,6 +48,7 @@ from .index import FileIndex, _collective, load_cached, obtain, summarize_files
 from .manifest import Stored
 from .options import ReadOptions
 from .order import FileOrder
+from .packs import PackedEntries, entry_range, fetch_ahead, fetch_first
 from .urls import is_remote
 
 __all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "StreamFile"]
@@ -107,17 +105,17 @@ def _build(
     fmt: Format,
     access: FileAccess,
     ref: FileRef,
-    following: Callable[[], Sequence[str]] | None = None,
+    packed: PackedEntries | None = None,
     kept: Mapping[str, bytes] | None = None,
 ) -> FileIndex:
     """``ref``'s index: its stored entry if the identity came from a stored index
     (from ``kept``, the entries the rank fetched before its workers started, else
-    one request, which brings the entries ``following()`` names along when they are
-    packed beside it), else (or if the entry is not there) built from the file."""
+    with its chunk of ``packed``: see :mod:`.packs`), else (or if the entry is not
+    there) built from the file."""
     if ref.stored is not None:
         from .manifest import fetch_entry
 
-        index = fetch_entry(fmt.name, ref, access, following() if following is not None else (), kept)
+        index = fetch_entry(fmt.name, ref, access, packed, kept)
         if index is not None:
             return index
     return fmt.build_index(ref, access)
@@ -129,9 +127,9 @@ def _access_key(access: FileAccess) -> Any:
     return _frozen(access.storage_options or {})
 
 
-_FOLLOWING = 1024  # files after one whose packed stored entries may come along with its own (see .packs)
 _LOOKAHEAD = 64  # positions a slot looks ahead for the stored index entries it will need
-_PREFETCH_POSITIONS = 1 << 14  # positions of each slot a rank looks at for the entries its workers read
+_PREFETCH_POSITIONS = 1 << 14  # positions of each slot a rank looks at for the files its workers read
+_CONFIRM_FILES = 1024  # files of each slot whose identities a rank confirms for its workers' cache hits
 
 
 class _SampleRequest(Request):
@@ -142,7 +140,7 @@ class _SampleRequest(Request):
 
     __slots__ = ("_source", "_j", "_found", "_entries")
 
-    def __init__(self, source: "SourceSequence", f: int, j: int, entries: "_EntryPrefetch | None" = None) -> None:
+    def __init__(self, source: "SourceSequence", f: int, j: int, entries: "_EntriesAhead | None" = None) -> None:
         self._source, self.file, self._j, self._entries = source, f, j, entries
         self._found: tuple[Any, Sequence[tuple[int, int]]] | None = None
 
@@ -164,57 +162,33 @@ class _SampleRequest(Request):
         return self._resolve()[1]
 
 
-class _EntryPrefetch:
-    """Fetches the stored index entries (``python -m distshard index``) of the remote
-    files a slot reads next, a few at once in threads, so that a slot over many small
-    files does not wait one round trip per file in turn while its read-ahead plans
-    sample by sample. Only files whose identity came from a stored index: any other
-    file's index is built from the file itself (the cold path), never in advance."""
-
-    THREADS = 8
-    WAIT = 600.0  # seconds an entry fetched in advance may take (its requests have their own retries)
+class _EntriesAhead:
+    """Asks, for a slot, the stored index entries (``python -m distshard index``) of
+    the remote files it reads next, so that a slot over many small files does not
+    wait a round trip per file while its read-ahead plans sample by sample: the
+    requests go out at once (:func:`.packs.fetch_ahead`, a chunk each, never twice),
+    and a file's own lookup waits for its. Only files whose identity came from a
+    stored index, once the read-ahead has moved past the first file (the first
+    sample waits for nothing else); any other file's index is built from the file
+    itself (the cold path), never in advance."""
 
     def __init__(self, source: "SourceSequence") -> None:
         self.source = source
-        self.wanted: dict[int, Future] = {}
-        self.pool: ThreadPoolExecutor | None = None
         self.first: int | None = None  # the first file read: its entry is fetched alone
         self.last: int | None = None  # the file read last
         self.ahead: deque[tuple[int, int]] = deque()  # the positions a slot reads next
+        self.seen: set[int] = set()  # the files looked at already
 
     def resolving(self, f: int) -> None:
         """The read-ahead plans a sample of file ``f``: once it moves past the first
-        file, fetch the entries of the files ahead; wait for ``f``'s if it is on its way."""
+        file, ask the entries of the files ahead."""
         if self.first is None:
             self.first = f
         elif f != self.first and f != self.last:
-            for g, _ in self.ahead:
-                self.want(g)
+            files = [g for g in dict.fromkeys(g for g, _ in self.ahead) if g not in self.seen]
+            self.seen.update(files)
+            self.source.entries_ahead(files)
         self.last = f
-        future = self.wanted.get(f)
-        if future is not None and not future.done():
-            try:
-                future.result(timeout=self.WAIT)
-            except FutureTimeout as exc:
-                url = self.source.refs[f].url
-                raise WaitTimeout(f"the stored index entry of {url} did not come in {self.WAIT:.0f} s") from exc
-            except Exception:  # noqa: BLE001 - file_index raises it again, in this thread
-                pass
-
-    def want(self, f: int) -> None:
-        source = self.source
-        if f in self.wanted or not source._remote[f] or source.refs[f].stored is None or source.has_index(f):
-            return
-        if len(self.wanted) >= 4 * _LOOKAHEAD:  # the files read long ago: forget them
-            self.wanted = {g: future for g, future in self.wanted.items() if not future.done()}
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(self.THREADS, thread_name_prefix="distshard-entries")
-        self.wanted[f] = self.pool.submit(source.file_index, f)  # its errors come again when the file is read
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = None
 
 
 class SourceSequence(Sequence):
@@ -253,6 +227,7 @@ class SourceSequence(Sequence):
         self._known: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
         self._kept: dict[str, bytes] = {}  # stored entries the rank fetched for its workers (pickled with it)
         self._verdicts: dict[int, tuple[str, str] | None] = {}  # files checked against the store (see confirm)
+        self._chunks: PackedEntries | None = None  # see _packed
         self._pid = os.getpid()
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
@@ -312,7 +287,7 @@ class SourceSequence(Sequence):
         gaps = [options.max_gap if remote else 0 for remote in self._remote]
         fetch = ReadAhead(options, self._handle, gaps, self._range_cache(), self.confirm)
 
-        entries = _EntryPrefetch(self)
+        entries = _EntriesAhead(self)
 
         def requests() -> Iterator[Request]:
             ahead = entries.ahead
@@ -323,11 +298,8 @@ class SourceSequence(Sequence):
             while ahead:
                 yield _SampleRequest(self, *ahead.popleft(), entries)
 
-        try:
-            for (f, j, ref, index), views in fetch.run(requests()):
-                yield self.fmt.parse(self._handle(f), index, j, ref, views)
-        finally:
-            entries.close()
+        for (f, j, ref, index), views in fetch.run(requests()):
+            yield self.fmt.parse(self._handle(f), index, j, ref, views)
 
     def _range_cache(self) -> Callable[[int], FileCache | None] | None:
         """Where remote file ``f``'s fetched ranges are kept on local disk
@@ -360,17 +332,18 @@ class SourceSequence(Sequence):
             self._verdicts.update(confirm(self.fmt, self.refs, [f], self.access))
         raise_verdict(self._verdicts[f])
 
-    def _confirm_ahead(self, later: Iterable[Iterable[int]]) -> None:
+    def _confirm_ahead(self, later: Callable[[], Iterable[Iterable[int]]]) -> None:
         """In a rank, before its workers start: the verdicts of the files its slots
-        read that a listing confirms (S3), one listing per folder, kept for the
-        workers; only when the local cache holds something (else nothing is hit)."""
+        read (``later()``: each slot's files) that a listing confirms (S3), one
+        listing per folder, kept for the workers; only when the local cache holds
+        something (else nothing is hit, and the slots' files are not looked at)."""
         options = self.access.options
         cache = range_cache(options.cache_dir, options.cache_bytes)
         if cache is None or not cache.holds_any():
             return
         files = {
             f
-            for files in later
+            for files in later()
             for f in files
             if self._remote[f]
             and self.refs[f].stored is not None
@@ -431,9 +404,7 @@ class SourceSequence(Sequence):
         index = _INDEXES.get(key)
         if index is None:
             index, _ = obtain(
-                self.fmt.name,
-                ref,
-                partial(_build, self.fmt, self.access, following=partial(self._following, f), kept=self._kept),
+                self.fmt.name, ref, partial(_build, self.fmt, self.access, packed=self._packed(), kept=self._kept)
             )
             assert index is not None
             _INDEXES.put(key, index, index.weight())
@@ -447,63 +418,67 @@ class SourceSequence(Sequence):
     def distshard_prefetch(self, slots: Sequence[Iterator[int]]) -> None:
         """In a rank, before its DataLoader workers start (``slots``: the positions
         each of its slots will read, in order): fetch the stored index entries
-        (``python -m distshard index``) of the file each reads first, in as few
-        range requests as they allow (one when they lie within ``packs.RANGE_BYTES``
-        of a pack: a rank's slots read contiguous blocks), with those of the files
-        they read next that fit in the same ranges, and keep them here: the workers
-        get them with the sequence (forked or pickled) and ask no request for them.
-        Nothing without a stored index, or when the first files' indexes are here
-        or in the per-machine cache already. The entries are checked when they are
-        loaded, as fetched ones are (a stale one: the file is indexed itself)."""
-        from .index import load_cached
-        from .packs import entry_range, fetch_first
+        (``python -m distshard index``) of the file each reads first, with the rest
+        of their chunks (:mod:`.packs`: one range request each, all at once; one for
+        all when they lie within ``packs.RANGE_BYTES`` of a pack, as a rank's
+        contiguous blocks do), and keep them here: the workers get them with the
+        sequence (forked or pickled) and ask no request for them. Nothing without a
+        stored index, or when the first files' indexes are here or in the
+        per-machine cache already. The entries are checked when they are loaded, as
+        fetched ones are (a stale one: the file is indexed itself)."""
+        heads = [(next(positions, None), positions) for positions in map(iter, slots)]
+        firsts = [self._locate(first)[0] for first, _ in heads if first is not None]
+        self._confirm_ahead(
+            lambda: [self._files_read(itertools.chain((first,), rest)) for first, rest in heads if first is not None]
+        )
+        needed = [f for f in dict.fromkeys(firsts) if self._fetchable(f)]
+        if needed:
+            entries = [self.refs[f].stored for f in needed]
+            self._kept.update(fetch_first([e for e in entries if e is not None], self._packed(), self.access))
 
-        def fetchable(f: int) -> bool:
-            stored = self.refs[f].stored
-            return (
-                self._remote[f]
-                and stored is not None
-                and stored not in self._kept
-                and entry_range(stored) is not None
-                and not self.has_index(f)
-            )
+    def _files_read(self, positions: Iterable[int]) -> list[int]:
+        """The files a slot reading ``positions`` reads, in order (its first
+        ``_PREFETCH_POSITIONS`` positions, at most ``_CONFIRM_FILES`` files)."""
+        files: list[int] = []
+        seen: set[int] = set()
+        lo = hi = 0  # the positions of the file read last
+        for position in itertools.islice(positions, _PREFETCH_POSITIONS):
+            if lo <= position < hi:
+                continue
+            f = self._locate(position)[0]
+            lo, hi = self._starts[f], self._starts[f] + self.counts[f]
+            if f not in seen:
+                if len(files) >= _CONFIRM_FILES:
+                    break
+                seen.add(f)
+                files.append(f)
+        return files
 
-        later: list[list[int]] = []  # each slot's files, in the order it reads them
-        for positions in slots:
-            files: list[int] = []
-            seen: set[int] = set()
-            lo = hi = 0  # the positions of the file read last
-            for position in itertools.islice(positions, _PREFETCH_POSITIONS):
-                if lo <= position < hi:
-                    continue
-                f = self._locate(position)[0]
-                lo, hi = self._starts[f], self._starts[f] + self.counts[f]
-                if f not in seen:
-                    if len(files) >= _FOLLOWING:
-                        break
-                    seen.add(f)
-                    files.append(f)
-            later.append(files)
-        self._confirm_ahead(later)
-        firsts = [files[0] for files in later if files]  # what each slot's first range needs
-        needed = [f for f in dict.fromkeys(firsts) if fetchable(f)]
-        needed = [f for f in needed if load_cached(self.fmt.name, self.refs[f], header_only=True) is None]
-        if not needed:
-            return
-        more = [f for f in dict.fromkeys(f for files in itertools.zip_longest(*later) for f in files if f is not None)]
-        entries = [self.refs[f].stored for f in needed]
-        self._kept.update(
-            fetch_first(
-                [e for e in entries if e is not None],
-                [e for f in more if fetchable(f) and (e := self.refs[f].stored) is not None],
-                self.access,
-            )
+    def entries_ahead(self, files: Iterable[int]) -> None:
+        """Begin fetching the stored entries of ``files`` (what a slot reads next) that
+        no request has brought yet (see :func:`.packs.fetch_ahead`)."""
+        wanted = [self.refs[f].stored for f in files if self._fetchable(f)]
+        if wanted:
+            fetch_ahead([e for e in wanted if e is not None], self._packed(), self.access, self._kept)
+
+    def _fetchable(self, f: int) -> bool:
+        """Whether file ``f``'s index would come from a packed stored entry of a
+        remote file's that is in none of this process's caches (nor on local disk)."""
+        stored = self.refs[f].stored
+        return (
+            self._remote[f]
+            and stored is not None
+            and stored not in self._kept
+            and entry_range(stored) is not None
+            and not self.has_index(f)
+            and load_cached(self.fmt.name, self.refs[f], header_only=True) is None
         )
 
-    def _following(self, f: int) -> list[str]:
-        """The stored entries of the files after ``f`` (in order), whose entries
-        are fetched along with ``f``'s when they are packed beside it."""
-        return [ref.stored for ref in self.refs[f + 1 : f + 1 + _FOLLOWING] if ref.stored is not None]
+    def _packed(self) -> PackedEntries:
+        """The chunks this source's packed stored entries are fetched in (made once per process)."""
+        if self._chunks is None:
+            self._chunks = PackedEntries(ref.stored for ref in self.refs)
+        return self._chunks
 
     def sample_bytes(self) -> list[int]:
         """Every sample's stored bytes, in order, from the files' indexes (no sample
@@ -559,6 +534,7 @@ class SourceSequence(Sequence):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_resolved"], state["_open"], state["_known"], state["_pid"] = {}, {}, {}, -1
+        state["_chunks"] = None
         return state
 
     def __repr__(self) -> str:

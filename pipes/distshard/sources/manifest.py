@@ -39,7 +39,7 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from ..digests import blake2b_hex
 from ..errors import SourceDataError, SourceMissingError
@@ -49,6 +49,7 @@ from .urls import is_remote
 
 if TYPE_CHECKING:
     from .index import FileIndex
+    from .packs import PackedEntries
 
 __all__ = ["FOLDER", "MANIFEST", "Stored", "StoredFile", "default_location", "find", "load"]
 
@@ -312,15 +313,15 @@ def fetch_entry(
     fmt: str,
     ref: FileRef,
     access: FileAccess = DEFAULT_FILE_ACCESS,
-    following: Sequence[str] = (),
+    packed: PackedEntries | None = None,
     kept: Mapping[str, bytes] | None = None,
 ) -> FileIndex | None:
     """``ref``'s index from its stored entry, or ``None`` if the entry is not
     there or not of that identity (the file is then indexed itself). An entry in
     ``kept`` (fetched by the rank before its workers started) takes no request; a
-    packed one comes in one range request with the entries of ``following`` (the
-    entries of the files read next, less those kept) beside it, or from such an
-    earlier request. Either way it is checked against ``ref`` when loaded."""
+    packed one comes with its chunk (``packed``'s, less the entries kept; see
+    :mod:`.packs`): fetched already, on its way, or in one range request now.
+    Either way it is checked against ``ref`` when loaded."""
     from .index import loads
     from .packs import entry_range, fetch_packed
 
@@ -332,7 +333,7 @@ def fetch_entry(
         elif entry_range(ref.stored) is None:
             data = read(ref.stored, access)
         else:
-            data = fetch_packed(ref.stored, [e for e in following if e not in kept], access)
+            data = fetch_packed(ref.stored, packed, access, kept)
     except FileNotFoundError:
         log.info("the stored index entry %s is not there: indexing %s itself", ref.stored, ref.url)
         return None

@@ -6,13 +6,22 @@ a per-machine cache entry, :func:`.index.dumps`, checked against the identity
 it is loaded for), and the manifest names each file's pack and byte range. A
 file's entry is then ``"<pack URL>#<start>-<stop>"`` (:func:`entry_range`).
 
-A slot that needs a file's entry fetches, in the same range request, the
-entries of the files it reads next that lie in the same pack (up to
-:data:`RANGE_BYTES`), so a job pays about one request per data file plus a
-few for the entries, whatever the number of shards. The entries that came
-along are kept in this process (:data:`_RAW`) until they are asked for;
-concurrent threads that want an entry on its way wait for that request instead
-of making another.
+One grouping rule and one table of entries in flight, for every way an entry is
+fetched (a file's own lookup, a slot's read-ahead of the files it reads next,
+the rank's fetch before its DataLoader workers start):
+
+- **Chunks.** A source's entries in a pack are split once into *chunks*, from
+  the pack's layout alone (:class:`PackedEntries`): in byte order, a chunk takes
+  the next entry while its range stays within :data:`RANGE_BYTES` and the gap to
+  it (entries of files that are not the source's) within :data:`_GAP`. An entry
+  is always fetched with its whole chunk, in one range request, whoever asks
+  first and whatever they read next: a process asks each chunk it touches once,
+  and a slot that reads every file asks as many requests as there are chunks
+  (about the entries' bytes over :data:`RANGE_BYTES`), whatever its order.
+- **In flight.** The entries of a chunk being fetched are in :data:`_PENDING`
+  until its answer is split (then :data:`_RAW` keeps them until they are asked
+  for): a lookup of one waits for that request instead of making another, so
+  the threads and the read-ahead of a process never ask an entry twice.
 """
 
 from __future__ import annotations
@@ -21,25 +30,25 @@ import logging
 import os
 import re
 import threading
-from concurrent.futures import Future
-from typing import Callable, Sequence
+from collections.abc import Collection
+from typing import Any, Iterable, Sequence
 
 from ..errors import SourceDataError, SourceMissingError
 from ._lru import LRU
 from .files import FileAccess
 
-__all__ = ["RANGE_BYTES", "entry_range", "fetch_first", "fetch_packed", "pack_entry"]
+__all__ = ["RANGE_BYTES", "PackedEntries", "entry_range", "fetch_ahead", "fetch_first", "fetch_packed", "pack_entry"]
 
-#: the most bytes of one pack fetched in one request for the entries a slot reads next
+#: the most bytes of one pack fetched in one request (a chunk's range; one entry larger than this alone)
 RANGE_BYTES = 1 << 20
-_GAP = 64 << 10  # entries of files a slot skips, fetched along while the gap is at most this
+_GAP = 64 << 10  # bytes of entries of other files a chunk's range reads through, at most
 
 log = logging.getLogger("distshard")
 
 _ENTRY = re.compile(r"^(.*)#(\d+)-(\d+)$")
-_RAW: LRU[bytes] = LRU(max_items=1 << 16, max_weight=64 << 20)  # entries fetched along, by entry
+_RAW: LRU[bytes] = LRU(max_items=1 << 16, max_weight=64 << 20)  # entries fetched, not asked for yet, by entry
 _LOCK = threading.Lock()
-_PENDING: dict[str, Future] = {}  # entries on their way, by entry
+_PENDING: dict[str, "_Fetch"] = {}  # entries on their way, by entry
 
 
 def _after_fork_in_child() -> None:
@@ -67,148 +76,216 @@ def entry_range(entry: str) -> tuple[str, int, int] | None:
     return match.group(1), int(match.group(2)), int(match.group(3))
 
 
-def _group(entry: str, following: Sequence[str]) -> tuple[str, int, int, list[tuple[str, int, int]]]:
-    """The range of ``entry``'s pack to fetch: ``entry`` and the entries of
-    ``following`` (in the order they are read) in the same pack, while the range
-    stays within :data:`RANGE_BYTES` and its gaps within :data:`_GAP`."""
-    found = entry_range(entry)
-    assert found is not None
-    pack, lo, hi = found
-    members = [(entry, lo, hi)]
-    for other in following:
-        more = entry_range(other)
-        if more is None or more[0] != pack or other in _PENDING or _RAW.get(other) is not None:
-            continue
-        start, stop = more[1], more[2]
-        new_lo, new_hi = min(lo, start), max(hi, stop)
-        if new_hi - new_lo > RANGE_BYTES:
-            break
-        if start >= hi + _GAP or stop <= lo - _GAP:
-            continue
-        lo, hi = new_lo, new_hi
-        members.append((other, start, stop))
-    return pack, lo, hi, members
+Member = tuple[str, int, int]  # an entry of a chunk: (entry, start, stop)
 
 
-def fetch_packed(entry: str, following: Sequence[str], access: FileAccess) -> bytes:
-    """The bytes of a packed ``entry``: kept from an earlier range, on their way,
-    or fetched now with the entries of ``following`` beside it (one request).
-    ``FileNotFoundError`` if the pack is not there."""
-    while True:
-        with _LOCK:
-            kept = _RAW.pop(entry)
-            if kept is not None:
-                return kept
-            pending = _PENDING.get(entry)
-            if pending is None:
-                pack, lo, hi, members = _group(entry, following)
-                mine: Future = Future()
-                for name, _, _ in members:
-                    _PENDING[name] = mine
-                break
-        pending.result()  # another thread's request: its entries are kept now, or its error is raised
-    try:
-        data = _read_range(pack, lo, hi, access)
-        out = b""
-        with _LOCK:
-            for name, start, stop in members:
-                piece = data[start - lo : stop - lo]
-                if name == entry:
-                    out = piece
-                else:
-                    _RAW.put(name, piece, len(piece))
-        mine.set_result(None)
-        return out
-    except BaseException as exc:
-        mine.set_exception(exc)
-        raise
-    finally:
-        with _LOCK:
-            for name, _, _ in members:
-                if _PENDING.get(name) is mine:
-                    del _PENDING[name]
+class PackedEntries:
+    """The chunks a source's packed entries are fetched in (see the module
+    docstring), from the entries alone (``entries``: each file's, or ``None``);
+    computed once per process when an entry is first fetched."""
+
+    def __init__(self, entries: Iterable[str | None]) -> None:
+        self._entries = [e for e in entries if e is not None]
+        self._chunks: dict[str, list[Member]] | None = None
+
+    def chunk(self, entry: str) -> list[Member]:
+        """The members of ``entry``'s chunk, in byte order (``entry`` alone if it is
+        not one of the source's)."""
+        if self._chunks is None:
+            self._chunks = _chunks(self._entries)
+        found = self._chunks.get(entry)
+        if found is not None:
+            return found
+        placed = entry_range(entry)
+        return [] if placed is None else [(entry, placed[1], placed[2])]
+
+    def __getstate__(self) -> dict[str, Any]:  # (the chunks are computed again where they are needed)
+        return {"_entries": self._entries, "_chunks": None}
 
 
-def fetch_first(needed: Sequence[str], more: Sequence[str], access: FileAccess) -> dict[str, bytes]:
-    """The bytes of the packed entries ``needed`` and of those of ``more`` (in that
-    order of preference) that lie in the same ranges: ``needed`` grouped into as
-    few ranges of at most :data:`RANGE_BYTES` of their packs as they go (one when
-    they are that close), each widened by the entries of ``more`` it can take while
-    it stays within :data:`RANGE_BYTES` and its gaps within :data:`_GAP`; the
-    ranges asked at once. What a rank fetches before its DataLoader workers start
-    (see ``SourceSequence.distshard_prefetch``). A range that fails is left out
-    (logged): the entries it held are fetched when they are read, as without it."""
-    groups: list[tuple[str, int, int, list[tuple[str, int, int]]]] = []
-    placed = set()
-    for entry in sorted(set(needed), key=lambda e: entry_range(e) or ("", 0, 0)):
-        found = entry_range(entry)
-        if found is None:
-            continue
-        pack, start, stop = found
-        last = groups[-1] if groups else None
-        if last is not None and last[0] == pack and max(last[2], stop) - last[1] <= RANGE_BYTES:
-            groups[-1] = (pack, last[1], max(last[2], stop), [*last[3], (entry, start, stop)])
-        else:
-            groups.append((pack, start, stop, [(entry, start, stop)]))
-        placed.add(entry)
-    for other in more:
-        found = entry_range(other)
-        if found is None or other in placed:
-            continue
-        pack, start, stop = found
-        for k, (where, lo, hi, members) in enumerate(groups):
-            if (
-                where == pack
-                and max(hi, stop) - min(lo, start) <= RANGE_BYTES
-                and lo - _GAP < stop
-                and start < hi + _GAP
-            ):
-                groups[k] = (where, min(lo, start), max(hi, stop), [*members, (other, start, stop)])
-                placed.add(other)
-                break
-    asked = [(group, _submit_range(group[0], group[1], group[2], access)) for group in groups]
-    out: dict[str, bytes] = {}
-    for (pack, lo, hi, members), pending in asked:
-        try:
-            data = pending()
-        except (OSError, ValueError) as exc:
-            log.info(
-                "the stored index entries in %s bytes [%d, %d) were not fetched ahead (%s): they are fetched when read",
-                pack,
-                lo,
-                hi,
-                exc,
-            )
-            continue
-        for name, start, stop in members:
-            out[name] = data[start - lo : stop - lo]
+def _chunks(entries: Iterable[str]) -> dict[str, list[Member]]:
+    """Every packed entry's chunk: per pack, in byte order, greedily (module docstring)."""
+    by_pack: dict[str, list[Member]] = {}
+    for entry in dict.fromkeys(entries):
+        placed = entry_range(entry)
+        if placed is not None:
+            by_pack.setdefault(placed[0], []).append((entry, placed[1], placed[2]))
+    out: dict[str, list[Member]] = {}
+    for members in by_pack.values():
+        members.sort(key=lambda m: (m[1], m[2]))
+        chunk: list[Member] = []
+        lo = hi = 0
+        for member in members:
+            if not chunk or member[2] - lo > RANGE_BYTES or member[1] - hi > _GAP:
+                chunk, lo, hi = [], member[1], member[2]
+            chunk.append(member)
+            hi = max(hi, member[2])
+            out[member[0]] = chunk
     return out
 
 
-def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Callable[[], bytes]:
-    """``_read_range`` asked now (remote: in flight while others are asked), its bytes when called."""
+class _Fetch:
+    """One range request of a pack for the members of a chunk not at hand yet.
+    Its answer is split into :data:`_RAW` once (when it comes, or when it is first
+    waited for); until then its members are in :data:`_PENDING`."""
+
+    def __init__(self, pack: str, members: list[Member], access: FileAccess) -> None:
+        self.pack, self.members = pack, members
+        self.lo, self.hi = min(m[1] for m in members), max(m[2] for m in members)
+        self.error: BaseException | None = None
+        self._settled = False
+        self._request = _submit_range(pack, self.lo, self.hi, access)
+
+    def start(self) -> None:
+        """Split the answer as soon as it comes (remote), or now (a local pack)."""
+        future = getattr(self._request, "future", None)
+        if future is None:
+            self.settle()
+        else:
+            future.add_done_callback(lambda _: self.settle())
+
+    def settle(self) -> None:
+        """Wait for the answer and put its entries in :data:`_RAW` (its error in
+        ``error``); its members leave :data:`_PENDING` either way."""
+        if self._settled:
+            return
+        data: bytes | None = None
+        try:
+            data = bytes(self._request.result())
+        except Exception as exc:  # noqa: BLE001 - the lookups that wait for it raise it or ask again
+            self.error = exc
+        with _LOCK:
+            if self._settled:
+                return
+            self._settled = True
+            for name, start, stop in self.members:
+                if data is not None:
+                    _RAW.put(name, data[start - self.lo : stop - self.lo], stop - start)
+                if _PENDING.get(name) is self:
+                    del _PENDING[name]
+
+
+def _claim(entry: str, packed: PackedEntries | None, held: Collection[str]) -> list[Member] | None:
+    """Under :data:`_LOCK`: the members of ``entry``'s chunk to fetch now (``entry``
+    and those not in :data:`_RAW`, on their way or in ``held``), or ``None`` if
+    ``entry`` itself is at hand or on its way."""
+    if entry in _PENDING or _RAW.get(entry) is not None:
+        return None
+    chunk = packed.chunk(entry) if packed is not None else PackedEntries([entry]).chunk(entry)
+    return [m for m in chunk if m[0] == entry or (m[0] not in held and m[0] not in _PENDING and _RAW.get(m[0]) is None)]
+
+
+def _ask(
+    entries: Iterable[str], packed: PackedEntries | None, access: FileAccess, held: Collection[str]
+) -> list[_Fetch]:
+    """Fetch the chunks of ``entries`` not at hand nor on their way, each once: the
+    requests made (their members in :data:`_PENDING` now)."""
+    from .urls import is_remote
+
+    asked: list[_Fetch] = []
+    for entry in entries:
+        placed = entry_range(entry)
+        if placed is None:
+            continue
+        if is_remote(placed[0]):
+            access.client(placed[0])  # (made outside the lock: asking under it is then only a submission)
+        with _LOCK:
+            members = _claim(entry, packed, held)
+            if not members:
+                continue
+            fetch = _Fetch(placed[0], members, access)
+            for name, _, _ in members:
+                _PENDING[name] = fetch
+        asked.append(fetch)
+    return asked
+
+
+def fetch_packed(entry: str, packed: PackedEntries | None, access: FileAccess, held: Collection[str] = ()) -> bytes:
+    """The bytes of a packed ``entry``: fetched already, on their way (waited for),
+    or fetched now with the rest of its chunk (``packed``'s; one request); the
+    entries of ``held`` are not fetched again. ``FileNotFoundError`` if the pack
+    is not there."""
+    assert entry_range(entry) is not None, entry
+    while True:
+        with _LOCK:
+            kept = _RAW.pop(entry)
+            pending = _PENDING.get(entry)
+        if kept is not None:
+            return kept
+        own = pending is None
+        if pending is None:
+            asked = _ask([entry], packed, access, held)
+            if not asked:
+                continue  # (another thread asked for it meanwhile)
+            pending = asked[0]
+        pending.settle()
+        if pending.error is not None:
+            if own:  # the lookup's own request: its error is the lookup's
+                raise pending.error
+            # (a request made ahead for it failed: asked again, as without it)
+            log.debug("the stored index entry %s did not come ahead (%s): asking it again", entry, pending.error)
+
+
+def fetch_ahead(
+    entries: Iterable[str], packed: PackedEntries | None, access: FileAccess, held: Collection[str] = ()
+) -> None:
+    """Begin fetching the chunks of ``entries`` (what a slot reads next) that are not
+    at hand nor on their way; returns at once. A lookup of one waits for its
+    request; one that fails is made again by the lookup (logged)."""
+    for fetch in _ask(entries, packed, access, held):
+        fetch.start()
+
+
+def fetch_first(needed: Sequence[str], packed: PackedEntries | None, access: FileAccess) -> dict[str, bytes]:
+    """The bytes of the packed entries ``needed`` and of the rest of their chunks, the
+    chunks asked at once (one request each): what a rank fetches before its
+    DataLoader workers start (see ``SourceSequence.distshard_prefetch``). A request
+    that fails is left out (logged): its entries are fetched when they are read."""
+    asked = _ask(needed, packed, access, ())
+    for fetch in asked:
+        fetch.settle()
+        if fetch.error is not None and not isinstance(fetch.error, (OSError, ValueError)):
+            raise fetch.error
+        if fetch.error is not None:
+            log.info(
+                "the stored index entries in %s bytes [%d, %d) were not fetched ahead (%s): they are fetched when read",
+                fetch.pack,
+                fetch.lo,
+                fetch.hi,
+                fetch.error,
+            )
+    out: dict[str, bytes] = {}
+    with _LOCK:
+        for fetch in asked:
+            for name, _, _ in fetch.members:
+                data = _RAW.pop(name)
+                if data is not None:
+                    out[name] = data
+    return out
+
+
+def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
+    """Bytes ``[start, stop)`` of the pack ``url``, asked now: remote, a request in
+    flight (its ``result()``, and its ``future``); a local pack is read when its
+    ``result()`` is first asked."""
+    from .fetch import deferred
     from .urls import is_remote
 
     if is_remote(url):
-        pending = access.client(url).submit_range(url, start, stop, None, None, access.options)
-        return lambda: bytes(pending.result())
-    return lambda: _read_range(url, start, stop, access)
+        return access.client(url).submit_range(url, start, stop, None, None, access.options)
+    return deferred(lambda: _read_local(url, start, stop))
 
 
-def _read_range(url: str, start: int, stop: int, access: FileAccess) -> bytes:
-    from .urls import is_remote
-
-    if is_remote(url):
-        client = access.client(url)
-        return bytes(client.submit_range(url, start, stop, None, None, access.options).result())
+def _read_local(path: str, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of a local pack."""
     from .files import local_path
 
     try:
-        with open(local_path(url), "rb") as f:
+        with open(local_path(path), "rb") as f:
             f.seek(start)
             data = f.read(stop - start)
     except (FileNotFoundError, NotADirectoryError):
-        raise SourceMissingError(f"{url}: no such file (a pack of the stored index)") from None
+        raise SourceMissingError(f"{path}: no such file (a pack of the stored index)") from None
     if len(data) != stop - start:
-        raise SourceDataError(f"{url}: the pack ends before byte {stop}: rebuild the stored index")
+        raise SourceDataError(f"{path}: the pack ends before byte {stop}: rebuild the stored index")
     return data
