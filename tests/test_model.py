@@ -893,7 +893,8 @@ def test_the_parquet_model_source_takes_every_path_and_faults_its_suffix_gets():
     def expected(n: int) -> list[str]:
         return sorted(f"e{i}" for i in range(n))
 
-    model_factories.remote_parquet(1)  # this process's servers
+    model_factories.remote_parquet(1)  # this process's servers (made on first use: both, whatever ran before)
+    model_factories.remote_parquet(1, "head")
     root, servers = model_factories._PARQUET[1], model_factories._PARQUET[2]
     server = servers[True, 7]
     for j, kind in enumerate(server.faults):  # the build's suffix GET meets ``kind``
