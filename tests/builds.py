@@ -75,7 +75,7 @@ def ddp_batches_uneven():
 
 def sharding_filter_unsynced():
     """torch's recipe sharded by hand, iterated without a DataLoader, with
-    per-rank seeds: duplicates and missing elements, as the DESIGN measured."""
+    per-rank seeds: duplicates and missing elements (the trap dist_shard exists for)."""
     import torch.distributed as dist
     from torch.utils.data.graph_settings import apply_sharding
 

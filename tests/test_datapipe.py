@@ -184,7 +184,7 @@ class _GenIterable:
 
 
 def test_batches_after_dist_shard_are_equal_per_slot_with_drop():
-    """34 elements, 3 ranks x 2 workers, batch(4): the DESIGN's hang case."""
+    """34 elements, 3 ranks x 2 workers, batch(4): where unequal slots would hang a DDP loop."""
     got = run_slots(
         lambda r, w: IterableWrapper(range(34)).dist_shard(rank=r, world_size=w, even="drop").batch(4),
         3,
@@ -232,7 +232,7 @@ def test_two_random_pipes_get_different_seeds():
 
 
 def test_unsynced_sharding_filter_duplicates_where_dist_shard_does_not():
-    """The DESIGN's trap, reproduced: shuffle before sharding_filter, per-rank torch seeds."""
+    """The classic trap, reproduced: shuffle before sharding_filter, per-rank torch seeds."""
     seen = Counter()
     for rank in range(4):
         torch.manual_seed(rank)

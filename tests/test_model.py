@@ -1,4 +1,4 @@
-"""Model-based test of the exactness promise (DESIGN.md, "Trust: exact, or refused loudly").
+"""Model-based test of the exactness promise: every path is exact, or refused loudly (docs/contract.md).
 
 Hypothesis draws a pipeline (tests/model_factories.Spec) and a history of runs:
 every run has its own layout (world size x workers) and loader, its slots consume
@@ -74,7 +74,7 @@ class Refusal:
     applies: Callable[[Spec], bool]
 
 
-# The only refusals the contract documents (DESIGN.md "Contract", docs/contract.md). The
+# The only refusals the contract documents (docs/contract.md, its "Refused" table). The
 # construction ones are mandatory; the others may happen, but only at those stages.
 REFUSALS = [
     # "shuffle=True (random-access sources and units with sizes)"
