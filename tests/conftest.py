@@ -6,6 +6,7 @@ the scheduler gives us (a 2-core CI machine: 2 workers). ``-n 0`` or no ``-n`` r
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import pytest
 
@@ -35,6 +36,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "spawn_ranks: run_on_group/verify start ranks with the library's default (spawn)"
     )
+    config.addinivalue_line(
+        "markers", "watched(seconds): every process's stack on file if a test runs past ``seconds`` (helpers.watched)"
+    )
     import multiprocessing
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
@@ -60,3 +64,17 @@ def _ranks_fork_from_a_preloaded_server(request: pytest.FixtureRequest, monkeypa
     # the functions' own defaults, so every reference to them (from ... import run_on_group) sees it
     monkeypatch.setitem(verify_module.run_on_group.__kwdefaults__, "start_method", "forkserver")
     monkeypatch.setitem(verify_module.verify.__kwdefaults__, "rank_start_method", "forkserver")
+
+
+@pytest.fixture(autouse=True)
+def _watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``watched(seconds)`` (a module's ``pytestmark``, usually its group's timeout) runs
+    under a watchdog: past ``seconds``, every process's stack is on file (see helpers.watched)."""
+    marker = request.node.get_closest_marker("watched")
+    if marker is None:
+        yield
+        return
+    from .helpers import watched
+
+    with watched(marker.args[0], request.node.name):
+        yield

@@ -73,6 +73,14 @@ def kill_leftover_ranks(out: Path, script: str) -> None:
                 pass
 
 
+def torchrun_command() -> list[str]:
+    """torchrun of this interpreter's environment: its script, else the same entry point by module."""
+    script = Path(sys.executable).with_name("torchrun")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
 # what launchers (torchrun, Lightning, Accelerate) set for the processes they start
 LAUNCHER_VARIABLES = frozenset(
     {

@@ -4,15 +4,9 @@ the caller, which stops it): one place that picks the port and quiets its log.""
 from __future__ import annotations
 
 import logging
-import socket
 from typing import Any
 
-
-def free_port() -> int:
-    """A port on 127.0.0.1 nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from distshard.verify import free_port
 
 
 def start_moto() -> tuple[Any, str]:

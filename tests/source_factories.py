@@ -31,6 +31,15 @@ def isolated_cache(tmp_path, monkeypatch):
     clear_all()
 
 
+def fresh_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
+    """A job on another machine: an empty per-machine cache (``tmp_path/name``) and nothing
+    kept in this process (file handles, indexes, row groups)."""
+    from distshard.sources._lru import clear_all
+
+    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / name))
+    clear_all()
+
+
 def blob(tag: str, size: int) -> bytes:
     """Deterministic bytes standing in for a JPEG."""
     out = b""
@@ -84,6 +93,65 @@ def write_jsonl(folder: Path, files: int, lines: int) -> tuple[list[str], list[A
                 expected.append(value)
         urls.append(path)
     return urls, expected
+
+
+def write_tiny_tar(path: Path, samples: int, size: int, big: dict[int, int] | None = None) -> list[str]:
+    """One tar of ``samples`` one-member samples of ``size`` bytes (``big``:
+    sample -> a larger size); returns the keys in order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = []
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        for i in range(samples):
+            data = blob(str(i), (big or {}).get(i, size))
+            info = tarfile.TarInfo(f"s{i:06d}.bin")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+            keys.append(f"s{i:06d}")
+    return keys
+
+
+def write_parquet_rows(folder: Path, files: int = 3, rows: int = 50, row_group_size: int = 7) -> tuple[list[str], list]:
+    """``files`` Parquet files of ``rows + 3 * f`` rows (int, text, float and list columns);
+    returns the paths and every expected row in order (needs pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    urls, expected = [], []
+    for f in range(files):
+        n = rows + 3 * f
+        table = pa.table(
+            {
+                "id": list(range(f * 1000, f * 1000 + n)),
+                "text": [f"ligne {i} é" for i in range(n)],
+                "score": [i / 3 for i in range(n)],
+                "tags": [[f"t{i % 3}"] * (i % 4) for i in range(n)],
+            }
+        )
+        path = folder / f"part-{f}.parquet"
+        pq.write_table(table, path, row_group_size=row_group_size)
+        urls.append(str(path))
+        expected.extend(table.to_pylist())
+    return urls, expected
+
+
+def write_keyed_parquet(
+    folder: Path, files: int, rows: int = 40, columns: int = 2, row_group_size: int = 9
+) -> list[Path]:
+    """``files`` Parquet files whose rows are distinct (``f<file>-<row>`` in column ``k``),
+    ``columns - 1`` integer columns beside it (wide files: a long footer; needs pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for f in range(files):
+        table: dict[str, list] = {"k": [f"f{f}-{i}" for i in range(rows)]}
+        table.update({f"c{c}": list(range(c, c + rows)) for c in range(columns - 1)})
+        path = folder / f"part-{f:03d}.parquet"
+        pq.write_table(pa.table(table), path, row_group_size=row_group_size)
+        paths.append(path)
+    return paths
 
 
 # -- processes --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ pytest.importorskip("accelerate", reason="accelerate is not installed (pip insta
 
 from distshard.verify import free_port  # noqa: E402
 
-from .helpers import child_env, kill_leftover_ranks  # noqa: E402
+from .helpers import child_env, kill_leftover_ranks, torchrun_command  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
@@ -80,10 +80,6 @@ def _env(home: Path) -> dict[str, str]:
     return child_env(HF_HOME=str(home))  # no user's accelerate config file
 
 
-def _kill_leftover_ranks(out: Path) -> None:
-    kill_leftover_ranks(out, SCRIPT.name)
-
-
 def launch(out: Path, launcher: list[str]) -> Run:
     out.mkdir(parents=True, exist_ok=True)
     (out / "home").mkdir(exist_ok=True)
@@ -113,15 +109,8 @@ def launch(out: Path, launcher: list[str]) -> Run:
                 pass
             proc.wait(timeout=30)
             time.sleep(0.2)
-            _kill_leftover_ranks(out)
+            kill_leftover_ranks(out, SCRIPT.name)
     return Run(out, returncode, log_path.read_text(errors="replace"))
-
-
-def _torchrun() -> list[str]:
-    script = Path(sys.executable).with_name("torchrun")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "torch.distributed.run"]  # the same entry point
 
 
 def _accelerate_launch() -> list[str]:
@@ -133,7 +122,8 @@ def _accelerate_launch() -> list[str]:
 def torchrun(tmp_path_factory) -> Run:
     run = launch(
         tmp_path_factory.mktemp("torchrun"),
-        _torchrun() + ["--nproc-per-node", str(WORLD), "--master-addr", "127.0.0.1", "--master-port", str(free_port())],
+        torchrun_command()
+        + ["--nproc-per-node", str(WORLD), "--master-addr", "127.0.0.1", "--master-port", str(free_port())],
     )
     assert run.returncode is not None, f"torchrun did not end in {WAIT}s:\n{run.tail()}"
     return run

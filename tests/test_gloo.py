@@ -10,16 +10,11 @@ import distshard
 from distshard.verify import run_on_group
 
 from . import builds
-from .helpers import watched
 
 TIMEOUT = 60
 
 
-@pytest.fixture(autouse=True)
-def _watchdog(request):
-    """Every process's stack on file if a test runs past its group's timeout (see helpers.watched)."""
-    with watched(TIMEOUT, request.node.name):
-        yield
+pytestmark = pytest.mark.watched(TIMEOUT)  # every process's stack on file past the group's timeout
 
 
 @pytest.mark.parametrize(

@@ -10,14 +10,8 @@ import distshard
 from distshard.verify import run_on_group
 
 from . import builds, verify_factories
-from .helpers import watched
 
-
-@pytest.fixture(autouse=True)
-def _watchdog(request):
-    """Every process's stack on file if a test runs past its group's timeout (see helpers.watched)."""
-    with watched(60, request.node.name):
-        yield
+pytestmark = pytest.mark.watched(60)  # every process's stack on file past the group's timeout
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -19,7 +19,7 @@ import pytest
 from distshard.__main__ import main
 from distshard.errors import SourceChangedError
 from distshard.sources import webdataset
-from tests.moto_server import free_port
+from distshard.verify import free_port
 from tests.range_server import serve
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)

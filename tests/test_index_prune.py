@@ -19,7 +19,7 @@ import pytest
 import distshard
 from distshard.__main__ import main
 from distshard.sources import pruning
-from distshard.sources._lru import clear_all
+from tests.source_factories import fresh_machine
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 
 HOUR = 3600
@@ -43,12 +43,6 @@ def read_all(source) -> list[str]:
 
 def expected_lines(*parts: list[dict]) -> Counter:
     return Counter(json.dumps(x, sort_keys=True) for part in parts for x in part)
-
-
-def fresh_machine(tmp_path: Path, monkeypatch, name: str) -> None:
-    """A job on another machine: an empty per-machine cache, nothing kept in this process."""
-    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / name))
-    clear_all()
 
 
 def test_prune_on_a_local_folder_keeps_named_and_young_packs(tmp_path, monkeypatch, capsys, caplog):
@@ -77,7 +71,7 @@ def test_prune_on_a_local_folder_keeps_named_and_young_packs(tmp_path, monkeypat
     # named (however old), unnamed but younger than an hour, and the new one; the old unnamed one is gone
     assert packs_in(index) == first | third | fourth and len(fourth) == 1
     assert "1 stale packs deleted, 1 younger than 3600 s kept" in capsys.readouterr().out
-    fresh_machine(tmp_path, monkeypatch, "job")
+    fresh_machine(monkeypatch, tmp_path, "job")
     caplog.set_level(logging.INFO, logger="distshard")
     source = distshard.jsonl(pattern)
     assert Counter(read_all(source)) == expected_lines(a, b, c)
@@ -152,7 +146,7 @@ def test_prune_on_s3_keeps_named_and_young_packs(tmp_path, bucket, endpoint, mon
     assert main(["index", pattern, "--storage-options", options, "--prune", "--prune-after", "1"]) == 0
     fourth = set(packs()) - first - second - third
     assert set(packs()) == first | third | fourth and len(fourth) == 1
-    fresh_machine(tmp_path, monkeypatch, "job")
+    fresh_machine(monkeypatch, tmp_path, "job")
     caplog.set_level(logging.INFO, logger="distshard")
     source = distshard.jsonl(pattern, storage_options={"endpoint_url": endpoint})
     assert Counter(read_all(source)) == expected_lines(a, b, c)

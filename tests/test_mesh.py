@@ -23,16 +23,11 @@ from distshard.errors import OptionError, OptionTypeError, SetupError, StateMism
 from distshard.verify import run_on_group
 
 from . import mesh_runs
-from .helpers import watched
 
 TIMEOUT = 120
 
 
-@pytest.fixture(autouse=True)
-def _watchdog(request):
-    """Every process's stack on file if a test runs past its group's timeout (see helpers.watched)."""
-    with watched(TIMEOUT, request.node.name):
-        yield
+pytestmark = pytest.mark.watched(TIMEOUT)  # every process's stack on file past the group's timeout
 
 
 def values(outcomes) -> list:

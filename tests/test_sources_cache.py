@@ -132,9 +132,9 @@ def test_the_cache_serves_only_its_own_version_and_checks_its_options(tmp_path):
 def test_parquet_rows_come_from_the_cache_in_later_epochs(tmp_path, server):
     pytest.importorskip("pyarrow")
     from distshard.sources import parquet
-    from tests.test_sources_parquet import write_tables
+    from tests.source_factories import write_parquet_rows
 
-    paths, expected = write_tables(tmp_path / "data")
+    paths, expected = write_parquet_rows(tmp_path / "data")
     urls = [server.url(p) for p in paths]
     source = parquet(urls, read_options=options(tmp_path / "ranges"))
     source.counts()

@@ -6,9 +6,7 @@ workers."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -19,26 +17,11 @@ from distshard.sources import ReadOptions, fetch, jsonl, webdataset
 from distshard.sources.fetch import ReadAhead, Request
 from distshard.sources.files import FileAccess, FileRef, file_identity, open_random
 from tests.range_server import served as server  # noqa: F401  (a fixture)
-from tests.source_factories import blob
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
+from tests.source_factories import write_tiny_tar
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
-
-
-def tiny_tar(path: Path, samples: int, size: int, big: dict[int, int] | None = None) -> list[str]:
-    """One tar of ``samples`` one-member samples of ``size`` bytes (``big``:
-    sample -> a larger size); returns the keys in order."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = []
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
-        for i in range(samples):
-            data = blob(str(i), (big or {}).get(i, size))
-            info = tarfile.TarInfo(f"s{i:06d}.bin")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-            keys.append(f"s{i:06d}")
-    return keys
 
 
 def long_lines(path: Path, lines: int, size: int, big: dict[int, int] | None = None) -> list[int]:
@@ -76,7 +59,7 @@ def make(case: str, folder: Path) -> tuple[Path, list, int]:
     kind, n, size, big, _ = CASES[case]
     if kind == "tar":
         path = folder / "data" / "tiny.tar"
-        keys = tiny_tar(path, n, size, big)
+        keys = write_tiny_tar(path, n, size, big)
         return path, keys, max([size, *(big or {}).values()])
     path = folder / "data" / "lines.jsonl"
     values = long_lines(path, n, size, big)
@@ -148,9 +131,9 @@ def test_remote_parquet_rows_take_only_the_read_aheads_requests(tmp_path, server
     fetched chunks, not one more request per row group."""
     pytest.importorskip("pyarrow")
     from distshard.sources import parquet
-    from tests.test_sources_parquet import write_tables
+    from tests.source_factories import write_parquet_rows
 
-    paths, expected = write_tables(tmp_path / "data")
+    paths, expected = write_parquet_rows(tmp_path / "data")
     source = parquet([server.url(p) for p in paths], read_options=ReadOptions(window=16 << 10, max_gap=4 << 10))
     source.counts()
     server.settle().reset_counters()

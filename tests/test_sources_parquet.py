@@ -11,33 +11,14 @@ import pytest
 
 from distshard.sources import parquet
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
+from tests.source_factories import write_parquet_rows
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 
-def write_tables(folder, files=3, rows=50, row_group_size=7):
-    folder.mkdir(parents=True, exist_ok=True)
-    urls, expected = [], []
-    for f in range(files):
-        n = rows + 3 * f
-        table = pa.table(
-            {
-                "id": list(range(f * 1000, f * 1000 + n)),
-                "text": [f"ligne {i} é" for i in range(n)],
-                "score": [i / 3 for i in range(n)],
-                "tags": [[f"t{i % 3}"] * (i % 4) for i in range(n)],
-            }
-        )
-        path = folder / f"part-{f}.parquet"
-        pq.write_table(table, path, row_group_size=row_group_size)
-        urls.append(str(path))
-        expected.extend(table.to_pylist())
-    return urls, expected
-
-
 def test_rows_in_order_and_at_random(tmp_path):
-    urls, expected = write_tables(tmp_path / "t")
+    urls, expected = write_parquet_rows(tmp_path / "t")
     assert pq.ParquetFile(urls[0]).num_row_groups == 8  # several row groups
     source = parquet(str(tmp_path / "t" / "part-*.parquet"))
     assert list(source) == expected
@@ -50,7 +31,7 @@ def test_rows_in_order_and_at_random(tmp_path):
 
 
 def test_columns_select(tmp_path):
-    urls, expected = write_tables(tmp_path / "t", files=2)
+    urls, expected = write_parquet_rows(tmp_path / "t", files=2)
     source = parquet(urls, columns=["text", "id"])
     wanted = [{"text": row["text"], "id": row["id"]} for row in expected]
     assert list(source) == wanted
@@ -65,7 +46,7 @@ def test_columns_select(tmp_path):
 
 
 def test_a_row_group_is_decoded_once_while_its_rows_are_read(tmp_path, monkeypatch):
-    urls, expected = write_tables(tmp_path / "t", files=1, rows=21, row_group_size=7)
+    urls, expected = write_parquet_rows(tmp_path / "t", files=1, rows=21, row_group_size=7)
     sequence = parquet(urls).__distshard_sequence__()
     decoded = []
     real = pq.ParquetFile.read_row_group
@@ -82,7 +63,7 @@ def test_a_row_group_is_decoded_once_while_its_rows_are_read(tmp_path, monkeypat
 def test_changed_file_is_refused(tmp_path):
     import os
 
-    urls, _ = write_tables(tmp_path / "t", files=1)
+    urls, _ = write_parquet_rows(tmp_path / "t", files=1)
     sequence = parquet(urls).__distshard_sequence__()
     table = pa.table({"id": [1], "text": ["x"], "score": [0.0], "tags": [["a"]]})
     pq.write_table(table, urls[0])
@@ -109,7 +90,7 @@ def test_missing_pyarrow_names_the_extra(monkeypatch):
 def test_shuffle_decodes_each_row_group_about_once_per_slot(tmp_path):
     from distshard.sources.parquet import decodes
 
-    urls, expected = write_tables(tmp_path / "t", files=4, rows=100, row_group_size=10)  # 40 row groups
+    urls, expected = write_parquet_rows(tmp_path / "t", files=4, rows=100, row_group_size=10)  # 40 row groups
     source = parquet(urls, columns=["id", "text"])
     before = decodes()
     got = [row["id"] for rank in range(2) for row in source.dist_shard(rank=rank, world_size=2, shuffle=True)]
@@ -120,7 +101,7 @@ def test_shuffle_decodes_each_row_group_about_once_per_slot(tmp_path):
 
 
 def test_rows_report_their_stored_bytes_for_cost_weighted_mixing(tmp_path):
-    urls, _ = write_tables(tmp_path / "t", files=1, rows=30, row_group_size=7)
+    urls, _ = write_parquet_rows(tmp_path / "t", files=1, rows=30, row_group_size=7)
     sequence = parquet(urls, columns=["text"]).__distshard_sequence__()
     ref, index = sequence.file_index(0)
     sizes = sequence.fmt.sample_sizes(index)

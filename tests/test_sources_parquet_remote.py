@@ -17,24 +17,12 @@ from distshard.sources import parquet
 from tests.range_server import serve
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
+from tests.source_factories import write_keyed_parquet
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
-
-
-def write_tables(folder: Path, files: int, rows: int = 40, columns: int = 2, row_group_size: int = 9) -> list[Path]:
-    """``files`` Parquet files whose rows are distinct (``f<file>-<row>`` in column ``k``)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for f in range(files):
-        table: dict[str, list] = {"k": [f"f{f}-{i}" for i in range(rows)]}
-        table.update({f"c{c}": list(range(c, c + rows)) for c in range(columns - 1)})
-        path = folder / f"part-{f:03d}.parquet"
-        pq.write_table(pa.table(table), path, row_group_size=row_group_size)
-        paths.append(path)
-    return paths
 
 
 def footer_length(path: Path) -> int:
@@ -62,7 +50,7 @@ def test_a_cold_job_asks_one_suffix_get_per_file_for_identity_and_footer(tmp_pat
     identities and footers), not a HEAD and a footer range each (2N on the old path)."""
     from distshard.sources.parquet import TAIL
 
-    paths = write_tables(tmp_path, files=5)
+    paths = write_keyed_parquet(tmp_path, files=5)
     source = parquet([server.url(p) for p in paths])
     assert source.counts() == [40] * 5
     assert file_requests(server) == [("GET", f"bytes=-{TAIL}")] * 5, server.log
@@ -77,7 +65,7 @@ def test_a_cold_job_asks_one_suffix_get_per_file_for_identity_and_footer(tmp_pat
 def test_the_index_command_reads_a_remote_parquet_file_with_one_request(tmp_path, server):
     from distshard.__main__ import main
 
-    paths = write_tables(tmp_path / "data", files=4)
+    paths = write_keyed_parquet(tmp_path / "data", files=4)
     pattern = server.url(tmp_path / "data") + "/part-{000..003}.parquet"
     assert main(["index", pattern, "--out", str(tmp_path / "stored")]) == 0
     assert [method for method, _ in file_requests(server)] == ["GET"] * 4, server.log
@@ -89,7 +77,7 @@ def test_the_index_command_reads_a_remote_parquet_file_with_one_request(tmp_path
 def test_a_footer_longer_than_the_suffix_costs_one_range_more(tmp_path, server):
     from distshard.sources.parquet import TAIL
 
-    [path] = write_tables(tmp_path, files=1, rows=20, columns=250, row_group_size=5)
+    [path] = write_keyed_parquet(tmp_path, files=1, rows=20, columns=250, row_group_size=5)
     size, need = path.stat().st_size, footer_length(path)
     assert need > TAIL
     source = parquet(server.url(path), columns=["k"])
@@ -113,7 +101,7 @@ def test_a_file_changed_after_the_suffix_get_is_refused_naming_it(tmp_path, weak
     """The footer's second range is checked against the identity of the suffix
     answer (If-Match on a strong ETag; a weak one and Last-Modified compared):
     a file rewritten between the two raises naming it."""
-    [path] = write_tables(tmp_path, files=1, rows=20, columns=250, row_group_size=5)
+    [path] = write_keyed_parquet(tmp_path, files=1, rows=20, columns=250, row_group_size=5)
     gets = Counter()
 
     def rewrite_before_the_second_get(served: Path) -> None:
@@ -128,7 +116,7 @@ def test_a_file_changed_after_the_suffix_get_is_refused_naming_it(tmp_path, weak
 
 
 def test_a_file_changed_between_its_footer_and_its_rows_is_refused(tmp_path, server):
-    [path] = write_tables(tmp_path, files=1)
+    [path] = write_keyed_parquet(tmp_path, files=1)
     source = parquet(server.url(path))
     assert source.counts() == [40]  # one suffix GET: identity and footer
     _rewrite(path)
@@ -139,7 +127,7 @@ def test_a_file_changed_between_its_footer_and_its_rows_is_refused(tmp_path, ser
 def test_a_server_without_suffix_ranges_is_asked_as_before(tmp_path):
     """A 400 to ``bytes=-N``: HEAD and footer ranges, as before suffix GETs, and
     remembered for the host (later files do not try again)."""
-    paths = write_tables(tmp_path, files=3)
+    paths = write_keyed_parquet(tmp_path, files=3)
     with serve(tmp_path, suffix=False) as srv:
         first = parquet(srv.url(paths[0]))
         assert first.counts() == [40]
@@ -159,8 +147,8 @@ def test_a_server_that_ignores_range_hands_a_small_file_whole(tmp_path):
     """200 and the whole body to ``bytes=-N``: a file no longer than N is taken
     from it (one request); a longer one is not read whole, its identity is asked
     with a HEAD."""
-    [small] = write_tables(tmp_path / "small", files=1)
-    [large] = write_tables(tmp_path / "large", files=1, rows=20, columns=250, row_group_size=5)
+    [small] = write_keyed_parquet(tmp_path / "small", files=1)
+    [large] = write_keyed_parquet(tmp_path / "large", files=1, rows=20, columns=250, row_group_size=5)
     with serve(tmp_path, ranges=False) as srv:
         assert parquet(srv.url(small)).counts() == [40]
         assert [m for m, _ in file_requests(srv)] == ["GET"]

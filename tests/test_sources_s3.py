@@ -23,7 +23,7 @@ import distshard  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
 from tests.moto_server import start_moto  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
-from tests.source_factories import write_jsonl, write_shards  # noqa: E402
+from tests.source_factories import write_jsonl, write_keyed_parquet, write_shards  # noqa: E402
 
 BUCKET = "shards"
 
@@ -288,16 +288,9 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
 
 def _tables(bucket, tmp_path: Path, prefix: str, files: int, columns: int = 1, rows: int = 30) -> list[str]:
     """``files`` Parquet objects whose rows are distinct (``f<file>-<row>`` in column ``k``)."""
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
-    paths = []
-    for f in range(files):
-        table = {"k": [f"f{f}-{i}" for i in range(rows)], **{f"c{c}": list(range(rows)) for c in range(columns - 1)}}
-        path = tmp_path / prefix / f"part-{f:03d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(table), path, row_group_size=7)
-        paths.append(str(path))
-    return upload(bucket, paths, prefix)
+    pytest.importorskip("pyarrow")
+    paths = write_keyed_parquet(tmp_path / prefix, files, rows=rows, columns=columns, row_group_size=7)
+    return upload(bucket, [str(p) for p in paths], prefix)
 
 
 def _counted(run):

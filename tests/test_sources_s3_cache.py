@@ -20,10 +20,12 @@ pytest.importorskip("moto.server")
 import distshard  # noqa: E402
 from distshard.__main__ import main  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
-from tests.source_factories import write_shards  # noqa: E402
+from tests.source_factories import (
+    fresh_machine,  # noqa: E402
+    write_shards,  # noqa: E402
+)
 from tests.test_sources_s3 import BUCKET, _Requests, bucket, endpoint, no_real_aws, upload  # noqa: E402,F401
 from tests.test_sources_s3 import s3_client as s3_client  # noqa: E402,F401  (autouse)
-from tests.test_sources_stored import fresh_machine  # noqa: E402
 
 
 def pytest_generate_tests(metafunc):

@@ -23,7 +23,7 @@ pytest.importorskip("moto.server")
 import distshard  # noqa: E402
 from distshard.sources import ReadOptions, remote  # noqa: E402
 from distshard.sources.s3direct import Config, DirectS3Client, direct_config  # noqa: E402
-from tests.moto_server import free_port  # noqa: E402
+from distshard.verify import free_port  # noqa: E402
 from tests.s3_proxy import S3Proxy  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
 from tests.source_factories import write_shards  # noqa: E402

@@ -19,8 +19,8 @@ from distshard.__main__ import main
 from distshard.sources import ReadOptions, jsonl, webdataset
 from tests.range_server import RangeServer, serve
 from tests.range_server import served as server  # noqa: F401  (a fixture)
+from tests.source_factories import fresh_machine, write_jsonl, write_shards
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
-from tests.source_factories import write_jsonl, write_shards
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -43,14 +43,6 @@ def indexed(tmp_path, server, shards=SHARDS, per_shard=3) -> tuple[str, list[str
     pattern = urls[0].rsplit("/", 1)[0] + f"/shard-{{000000..{shards - 1:06d}}}.tar"
     assert main(["index", pattern, "--out", str(tmp_path / "data" / ".distshard")]) == 0
     return pattern, urls, expected
-
-
-def fresh_machine(monkeypatch, tmp_path, name: str) -> None:
-    """A new per-machine cache and nothing kept in this process: a job on a fresh node."""
-    from distshard.sources._lru import clear_all
-
-    monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / name))
-    clear_all()
 
 
 def requests_by_kind(server: RangeServer) -> dict[str, int]:

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import child_env, kill_leftover_ranks
+from distshard.verify import free_port
+
+from .helpers import child_env, kill_leftover_ranks, torchrun_command
 
 WORKER = Path(__file__).with_name("torchrun_worker.py")
 NODES, PROCS, WORKERS = 2, 2, 2
@@ -38,19 +39,6 @@ GRACE = 10  # seconds left to the other node once one node failed
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
 )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun() -> list[str]:
-    script = Path(sys.executable).with_name("torchrun")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "torch.distributed.run"]  # the same entry point
 
 
 def _agent_env() -> dict[str, str]:
@@ -80,10 +68,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _kill_leftover_ranks(out: Path) -> None:
-    kill_leftover_ranks(out, WORKER.name)
-
-
 def _stop(agents: list[subprocess.Popen], out: Path) -> None:
     running = [a for a in agents if a.poll() is None]
     for a in running:  # SIGTERM first: the agent then stops its ranks itself
@@ -106,14 +90,14 @@ def _stop(agents: list[subprocess.Popen], out: Path) -> None:
             a.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-    _kill_leftover_ranks(out)
+    kill_leftover_ranks(out, WORKER.name)
 
 
 def test_two_torchrun_nodes_consume_every_record_exactly_once(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    port = _free_port()
-    command = _torchrun() + [
+    port = free_port()
+    command = torchrun_command() + [
         "--nnodes",
         str(NODES),
         "--nproc-per-node",
