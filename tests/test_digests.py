@@ -1,7 +1,7 @@
 """distshard.digests: seeds and identity digests, pinned.
 
 The values below were computed with the code before ``digests.py`` existed (the
-helpers then spread over plan.py, readers/base.py, engine.py, pack.py, sample.py,
+helpers then spread over plan/, readers/base.py, engine.py, pack.py, sample.py,
 keys.py and sources/cache.py): states and caches written then must keep matching."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_seeds_are_the_ones_states_recorded():
     assert digests.mix_seed(1, 2, 3) == 2623250113353451629
     assert digests.mix_seed(2**63 - 1, 7, 0x5EED, 123456) == 2046100521427904384
     assert digests.mix_seed(-1, 2**70) == 5961565333936754605
-    for parts in [(), (0,), (5, 9), (2**64 + 3, -7, 11)]:  # plan.py's copy until it imports this one
+    for parts in [(), (0,), (5, 9), (2**64 + 3, -7, 11)]:  # plan's copy until it imported this one (it re-exports it)
         assert plan.mix_seed(*parts) == digests.mix_seed(*parts)
 
 

@@ -86,19 +86,29 @@ def test_no_import_circles_lazy_imports_included():
     assert circles(imports()) == []
 
 
+PLAN = sorted(name for name in modules() if name == "distshard.plan" or name.startswith("distshard.plan."))
+
+
 def test_the_pure_arithmetic_imports_nothing_of_torch_or_the_rest():
-    for name in ("distshard.plan", "distshard.schedule"):
+    assert "distshard.plan.slots" in PLAN and "distshard.plan.carry" in PLAN  # the walk sees the package
+    for name in [*PLAN, "distshard.schedule"]:
         text = modules()[name].read_text()
         assert "import torch" not in text and "from torch" not in text, name
-        # only the errors, which import nothing themselves
-        assert imports()[name] <= {"distshard.errors", "distshard.digests"}, (name, imports()[name])
+        # only the plan's own modules and the errors and digests, which import nothing themselves
+        assert imports()[name] <= {"distshard.errors", "distshard.digests", *PLAN}, (name, imports()[name])
     assert not imports()["distshard.errors"] and not imports()["distshard.digests"]
+
+
+def test_the_plans_modules_do_not_import_the_package_they_make_up():
+    """``distshard.plan`` gathers its modules' names; a module of it importing it back would be a circle."""
+    for name in PLAN:
+        assert "distshard.plan" not in imports()[name], name
 
 
 def test_the_packing_arithmetic_imports_no_torch_and_only_the_plan():
     text = modules()["distshard.packing"].read_text()
     assert "import torch" not in text and "from torch" not in text
-    assert imports()["distshard.packing"] <= {"distshard.plan", "distshard.errors"}
+    assert imports()["distshard.packing"] <= {"distshard.errors", *PLAN}
 
 
 HOOKS = {  # the hooks protocol.py names (see its docstring)

@@ -6,7 +6,7 @@ A layout knows a slot's positions (and how a stream is selected for it), its run
 under ``even="drop"`` rounds (``even="carry"``), what is left when every slot
 consumed part of its share (the merge), which position ``even="pad"`` repeats, and
 its lines in ``explain()``. The engine, the merge and ``explain()`` ask the object;
-nobody else compares layout names. Pure arithmetic over ``plan.py``: no torch.
+nobody else compares layout names. Pure arithmetic over ``plan/``: no torch.
 
 A new layout joins by subclassing :class:`Layout`, giving it a ``name`` and
 registering it in :data:`LAYOUTS` (CONTRIBUTING.md, "A new layout").

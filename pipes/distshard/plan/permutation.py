@@ -1,0 +1,93 @@
+"""Seeded permutations computed per index in O(1) memory: of ``[0, n)``, and of units
+kept together (``shuffle=True``'s orders)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..digests import mix_seed
+from ..errors import OptionError
+
+# -- a permutation of [0, n) in O(1) memory ---------------------------------------------
+
+
+class Permutation:
+    """A seeded pseudo-random bijection of ``[0, n)``, computed per index.
+
+    A balanced Feistel network on the smallest even number of bits that covers
+    ``n`` (so the domain is less than ``4 n``), made a bijection of ``[0, n)`` by
+    cycle walking: an index whose image falls outside is mapped again until it
+    lands inside (fewer than 4 steps on average). Memory is O(1) whatever ``n``.
+    """
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, seed: int) -> None:
+        if n < 0:
+            raise OptionError(f"n={n} must be non-negative")
+        self.n = n
+        bits = max(2, (max(n - 1, 1)).bit_length())
+        bits += bits % 2
+        self.half = bits // 2
+        self.mask = (1 << self.half) - 1
+        self.keys = [mix_seed(seed, r) for r in range(self.ROUNDS)]
+
+    def _round(self, value: int, key: int) -> int:
+        z = (value * 0x9E3779B97F4A7C15 + key) & 0xFFFFFFFFFFFFFFFF
+        z ^= z >> 29
+        z = (z * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        return (z ^ (z >> 32)) & self.mask
+
+    def _encrypt(self, value: int) -> int:
+        left, right = value >> self.half, value & self.mask
+        for key in self.keys:
+            left, right = right, left ^ self._round(right, key)
+        return (left << self.half) | right
+
+    def __call__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} is outside [0, {self.n})")
+        value = self._encrypt(index)
+        while value >= self.n:
+            value = self._encrypt(value)
+        return value
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class UnitOrder:
+    """A seeded permutation of ``[0, sum(sizes))`` that keeps units together: the
+    units in a permuted order, each unit's elements in a permuted order of their
+    own. A run of consecutive visit indices touches one or two units, so a slot
+    reading a block of them expands each unit about once (a global permutation
+    would touch a different unit for nearly every element). Memory: O(units).
+    """
+
+    def __init__(self, sizes: Sequence[int], seed: int) -> None:
+        import bisect
+
+        self._bisect = bisect.bisect_right
+        units = Permutation(len(sizes), mix_seed(seed, 1))
+        self.order = [units(k) for k in range(len(sizes))]
+        self.sizes = list(sizes)
+        self.offsets = [0]
+        for size in sizes:
+            self.offsets.append(self.offsets[-1] + size)
+        self.starts = [0]
+        for unit in self.order:
+            self.starts.append(self.starts[-1] + sizes[unit])
+        self.seed = seed
+        self._inner: tuple[int, Permutation] | None = None
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __call__(self, index: int) -> int:
+        if not 0 <= index < self.starts[-1]:
+            raise IndexError(f"index {index} is outside [0, {self.starts[-1]})")
+        k = self._bisect(self.starts, index) - 1
+        unit = self.order[k]
+        if self._inner is None or self._inner[0] != unit:
+            self._inner = (unit, Permutation(self.sizes[unit], mix_seed(self.seed, 2, unit)))
+        return self.offsets[unit] + self._inner[1](index - self.starts[k])
