@@ -27,29 +27,23 @@ from __future__ import annotations
 
 import logging
 import numbers
-import os
-import sys
 from collections import deque
-from collections.abc import Mapping
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
-from .callkeys import Unkeyable, call_key
-from .digests import blake2b_hex, code_digest, crc32_chunks_hex, mix_seed
-from .errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError, UnsupportedError
+from .digests import code_digest, mix_seed
+from .errors import OptionError, OptionTypeError, UnsupportedError
 from .graph import Pushdown, plan_pushdown, random_pipes
-from .packing import BestPacking, Group, Packing, ReadGroups, Segments, TokenCounts
+from .pack_tokens import Counts, Picker, as_ids, find_counts, pick_tokens, picker_name
+from .packing import BestPacking, Group, Packing, ReadGroups, Segments
 from .plan import Permutation
 from .readers import SequenceReader
 
 __all__ = ["PackIterDataPipe", "PackSequence", "ShuffledPackIterDataPipe", "pack"]
 
-Picker = Callable[[Any], Any]
-_COUNTS_FORMAT = "pack-counts"
-_COUNTS_VERSION = 2  # 2: keyed by what the maps and the token picker compute (callkeys), not by their names
 _END = object()
 _ORDERS_KEPT = 2  # document orders per process: this epoch's and the one even="carry" reads the tail of
 FITS = ("concat", "best")
@@ -92,59 +86,6 @@ def _check_fit(
     if window is None:
         return fit, WINDOW_BLOCKS * seq_len, None
     return fit, _check_int("window", window, 1, "tokens per best-fit window"), None
-
-
-def _picker_name(tokens: str | Picker | None) -> str:
-    if tokens is None:
-        return "document"
-    if isinstance(tokens, str):
-        return f"field {tokens!r}"
-    return f"fn {code_digest(tokens)}"
-
-
-def _describe_value(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
-class _Counts:
-    """The per-document token counts (the eos not included) and the plan's prefix
-    sums, in a holder that torch's graph walk does not pickle (it keeps only
-    attribute values that are pipes or collections)."""
-
-    def __init__(self, counts: Sequence[int], eos: bool, how: str, entry: str | None = None) -> None:
-        self.tokens = TokenCounts(counts, 1 if eos else 0)
-        self.how = how  # "source" (distshard_token_counts), "cache", "counted"
-        self.entry = entry  # the cache entry they were read from or written to, if any
-        self.longest = int(_extreme(counts, max)) if len(counts) else 0
-        # the CRC-32 of the prefix sums (int64), as states have always recorded it: computed in chunks
-        self.digest = crc32_chunks_hex(self.tokens.prefix_chunks())
-
-    def stale(self, problem: str) -> SourceChangedError:
-        """The error for counts a block found wrong (``problem`` says how), after
-        deleting their cache entry so that the next ``pack()`` counts again instead of
-        reading the same wrong counts in every later job."""
-        if self.entry is None:
-            return SourceChangedError(
-                f"{problem}: the documents changed (or come in another order); build the pack again"
-            )
-        try:
-            os.unlink(self.entry)
-        except FileNotFoundError:
-            pass  # another reader of the same counts dropped it first
-        except OSError as exc:
-            return SourceChangedError(
-                f"{problem}: the documents are not those counted {_HOW[self.how]} {self.entry}, which could not be "
-                f"deleted ({exc}); delete it, then build the pack again"
-            )
-        return SourceChangedError(
-            f"{problem}: the documents are not those counted {_HOW[self.how]} {self.entry} (the documents changed, "
-            "or a map or the token picker computes what its key does not show); that entry is now deleted: build the "
-            "pack again and it counts them again"
-        )
-
-
-_HOW = {"cache": "in the cached entry", "counted": "at construction and cached in"}
 
 
 class PackIterDataPipe(IterDataPipe):
@@ -190,107 +131,20 @@ class PackIterDataPipe(IterDataPipe):
                 "pass shuffle_documents=True, or shuffle the blocks with .dist_shard(shuffle=True)"
             )
         self.source = source
-        self._counts = self._find_counts()
+        self._counts = find_counts(source, tokens, self.eos is not None)
         self._orders: dict[int, AnyPacking] = {}  # per process: packings of document orders, by seed
         self._received: int | None = None
         self._epoch = 0
         self._identity = (
-            f"pack seq_len={self.seq_len} eos={self.eos} pad={self.pad} tokens={_picker_name(tokens)} "
+            f"pack seq_len={self.seq_len} eos={self.eos} pad={self.pad} tokens={picker_name(tokens)} "
             f"shuffle_documents={shuffle_documents} seed={self.seed or 0} documents={self.documents} "
             f"tokens={self.total_tokens} counts={self._counts.digest}"
         )
         if self.fit != "concat":  # (a concat pack's identity is what it always was: its states still load)
             self._identity += f" fit={self.fit} window={self.window} window_documents={self.window_documents}"
 
-    # -- the counts ------------------------------------------------------------------
-    def _find_counts(self) -> _Counts:
-        """From the source (``distshard_token_counts()``, documents as they are), the
-        cache (file sources) or one pass over the documents."""
-        eos = self.eos is not None
-        own = getattr(self.source, "distshard_token_counts", None)
-        if self.tokens is None and callable(own):
-            counts = own()
-            _check_counts(counts, type(self.source).__name__)
-            return _Counts(counts, eos, "source")
-        key = self._cache_key()
-        if key is not None:
-            from .sources.files import FileRef
-            from .sources.index import FileIndex, cache_path, obtain
-
-            def build(ref: FileRef) -> FileIndex:
-                from array import array
-
-                counted = self._count()
-                return FileIndex(
-                    _COUNTS_FORMAT,
-                    ref.url,
-                    ref.size or 0,
-                    ref.stamp or "",
-                    len(counted),
-                    {"counts": array("q", counted)},
-                )
-
-            ref = FileRef(f"distshard-pack://{key}", 0, key)
-            index, built = obtain(_COUNTS_FORMAT, ref, build)
-            assert index is not None
-            how = "counted" if built is not None else "cache"
-            return _Counts(index.arrays["counts"], eos, how, str(cache_path(_COUNTS_FORMAT, ref)))
-        return _Counts(self._count(), eos, "counted")
-
-    def _cache_key(self) -> str | None:
-        """A key for the on-disk cache when the documents come from a distshard file
-        source (below 1:1 maps): the files' identities (path or URL, size, mtime or
-        ETag) and what the maps and the token picker compute (:func:`.callkeys.call_key`);
-        else ``None`` (counted every time): no file source, or a map or picker that
-        cannot be keyed faithfully (logged at DEBUG)."""
-        from .sources.base import FileSourceIterDataPipe
-        from .sources.files import key_of
-
-        plan = plan_pushdown(self.source, True)
-        base = plan.base
-        if not isinstance(base, FileSourceIterDataPipe) or not base.random_access:
-            return None
-        behaviour = _behaviour_key(plan.maps, self.tokens)
-        if behaviour is None:
-            return None
-        refs = base.prepare()
-        if any(ref.size is None for ref, _ in refs):
-            return None
-        parts = [
-            str(_COUNTS_VERSION),
-            type(base.fmt).__qualname__,
-            repr(getattr(base.fmt, "columns", None)),
-            *(f"{key_of(ref.url)}\0{ref.size}\0{ref.stamp}\0{count}" for ref, count in refs),
-            behaviour,
-        ]
-        return blake2b_hex("\n".join(parts).encode("utf-8", "surrogatepass"), 16)
-
-    def _count(self) -> list[int]:
-        """One pass over the documents: each one's token count, its tokens checked."""
-        out = []
-        for k, document in enumerate(self.source):
-            out.append(len(_checked_tokens(self._pick(document, k), k)))
-        return out
-
     def _pick(self, document: Any, k: int) -> Any:
-        tokens = self.tokens
-        if tokens is None:
-            return document
-        if isinstance(tokens, str):
-            if not isinstance(document, Mapping):
-                raise OptionTypeError(
-                    f"document {k} is a {type(document).__name__}, not a mapping with a field {tokens!r}; pass "
-                    "tokens=None when each document is its token ids, or a function document -> token ids"
-                )
-            try:
-                return document[tokens]
-            except KeyError:
-                fields = sorted(map(str, document))[:8]
-                raise OptionError(
-                    f"document {k} has no field {tokens!r} (its fields: {fields}); pass tokens= the field that "
-                    "holds the token ids"
-                ) from None
-        return tokens(document)
+        return pick_tokens(self.tokens, document, k)
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -393,141 +247,12 @@ class ShuffledPackIterDataPipe(PackIterDataPipe):
         return mix_seed(self.seed or 0, self._received or 0, self._epoch)
 
 
-def _behaviour_key(maps: Sequence[Any], tokens: str | Picker | None) -> str | None:
-    """What the 1:1 ``maps`` and the token picker compute, as a cache key
-    (:func:`.callkeys.call_key` of each: class, function, columns); ``None`` when one
-    of them cannot be keyed faithfully (the counts are then not cached)."""
-    named: list[tuple[str, Any]] = [
-        (f"the map {_describe_value(m.fn)}", (type(m), m.fn, m.input_col, m.output_col)) for m in maps
-    ]
-    named.append((f"tokens={_describe_value(tokens)}", tokens))
-    keys = []
-    for name, value in named:
-        try:
-            keys.append(call_key(value))
-        except Unkeyable as why:
-            log.debug(
-                "pack(): the token counts are not cached (counted at every construction): %s cannot be keyed "
-                "faithfully: %s",
-                name,
-                why,
-            )
-            return None
-    return ",".join(keys)
-
-
-def _numpy() -> Any:
-    """numpy if it is installed (blocks are built in it), else ``None``."""
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy comes with the test extra
-        return None
-    return numpy
-
-
-def _check_counts(counts: Any, where: str) -> None:
-    if not (hasattr(counts, "__len__") and hasattr(counts, "__getitem__")):
-        raise OptionTypeError(
-            f"{where}.distshard_token_counts() returned {type(counts).__name__}, not a sequence of ints"
-        )
-    dtype = getattr(counts, "dtype", None)
-    if dtype is not None and getattr(dtype, "kind", "i") not in "iu":
-        raise OptionTypeError(
-            f"{where}.distshard_token_counts() returned counts of dtype {dtype}; they must be integers"
-        )
-    low = _extreme(counts, min) if len(counts) else 0
-    if low < 0:
-        raise SourceDataError(f"{where}.distshard_token_counts() returned a negative count: {low}")
-
-
-def _extreme(values: Any, which: Callable[[Any], Any]) -> Any:
-    """``min`` or ``max`` of a sequence, by numpy's when it is an array (no loop in Python)."""
-    own = getattr(values, which.__name__, None)
-    return own() if callable(own) else which(values)
-
-
-#: the tensor dtypes of token ids: every integer one (torch's unsigned 16-, 32- and 64-bit ones where it has them,
-#: as torch.from_numpy makes of a uint16 Megatron corpus), never bool, floats or complex
-_INTEGER_DTYPES = frozenset(
-    {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
-    | {d for d in (getattr(torch, f"uint{bits}", None) for bits in (16, 32, 64)) if isinstance(d, torch.dtype)}
-)
-_INT64_MAX = (1 << 63) - 1
-
-
-def _checked_tokens(tokens: Any, k: int) -> Any:
-    """``tokens`` if they are token ids (a list or tuple of ints, a 1-D integer numpy
-    array or tensor, signed or unsigned); else ``TypeError`` naming the document and
-    the value (``ValueError`` for an unsigned 64-bit id above what an int64 block holds)."""
-    if isinstance(tokens, (list, tuple)):
-        if any(type(t) is not int for t in tokens):
-            for j, t in enumerate(tokens):
-                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                    raise OptionTypeError(
-                        f"token {j} of document {k} is {_describe_value(t)} ({type(t).__name__}); token ids "
-                        "must be ints: tokenize the documents first (e.g. with .map(...) before pack)"
-                    )
-        return tokens
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dim() != 1 or tokens.dtype not in _INTEGER_DTYPES:
-            raise OptionTypeError(
-                f"document {k}'s tokens are a {tokens.dim()}-D tensor of {tokens.dtype}; give a 1-D integer tensor"
-            )
-        if tokens.dtype is getattr(torch, "uint64", None):
-            _check_int64(tokens.cpu().numpy(), k)
-        return tokens
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(tokens, numpy.ndarray):
-        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise OptionTypeError(
-                f"document {k}'s tokens are a {tokens.ndim}-D numpy array of {tokens.dtype}; give a 1-D integer array"
-            )
-        if tokens.dtype.kind == "u" and tokens.dtype.itemsize == 8:
-            _check_int64(tokens, k)
-        return tokens
-    raise OptionTypeError(
-        f"document {k}'s tokens are a {type(tokens).__name__} ({_describe_value(tokens)}); give token ids: a list "
-        "of ints, a 1-D integer numpy array or tensor (tokenize first; pass tokens= a field or a function to "
-        "pick them from a document)"
-    )
-
-
-def _check_int64(tokens: Any, k: int) -> None:
-    """Unsigned 64-bit ``tokens`` (a numpy array) whose ids fit the int64 blocks, else
-    ``ValueError`` naming the first one that does not: a copy would wrap it silently."""
-    above = tokens > tokens.dtype.type(_INT64_MAX)  # uint64 against uint64: exact under numpy 1 and 2
-    if bool(above.any()):
-        j = int(above.nonzero()[0][0])
-        raise OptionError(
-            f"token {j} of document {k} is {int(tokens[j])} (uint64), above {_INT64_MAX}, the largest id an int64 "
-            "block holds: give token ids below 2**63"
-        )
-
-
-def _as_ids(tokens: Any, k: int) -> Any:
-    """A document's token ids, checked: a 1-D integer tensor or numpy array (as given,
-    no copy; a list becomes a tensor)."""
-    if isinstance(tokens, (list, tuple)):
-        if not tokens:
-            return torch.empty(0, dtype=torch.long)
-        try:
-            out = torch.tensor(tokens)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            _checked_tokens(tokens, k)  # names the value
-            raise
-        if out.dtype is not torch.long or out.dim() != 1:
-            _checked_tokens(tokens, k)
-            raise OptionTypeError(f"document {k}'s tokens are not a flat list of ints")
-        return out
-    return _checked_tokens(tokens, k)
-
-
 class _Documents:
     """Reads documents by index, in the order asked: by position when the source has
     random access (below 1:1 maps), else by walking the stream (restarted when an
     earlier document is asked for)."""
 
-    def __init__(self, source: IterDataPipe, counts: _Counts) -> None:
+    def __init__(self, source: IterDataPipe, counts: Counts) -> None:
         self.source = source
         self.counts = counts
         self.plan: Pushdown = plan_pushdown(source, True)
@@ -553,6 +278,15 @@ class _Documents:
                 )
             at = index + 1
             yield document
+
+
+def _numpy() -> Any:
+    """numpy if it is installed (blocks are built in it), else ``None``."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with the test extra
+        return None
+    return numpy
 
 
 class PackSequence:
@@ -672,7 +406,7 @@ class PackSequence:
 
     def _tokens(self, document: Any, k: int, packing: AnyPacking, order: Permutation | None) -> Any:
         index = order(k) if order is not None else k
-        tokens = _as_ids(self.pipe._pick(document, index), index)
+        tokens = as_ids(self.pipe._pick(document, index), index)
         expected = packing.count(k) - (self.pipe.eos is not None)
         if len(tokens) != expected:
             raise self.pipe._counts.stale(
@@ -735,70 +469,48 @@ def pack(
 ) -> PackIterDataPipe:
     r"""Pack the documents of ``source`` into blocks of ``seq_len`` tokens.
 
-    With ``fit="concat"`` block ``b`` is tokens ``[b*seq_len, (b+1)*seq_len)`` of the
-    concatenation of the documents (each followed by ``eos`` when given); only the
-    last block is padded. With ``fit="best"`` whole documents are placed into blocks
-    by a best-fit decreasing within windows of documents in source order (a document
-    longer than ``seq_len`` gives pieces of ``seq_len`` and its remainder is placed
-    like a document), and a block that no further document fits is padded at its
-    end. Either way the blocks are defined by the counts alone, the same at any world
-    size, and no token is dropped or repeated.
+    With ``fit="concat"`` block ``b`` is tokens ``[b*seq_len, (b+1)*seq_len)`` of the concatenation of the
+    documents (each followed by ``eos`` when given); only the last block is padded. With ``fit="best"`` whole
+    documents are placed into blocks by a best-fit decreasing within windows of documents in source order (a
+    document longer than ``seq_len`` gives pieces of ``seq_len`` and its remainder is placed like a document),
+    and a block that no further document fits is padded at its end (docs/packing.md). The blocks are defined by
+    the counts alone, the same at any world size; no token is dropped or repeated.
 
-    A block is a dict of 1-D int64 tensors of ``seq_len``: ``input_ids``;
-    ``position_ids``, each token's index in its document (0 where a document
-    starts); ``loss_mask``, 1 on tokens and 0 on padding; ``segment_ids``, 1, 2, ...
-    for the documents (or pieces) of the block in order and 0 on padding (Grain's
-    convention; :func:`distshard.packed_collate` turns them into ``cu_seqlens``).
+    A block is a dict of 1-D int64 tensors of ``seq_len``: ``input_ids``; ``position_ids``, each token's index
+    in its document (0 where a document starts); ``loss_mask``, 1 on tokens and 0 on padding; ``segment_ids``,
+    1, 2, ... for the documents (or pieces) of the block in order and 0 on padding (Grain's convention;
+    :func:`distshard.packed_collate` turns them into ``cu_seqlens``).
 
-    The result is a positional source: ``.dist_shard()`` after it gives every block
-    once per epoch over ranks and workers, with ``even``, ``multiple_of``,
-    ``shuffle=True`` (a permutation of the blocks), resume and elastic resume; a block
-    reads only the documents it spans. ``distshard.mix`` mixes packed sources.
+    A positional source: ``.dist_shard()`` gives every block once per epoch, with ``even``, ``multiple_of``,
+    ``shuffle=True`` (of the blocks), resume and elastic resume; a block reads only the documents it spans.
 
     Args:
-        source: an IterDataPipe of documents in a fixed order (no ``shuffle()``
-            upstream: use ``shuffle_documents``). Random access (a list, a distshard
-            file source, ``distshard.tokens``, with only ``.map()`` in between) lets
-            a block read its documents directly; a stream is walked up to them.
+        source: an IterDataPipe of documents in a fixed order (no ``shuffle()`` upstream: use
+            ``shuffle_documents``). Random access (a list, a distshard file source, ``distshard.tokens``, with
+            only ``.map()`` in between) lets a block read its documents directly; a stream is walked to them.
         seq_len: tokens per block (at least 1).
-        tokens: where a document's token ids are: ``None`` (the document is them: a
-            list or tuple of ints, a 1-D integer numpy array or tensor, signed or
-            unsigned), a field name
-            (``document[tokens]``) or a function ``document -> token ids``.
-        eos: a token id appended to every document, or ``None``.
-        pad: the token id of padding.
-        shuffle_documents: pack the documents in a seeded order that changes every
-            epoch (from ``(seed, epoch)``, through ``dist_shard``'s seeding).
-        seed: the base seed of that order (``None``: 0).
+        tokens: where a document's token ids are: ``None`` (the document is them: a list or tuple of ints, a
+            1-D integer numpy array or tensor, signed or unsigned), a field name (``document[tokens]``) or a
+            function ``document -> token ids``.
+        eos: a token id appended to every document, or ``None``. ``pad``: the token id of padding.
+        shuffle_documents: pack the documents in a seeded order that changes every epoch (from ``(seed,
+            epoch)``, through ``dist_shard``'s seeding); ``seed``: the base seed of that order (``None``: 0).
         fit: ``"concat"`` (cut the concatenation) or ``"best"`` (whole documents).
-        window: ``fit="best"``: the documents whose first token lies in the same
-            stretch of ``window`` tokens of the concatenation are placed together
-            (default ``256 * seq_len``: about 0.4 % padding).
-        window_documents: ``fit="best"``: windows of this many documents instead.
+        window: ``fit="best"``: the documents whose first token lies in the same stretch of ``window`` tokens
+            of the concatenation are placed together (default ``256 * seq_len``: about 0.4 % padding);
+            ``window_documents``: windows of this many documents instead.
 
-    The token counts come from one pass over the documents at construction (or from
-    ``source.distshard_token_counts()`` without reading them), cached on disk for
-    distshard file sources under ``$DISTSHARD_CACHE``.
+    The token counts come from one pass over the documents at construction (or ``source.distshard_token_counts()``
+    without reading them), cached under ``$DISTSHARD_CACHE`` for distshard file sources.
 
     Example:
         >>> docs = IterableWrapper([[1, 2, 3], [4], [5, 6], [7]])
-        >>> blocks = distshard.pack(docs, 4, eos=0)
-        >>> [b["input_ids"].tolist() for b in blocks]
+        >>> [b["input_ids"].tolist() for b in distshard.pack(docs, 4, eos=0)]
         [[1, 2, 3, 0], [4, 0, 5, 6], [0, 7, 0, 0]]
         >>> [b["input_ids"].tolist() for b in distshard.pack(docs, 4, eos=0, fit="best")]
         [[1, 2, 3, 0], [5, 6, 0, 0], [4, 0, 7, 0]]
-        >>> sharded = blocks.dist_shard(even="drop", shuffle=True)  # doctest: +SKIP
     """
     cls = ShuffledPackIterDataPipe if shuffle_documents is True else PackIterDataPipe
-    return cls(
-        source,
-        seq_len,
-        tokens=tokens,
-        eos=eos,
-        pad=pad,
-        shuffle_documents=shuffle_documents,
-        seed=seed,
-        fit=fit,
-        window=window,
-        window_documents=window_documents,
-    )
+    order: dict[str, Any] = {"shuffle_documents": shuffle_documents, "seed": seed}
+    fitting: dict[str, Any] = {"fit": fit, "window": window, "window_documents": window_documents}
+    return cls(source, seq_len, tokens=tokens, eos=eos, pad=pad, **order, **fitting)
