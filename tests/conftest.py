@@ -47,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _forkserver_started_clean() -> None:
     """Started before any test changes the environment: the server keeps the one it started with
-    (the ranks get the caller's, see verify._child_setup; DataLoader workers get the server's)."""
+    (the ranks get the caller's, see gloo_runs.child_setup; DataLoader workers get the server's)."""
     import multiprocessing.forkserver
 
     multiprocessing.forkserver.ensure_running()

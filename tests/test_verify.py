@@ -218,12 +218,12 @@ def test_ranks_from_a_forkserver_get_the_callers_environment(monkeypatch):
 
 
 def test_a_carry_report_tells_the_tail_from_what_is_missing():
-    from distshard.verify import VerifyReport, _split_carried
+    from distshard.verify_report import VerifyReport, split_carried
 
     def split(not_received, carried):
         report = VerifyReport(2, 2, "carry", 1, carried=carried, missing_count=sum(not_received.values()))
         report.missing = dict(not_received)
-        _split_carried(report)
+        split_carried(report)
         return report
 
     exact = split({"a": 1, "b": 1, "c": 1}, 3)

@@ -19,19 +19,10 @@ their value (:func:`canonical`), never by ``repr``.
 from __future__ import annotations
 
 import importlib
-import multiprocessing as mp
 import os
-import queue as queue_module
-import shutil
-import signal
-import socket
 import sys
-import tempfile
 import time
-import traceback
-import warnings
 from collections import Counter
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Literal
 
@@ -40,12 +31,22 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from . import context as _context
-from . import stacks
 from .datapipe import shards_in
 from .errors import OptionError, OptionTypeError
+from .gloo_runs import (
+    FACTORY_FAILED,
+    RankOutcome,
+    child_setup,
+    failure_text,
+    free_port,
+    run_on_group,
+    run_processes,
+    send_result,
+)
 from .guard import check_timeout
 from .keys import canonical, display, key
-from .plan import Even, check_even, dropped_count, padded_count
+from .plan import Even, check_even
+from .verify_report import VerifyReport, fill_report
 
 __all__ = [
     "FactoryPath",
@@ -59,54 +60,6 @@ __all__ = [
 ]
 
 _AUTO = "auto"
-_GRACE = 2.0  # seconds past the deadline for processes to report, then they are killed
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _loopback_interface() -> str:
-    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` elsewhere)."""
-    try:
-        for name in sorted(os.listdir("/sys/class/net")):
-            with open(f"/sys/class/net/{name}/type") as handle:
-                if handle.read().strip() == "772":  # ARPHRD_LOOPBACK
-                    return name
-    except OSError:
-        pass
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        names = []
-    return "lo" if "lo" in names or "lo0" not in names else "lo0"
-
-
-def _failure() -> str:
-    """The traceback of the exception being handled, ending with a line that says
-    what happened when the code called ``sys.exit``."""
-    text = traceback.format_exc()
-    exc = sys.exc_info()[1]
-    if isinstance(exc, SystemExit):
-        text += f"called sys.exit({exc.code!r}) instead of returning\n"
-    return text
-
-
-def _child_setup(env: dict[str, str]) -> None:
-    if hasattr(os, "setpgrp"):
-        os.setpgrp()  # a process group of its own, so a kill reaches its DataLoader workers too
-    if os.environ != env:  # a forkserver's child has the server's environment, not the caller's
-        os.environ.clear()
-        os.environ.update(env)
-    for name in ("RANK", "WORLD_SIZE"):  # as mp.spawn code: the group comes from the arguments
-        os.environ.pop(name, None)
-    warnings.filterwarnings("ignore", message="This DataLoader will create")
-
-
-_FACTORY_FAILED = "distshard_factory_failed"  # marks an exception of the factory itself
 
 
 def _build(build: Callable[[], Any]) -> IterDataPipe:
@@ -122,211 +75,16 @@ def _build(build: Callable[[], Any]) -> IterDataPipe:
                 "or a StatefulPipeline)"
             )
     except BaseException as exc:
-        setattr(exc, _FACTORY_FAILED, True)
+        setattr(exc, FACTORY_FAILED, True)
         raise
     return pipe
-
-
-def _send(results: Any, who: Any, call: Callable[[], Any]) -> None:
-    try:
-        value = call()
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
-        results.put((who, None, _failure(), bool(getattr(exc, _FACTORY_FAILED, False))))
-    else:
-        results.put((who, value, None, False))
-
-
-def _group_main(
-    rank: int,
-    world_size: int,
-    init_method: str,
-    deadline: float,
-    fn: Callable[..., Any],
-    args: tuple,
-    results: Any,
-    env: dict[str, str],
-) -> None:
-    import torch.distributed as dist
-
-    _child_setup(env)
-    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # gloo listens on 127.0.0.1 only
-
-    def call() -> Any:
-        dist.init_process_group(
-            "gloo",
-            init_method=init_method,
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=max(0.1, deadline - time.monotonic())),
-        )
-        return fn(rank, world_size, *args)
-
-    try:
-        _send(results, rank, call)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _reference_main(
     build: Callable[[], IterDataPipe], epochs: int, num_slots: int, results: Any, env: dict[str, str]
 ) -> None:
-    _child_setup(env)
-    _send(results, "reference", lambda: _reference(build, epochs, num_slots))
-
-
-def _run(
-    start_method: str,
-    world_size: int,
-    fn: Callable[..., Any],
-    args: tuple,
-    deadline: float,
-    timeout: float,
-    progress: Callable[[str], None] | None,
-    reference: tuple | None = None,
-) -> dict[Any, tuple[Any, str | None]]:
-    """Start the ranks (and the reference run), collect ``{who: (value, error)}``
-    until ``deadline``, and leave no process behind."""
-    ctx: Any = mp.get_context(start_method)  # a context of start_method's kind (typeshed knows only the base)
-    results = ctx.Queue()
-    store = tempfile.mkdtemp(prefix="distshard-group-")
-    init_method = "file://" + os.path.join(store, "store")
-    env = dict(os.environ)  # the caller's, now: under forkserver, children would get the server's
-    procs: dict[Any, Any] = {
-        rank: ctx.Process(target=_group_main, args=(rank, world_size, init_method, deadline, fn, args, results, env))
-        for rank in range(world_size)
-    }
-    if reference is not None:
-        procs["reference"] = ctx.Process(target=_reference_main, args=(*reference, results, env))
-    try:
-        for proc in procs.values():
-            proc.start()
-        got, fatal = _collect(procs, results, deadline, timeout, progress)
-        # finished processes get up to 10 s to exit, never past the grace after the deadline;
-        # after the factory's own failure the others would only fail alike: stopped at once
-        # (a hang's stacks are dumped before the kill, not the factory's failure's)
-        end = time.monotonic() if fatal else min(time.monotonic() + 10.0, deadline + _GRACE)
-        killed, dumped = _stop(procs, end, dump=not fatal)
-    finally:
-        _stop(procs, time.monotonic())  # after an error (Ctrl-C too): kill at once
-        shutil.rmtree(store, ignore_errors=True)
-    for who, proc in procs.items():
-        if who not in got:
-            got[who] = (None, None if fatal else _no_result(who, proc.exitcode, who in killed, timeout, dumped))
-    return got
-
-
-def _collect(
-    procs: dict[Any, Any], results: Any, deadline: float, timeout: float, progress: Callable[[str], None] | None
-) -> tuple[dict[Any, tuple[Any, str | None]], bool]:
-    """``{who: (value, error)}`` as the processes report, and whether the run stopped
-    at the factory's own failure (then the others are not waited for)."""
-    got: dict[Any, tuple[Any, str | None]] = {}
-    reported = time.monotonic()
-    while len(got) < len(procs):
-        now = time.monotonic()
-        if now >= deadline + _GRACE:
-            break
-        if progress is not None and now - reported >= 2.0:
-            reported = now
-            progress(f"{len(got)}/{len(procs)} processes done, {timeout - (deadline - now):.0f}s of {timeout:g}s")
-        try:
-            who, value, error, fatal = results.get(timeout=min(0.5, deadline + _GRACE - now))
-        except queue_module.Empty:
-            if not any(proc.is_alive() for proc in procs.values()) and results.empty():
-                break
-            continue
-        got[who] = (value, error)
-        if fatal:
-            return got, True
-    return got, False
-
-
-def _stop(procs: dict[Any, Any], end: float, dump: bool = False) -> tuple[set, str | None]:
-    """Wait until ``end`` for the processes to exit, then kill each one still running
-    with its process group (its DataLoader workers); return who was killed and, with
-    ``dump``, the file holding the stacks of every process still running (and of
-    their workers) just before the kill."""
-    for proc in procs.values():
-        if proc.pid is not None:
-            proc.join(timeout=max(0.0, end - time.monotonic()))
-    alive = [proc.pid for proc in procs.values() if proc.pid is not None and proc.is_alive()]
-    dumped = None
-    if dump and alive and stacks.py_spy() is not None:  # without py-spy, a file of no stacks would only litter
-        dumped = str(stacks.dump(alive, title="still running at the timeout"))
-    killed = set()
-    for who, proc in procs.items():
-        if proc.pid is not None and proc.is_alive():
-            killed.add(who)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # unreaped, so the group is still its own
-            except (AttributeError, OSError):
-                proc.kill()
-    for proc in procs.values():
-        if proc.pid is not None:
-            proc.join(timeout=5.0)
-    return killed, dumped
-
-
-def _who(who: Any) -> str:
-    return "the reference run" if who == "reference" else f"rank {who}"
-
-
-def _no_result(who: Any, code: int | None, killed: bool, timeout: float, dumped: str | None = None) -> str:
-    if killed:
-        why = f"was still running at the {timeout:g}s timeout (a hang, or too slow) and was killed"
-        if dumped is not None:
-            why += f"; the stacks of every process still running then (DataLoader workers too): {dumped}"
-    elif code == 0:
-        why = "exited with status 0 before sending a result (os._exit(0), or an unpicklable result)"
-    elif code is not None and code > 0:
-        why = f"exited with status {code} before sending a result (os._exit({code}) or a crash)"
-    else:
-        why = f"was killed by signal {-(code or 0)} before sending a result (a crash, or the OOM killer)"
-    return f"{_who(who)} sent no result: it {why}"
-
-
-@dataclass
-class RankOutcome:
-    """What one rank of :func:`run_on_group` returned, or why it did not."""
-
-    rank: int
-    value: Any = None
-    error: str | None = None  # a traceback, or why no result came
-
-
-def run_on_group(
-    fn: Callable[..., Any],
-    *,
-    world_size: int,
-    args: tuple = (),
-    timeout: float = 60.0,
-    start_method: str = "spawn",
-    progress: Callable[[str], None] | None = None,
-) -> list[RankOutcome]:
-    """Run ``fn(rank, world_size, *args)`` on every rank of a fresh gloo group.
-
-    Each rank is a new process (``start_method``) that joins a gloo group with
-    ``init_process_group(rank=..., world_size=...)`` through a file store in a
-    temporary directory, with gloo on the loopback interface (no socket listens
-    beyond 127.0.0.1) and the caller's environment less ``RANK`` / ``WORLD_SIZE``,
-    as ``mp.spawn`` code does (under ``forkserver`` too, whose children would
-    otherwise have the server's). ``fn`` and ``args`` must be picklable; ``fn``'s return
-    value comes back. ``timeout`` (seconds, finite and positive) bounds the whole
-    run: the group's collectives time out by then, and ranks still running about 2
-    seconds later are killed with their DataLoader workers and reported with an
-    ``error``, which names a file holding the stacks of every process still running
-    just before the kill when py-spy is installed (see :mod:`distshard.stacks`). ``progress``, if given, is called about every 2 seconds with a
-    short status line.
-
-    Example:
-        >>> outcomes = run_on_group(train_step, world_size=2, timeout=30)  # doctest: +SKIP
-        >>> [o.value for o in outcomes if o.error is None]  # doctest: +SKIP
-    """
-    timeout = check_timeout(timeout)
-    _context.check_rank_world(0, world_size)
-    got = _run(start_method, world_size, fn, args, time.monotonic() + timeout, timeout, progress)
-    return [RankOutcome(rank, *got[rank]) for rank in range(world_size)]
+    child_setup(env)
+    send_result(results, "reference", lambda: _reference(build, epochs, num_slots))
 
 
 # -- verify ---------------------------------------------------------------------------
@@ -473,7 +231,7 @@ def _verify_rank(
     except BaseException:  # noqa: BLE001 - reported with what was seen
         # closing a loader whose workers hang takes seconds: report first, close at exit
         _UNCLOSED.append(iterator)
-        return _failure(), seen
+        return failure_text(), seen
     return None, seen
 
 
@@ -516,155 +274,6 @@ def _reference(
     return counters, (even, multiple), names, reads
 
 
-def _labels(names: dict[str, str]) -> dict[str, str]:
-    """Display names, with a piece of the key where two distinct elements read alike."""
-    uses = Counter(names.values())
-    return {k: name if uses[name] == 1 else f"{name} #{k[:8]}" for k, name in names.items()}
-
-
-@dataclass
-class VerifyReport:
-    """What ``verify`` saw. ``ok`` is the verdict; ``summary()`` reads well.
-
-    ``violated`` says the data shows an exactly-once violation; ``error`` (with one
-    line per failed process in ``reasons``) says the run could not complete, so the
-    verdict is not ``ok`` without being a violation.
-    """
-
-    world_size: int
-    num_workers: int
-    even: Even
-    epochs: int
-    expected: int = 0  # elements of one epoch of the unsharded stream
-    received: int = 0  # elements all slots yielded, all epochs
-    per_rank: list[int] = field(default_factory=list)
-    per_slot: list[int] = field(default_factory=list)
-    duplicates: dict[str, int] = field(default_factory=dict)  # element's name -> extra copies
-    missing: dict[str, int] = field(default_factory=dict)  # element's name -> copies missing
-    duplicate_count: int = 0
-    missing_count: int = 0  # under even="carry": beyond the carried tail
-    allowed_duplicates: int = 0  # even="pad" repeats these many per epoch
-    allowed_missing: int = 0  # even="drop" drops these many per epoch
-    carried: int = 0  # even="carry": the last epoch's tail, which the next epoch yields first
-    carried_elements: dict[str, int] = field(default_factory=dict)  # the tail's names, when nothing else is missing
-    carried_received: int = 0  # even="carry": elements of the tail this run yielded instead of leaving them
-    seconds: float = 0.0
-    error: str | None = None  # tracebacks and reasons, one block per failed process
-    reasons: list[str] = field(default_factory=list)  # one line per failed process
-    reads: str = ""  # how the pipeline reads its source, from its dist_shard
-    pipeline_even: Even = None  # the even= of the pipeline's own dist_shard
-    multiple_of: int = 1  # the pipeline's multiple_of, when the even checked is its "drop"
-    seen: list[tuple[int, int, str]] = field(default_factory=list, repr=False)
-
-    @property
-    def num_slots(self) -> int:
-        return self.world_size * max(1, self.num_workers)
-
-    @property
-    def ranks_equal(self) -> bool:
-        return len(set(self.per_rank)) <= 1
-
-    @property
-    def slots_equal(self) -> bool:
-        return len(set(self.per_slot)) <= 1
-
-    @property
-    def violated(self) -> bool:
-        """The data shows an exactly-once violation (duplicates or missing beyond
-        what ``even`` allows, or unequal slots under ``even``), error or not."""
-        if self.duplicate_count != self.allowed_duplicates * self.epochs:
-            return True
-        if self.error is None and (self.missing_count != self.allowed_missing * self.epochs or self.carried_received):
-            return True
-        return self.even is not None and not self.slots_equal and self.error is None
-
-    @property
-    def violations(self) -> list[str]:
-        """Why ``violated`` is true, one line each (empty when it is not)."""
-        out = []
-        allowed = self.allowed_duplicates * self.epochs
-        if self.duplicate_count != allowed:
-            out.append(f"{self.duplicate_count} duplicates, where even={self.even!r} allows exactly {allowed}")
-        allowed = self.allowed_missing * self.epochs
-        if self.error is None and self.missing_count != allowed:
-            beyond = f" beyond the carried tail of {self.carried}" if self.even == "carry" else ""
-            out.append(
-                f"{self.missing_count} missing{beyond}, where even={self.even!r} over {self.num_slots} slots "
-                f"leaves out exactly {allowed}"
-            )
-        if self.error is None and self.carried_received:
-            out.append(
-                f"{self.carried_received} more received than the epochs' carry windows hold: even='carry' over "
-                f"{self.num_slots} slots leaves the last epoch's tail of {self.carried} to open the next epoch"
-            )
-        if self.even is not None and not self.slots_equal and self.error is None:
-            own = (
-                ""
-                if self.pipeline_even == self.even
-                else f" (the pipeline's own dist_shard has even={self.pipeline_even!r})"
-            )
-            out.append(
-                f"per-slot counts differ ({_counts(self.per_slot)}), where even={self.even!r} requires "
-                f"every slot to yield the same{own}"
-            )
-        return out
-
-    @property
-    def ok(self) -> bool:
-        """Exactly-once held: nothing duplicated or missing beyond what ``even``
-        documents, and with ``even`` set, every slot yielded the same count."""
-        return self.error is None and not self.violated
-
-    def summary(self) -> str:
-        lines = [
-            f"world_size={self.world_size} num_workers={self.num_workers} even={self.even!r} "
-            f"epochs={self.epochs}: {self.received} received, {self.expected} per epoch expected "
-            f"({self.seconds:.1f}s)",
-            f"  per rank: {self.per_rank}",
-            f"  per slot: {self.per_slot}",
-            f"  duplicates: {self.duplicate_count} (allowed by even: {self.allowed_duplicates * self.epochs})"
-            + (f" e.g. {_examples(self.duplicates)}" if self.duplicates else ""),
-            f"  missing: {self.missing_count} (allowed by even: {self.allowed_missing * self.epochs})"
-            + (f" e.g. {_examples(self.missing)}" if self.missing else "")
-            + (" (the carried tail is among these)" if self.missing and self.even == "carry" else ""),
-        ]
-        if self.even == "carry":
-            lines.append(
-                f"  carried: {self.carried} (the last epoch's tail, which opens the next epoch)"
-                + (f" e.g. {_examples(self.carried_elements)}" if self.carried_elements else "")
-            )
-        lines += [f"  violation: {why}" for why in self.violations]
-        lines += [f"  error: {reason}" for reason in self.reasons[:4]]
-        if len(self.reasons) > 4:
-            lines.append(f"  error: ... and {len(self.reasons) - 4} more")
-        lines.append("  verdict: " + ("EXACTLY-ONCE" if self.ok else "VIOLATED" if self.violated else "COULD NOT RUN"))
-        return "\n".join(lines)
-
-
-def _split_carried(report: VerifyReport) -> None:
-    """Under ``even="carry"`` what the run did not yield is the last epoch's tail, which
-    is not missing (it opens the next epoch), and what is missing beyond it. The tail's
-    names are known when nothing else is missing; else the missing ones list it too."""
-    not_received = report.missing_count
-    report.missing_count = max(0, not_received - report.carried)
-    report.carried_received = max(0, report.carried - not_received)
-    if report.missing_count == 0:
-        report.carried_elements, report.missing = report.missing, {}
-
-
-def _counts(counts: list[int], limit: int = 16) -> str:
-    return ", ".join(map(str, counts[:limit])) + (", ..." if len(counts) > limit else "")
-
-
-def _examples(counts: dict[str, int], limit: int = 3) -> str:
-    return ", ".join(f"{k} x{v}" for k, v in list(counts.items())[:limit])
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "(no message)"
-
-
 def verify(
     build: Callable[[], IterDataPipe],
     *,
@@ -681,51 +290,37 @@ def verify(
 ) -> VerifyReport:
     """Run ``build()`` on every rank of a real gloo group and check exactly-once.
 
-    Elements are compared by :func:`key` (a digest of their value), against the
-    unsharded stream that one more process reads with ``build()`` as a single slot.
+    Elements are compared by :func:`key` (a digest of their value), against the unsharded
+    stream that one more process reads with ``build()`` as a single slot.
 
     Args:
-        build: a picklable zero-argument callable (a module-level function, or a
-            :class:`FactoryPath`) that returns the pipeline, ``dist_shard``
-            included, as each rank builds it. It is only called in child processes.
+        build: a picklable zero-argument callable (a module-level function, a :class:`FactoryPath`) that
+            returns the pipeline, ``dist_shard`` included, as each rank builds it (called in children only).
         world_size: ranks to start, each a process joined to a gloo group on 127.0.0.1.
         num_workers: DataLoader workers per rank (0: the rank iterates itself).
-        even: which ``even`` guarantee to check; by default the one of the
-            pipeline's ``dist_shard``.
+        even: which ``even`` guarantee to check; by default the one of the pipeline's ``dist_shard``.
         start_method: how DataLoader workers start: ``fork``, ``spawn`` or ``forkserver``.
-        rank_start_method: how the rank processes (and the reference run) start:
-            ``spawn`` (a fresh interpreter each), or ``forkserver``, which after
-            ``multiprocessing.set_forkserver_preload(["torch", "distshard"])`` forks
-            each from a server that imported them once (seconds of CPU less per rank).
-        timeout: seconds (finite, positive) the whole run may take, the calls of
-            ``build`` and the reference run included; the collectives and the
-            DataLoader time out by then, processes still alive about 2 seconds later
-            are killed, and the report has an ``error``.
-        epochs: epochs to run; ``set_epoch(e)`` is called on the pipeline's
-            ``dist_shard`` before each.
-        loader: ``"torch"`` for ``torch.utils.data.DataLoader``, ``"stateful"``
-            for torchdata's ``StatefulDataLoader``, ``"none"`` to iterate the pipe
-            directly in the rank's process (``num_workers`` is then ignored).
-        step_collective: do one ``all_reduce`` per element, as DDP does per step,
-            so unequal counts fail (or time out) as a training job would. By
-            default on when an ``even`` guarantee is checked.
+        rank_start_method: how the ranks and the reference run start: ``spawn`` (a fresh interpreter each) or
+            ``forkserver`` (after ``set_forkserver_preload(["torch", "distshard"])``: forks of one import).
+        timeout: seconds (finite, positive) for the whole run, ``build`` and the reference run included: the
+            collectives and the DataLoader time out by then, processes alive 2 s later are killed (an ``error``).
+        epochs: epochs to run; ``set_epoch(e)`` is called on the pipeline's ``dist_shard`` before each.
+        loader: ``"torch"`` (``torch.utils.data.DataLoader``), ``"stateful"`` (torchdata's ``StatefulDataLoader``)
+            or ``"none"``: the pipe iterated in the rank's process (``num_workers`` is then ignored).
+        step_collective: one ``all_reduce`` per element, as DDP does per step, so unequal counts fail
+            (or time out) as a training job would. By default on when an ``even`` guarantee is checked.
         progress: called about every 2 seconds with a status line while waiting.
 
-    Returns:
-        A :class:`VerifyReport`: ``report.ok`` is the verdict, ``report.violated``
-        says the data shows a violation, ``report.error`` that the run could not
-        complete (the factory raised, exited or hung, a rank crashed, the timeout).
-
-    Example:
-        >>> report = distshard.verify(build, world_size=2, num_workers=2)  # doctest: +SKIP
-        >>> print(report.summary())  # doctest: +SKIP
+    Returns a :class:`VerifyReport`: ``report.ok`` is the verdict, ``report.violated`` says the data shows a
+    violation, ``report.error`` that the run could not complete (the factory raised, exited or hung, a rank
+    crashed, the timeout). ``print(distshard.verify(build, world_size=2).summary())`` shows it.
     """
     started = time.monotonic()
     timeout = check_timeout(timeout)
     deadline = started + timeout
     checked, step_collective = _checked_arguments(world_size, num_workers, epochs, loader, even, step_collective)
     report = VerifyReport(world_size, num_workers, checked, epochs)
-    got = _run(
+    got = run_processes(
         rank_start_method,
         world_size,
         _verify_rank,
@@ -733,13 +328,9 @@ def verify(
         deadline,
         timeout,
         progress,
-        reference=(build, epochs, report.num_slots),
+        reference=(_reference_main, (build, epochs, report.num_slots)),
     )
-    _report_errors(report, got)
-    received = _count_received(report, got)
-    reference, _ = got["reference"]
-    if reference is not None:  # without the unsharded stream there is nothing to compare with
-        _compare_with_reference(report, reference, received, even == _AUTO)
+    fill_report(report, got, auto=even == _AUTO)
     report.seconds = time.monotonic() - started
     return report
 
@@ -761,63 +352,3 @@ def _checked_arguments(
         if step_collective is None:
             step_collective = checked is not None
     return checked, step_collective
-
-
-def _report_errors(report: VerifyReport, got: dict[Any, tuple[Any, str | None]]) -> None:
-    """Whether the run could complete: every process's error, labelled, into ``report``."""
-    blocks = []
-    for who in ["reference", *range(report.world_size)]:
-        value, error = got[who]
-        if who != "reference" and value is not None:
-            error = error or value[0]
-        if error:
-            label = "" if error.startswith(_who(who)) else f"{_who(who)}: "  # tracebacks get a label
-            blocks.append(label + error)
-            report.reasons.append(label + _last_line(error))
-    report.error = "\n".join(blocks) or None
-
-
-def _count_received(report: VerifyReport, got: dict[Any, tuple[Any, str | None]]) -> list[Counter]:
-    """What every rank and slot received (into ``report``), and the keys received in each epoch."""
-    report.per_rank = [0] * report.world_size
-    report.per_slot = [0] * report.num_slots
-    received: list[Counter] = [Counter() for _ in range(report.epochs)]
-    for rank in range(report.world_size):
-        value, _ = got[rank]
-        seen = value[1] if value is not None else []
-        report.per_rank[rank] = len(seen)
-        for epoch, slot, element_key in seen:
-            if 0 <= slot < report.num_slots:
-                report.per_slot[slot] += 1
-            received[epoch][element_key] += 1
-        report.seen.extend(seen)
-    report.received = sum(report.per_rank)
-    return received
-
-
-def _compare_with_reference(report: VerifyReport, reference: Any, received: list[Counter], auto: bool) -> None:
-    """The verdict: what was received against the unsharded stream, less what the
-    guarantee checked allows to be missing or repeated (``auto``: the pipeline's own)."""
-    references, (report.pipeline_even, multiple), names, report.reads = reference
-    if auto:
-        report.even = report.pipeline_even
-    labels = _labels(names)
-    per_epoch = sum(references[0].values())
-    report.expected = per_epoch
-    report.multiple_of = multiple if report.even == report.pipeline_even == "drop" else 1
-    report.allowed_missing = dropped_count(report.num_slots, per_epoch, report.even, report.multiple_of)
-    report.allowed_duplicates = padded_count(report.num_slots, per_epoch, report.even)
-    pairs = list(zip(received, references, strict=False))
-    if report.even == "carry":  # the epochs are one stream: compare everything, less the last tail
-        unit, total = report.num_slots * multiple, per_epoch * report.epochs
-        report.allowed_missing, report.carried = 0, total - unit * (total // unit)
-        pairs = [(sum(received, Counter()), sum(references, Counter()))]
-    for got_epoch, want in pairs:
-        for counts, delta in ((report.duplicates, got_epoch - want), (report.missing, want - got_epoch)):
-            for element_key, n in delta.items():
-                name = labels.get(element_key, f"<not in the reference run #{element_key[:8]}>")
-                counts[name] = counts.get(name, 0) + n
-    report.duplicate_count = sum(report.duplicates.values())
-    report.missing_count = sum(report.missing.values())
-    if report.even == "carry":
-        _split_carried(report)
