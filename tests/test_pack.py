@@ -791,14 +791,13 @@ def test_packed_collate_refuses_what_is_not_blocks(batch, error, message):
 
 
 def test_without_numpy_blocks_are_built_in_torch_alike(monkeypatch):
-    import importlib
 
-    pack_module = importlib.import_module("distshard.pack")  # (distshard.pack is the function)
+    from distshard import packing
 
     docs = corpus(20, seed=32, low=0, high=9)
     tensors = [torch.tensor(d, dtype=torch.int64) for d in docs]
     fast = [key(b) for b in distshard.pack(IterableWrapper(tensors), 5, eos=-1, pad=-9)]
-    monkeypatch.setattr(pack_module, "_numpy", lambda: None)
+    monkeypatch.setattr(packing, "numpy_module", lambda: None)  # the arithmetic and the blocks
     assert (
         [key(b) for b in distshard.pack(IterableWrapper(tensors), 5, eos=-1, pad=-9)] == fast == oracle(docs, 5, -1, -9)
     )

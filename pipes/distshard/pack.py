@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
+from . import packing as arithmetic
 from .digests import code_digest, mix_seed
 from .errors import OptionError, OptionTypeError, UnsupportedError
 from .graph import Pushdown, plan_pushdown, random_pipes
@@ -280,15 +281,6 @@ class _Documents:
             yield document
 
 
-def _numpy() -> Any:
-    """numpy if it is installed (blocks are built in it), else ``None``."""
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy comes with the test extra
-        return None
-    return numpy
-
-
 class PackSequence:
     """The blocks of a :class:`PackIterDataPipe` as a positional sequence (what
     ``dist_shard`` and ``mix`` read). Block ``b`` reads only the documents it spans;
@@ -419,7 +411,7 @@ class PackSequence:
         its tokens). Built in numpy arrays when numpy is installed (a fraction of
         torch's cost per small operation) and handed over as tensors without a copy."""
         L, eos = self.pipe.seq_len, self.pipe.eos
-        np = _numpy()
+        np = arithmetic.numpy_module()  # looked up at each call: a test takes numpy away
         if self._arange is None or len(self._arange) < L:
             self._arange = np.arange(L, dtype=np.int64) if np is not None else torch.arange(L)
 

@@ -39,7 +39,8 @@ _PERMUTED_CHUNK = 1 << 20
 _U32 = 1 << 32
 
 
-def _numpy() -> Any:
+def numpy_module() -> Any:
+    """numpy if it is installed (the arithmetic and ``pack``'s blocks run in it), else ``None``."""
     try:
         import numpy
     except ImportError:  # pragma: no cover - numpy comes with the test extra
@@ -58,7 +59,7 @@ class TokenCounts:
     def __init__(self, counts: Sequence[int], extra: int = 0) -> None:
         self.extra = int(extra)
         self.documents = len(counts)
-        np = _numpy()
+        np = numpy_module()
         if np is None:
             self.step = 1
             self.counts: Any = counts
@@ -104,7 +105,7 @@ class TokenCounts:
 
     def chunk(self, lo: int, hi: int) -> Any:
         """The tokens of documents ``[lo, hi)`` as an int64 numpy array."""
-        np = _numpy()
+        np = numpy_module()
         out = np.asarray(self.counts[lo:hi], dtype=np.int64)
         if out.base is not None or out is self.counts:
             out = out.copy()
@@ -118,7 +119,7 @@ class TokenCounts:
         if self.step == 1:
             yield memoryview(self.base).cast("B")
             return
-        np = _numpy()
+        np = numpy_module()
         yield np.zeros(1, dtype=np.int64).data
         total = 0
         for lo in range(0, self.documents, _CHUNK):
@@ -132,7 +133,7 @@ class TokenCounts:
         """The same documents in the order ``permutation`` gives (the ``k``-th document
         packed is ``permutation(k)``), their counts in the counts' own dtype."""
         n = self.documents
-        np = _numpy()
+        np = numpy_module()
         if np is None:
             return TokenCounts([self.count(permutation(k)) - self.extra for k in range(n)], self.extra)
         source = self.counts
@@ -184,7 +185,7 @@ def _full_prefix(counts: Sequence[int], extra: int) -> array:
 def permuted(permutation: Permutation, indices: Any) -> Any:
     """``[permutation(i) for i in indices]`` for a numpy array of indices, computed
     with numpy's uint64 arithmetic (the same values as the per-index call)."""
-    np = _numpy()
+    np = numpy_module()
     u64 = np.uint64
     half, mask = u64(permutation.half), u64(permutation.mask)
     mult1, mult2 = u64(0x9E3779B97F4A7C15), u64(0xBF58476D1CE4E5B9)
@@ -356,7 +357,7 @@ class BestPacking:
         _check_seq_len(seq_len)
         if (window_tokens is None) == (window_documents is None):
             raise OptionError("give one of window_tokens and window_documents")
-        np = _numpy()
+        np = numpy_module()
         if np is None:  # pragma: no cover - numpy comes with the test extra
             raise ImportError("pack(fit='best') computes its plan with numpy: `pip install numpy`")
         self.counts = counts
