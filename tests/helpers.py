@@ -13,9 +13,11 @@ import os
 import signal
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import pytest
 import torch.utils.data._utils.worker as worker_module
 from torch.utils.data._utils.worker import WorkerInfo
 
@@ -71,6 +73,29 @@ def kill_leftover_ranks(out: Path, script: str) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+@dataclass
+class LaunchedRun:
+    """What a launched job (torchrun, Lightning, Accelerate) left: its output folder, its exit
+    status (``None``: killed after its wait) and its output."""
+
+    out: Path
+    returncode: int | None
+    log: str
+
+    def tail(self, lines: int = 40) -> str:
+        text = [line for line in self.log.splitlines() if not line.startswith("frame #")]
+        return "\n".join(text[-lines:])
+
+    def rank_file(self, what: str, name: str, rank: int, suffix: str) -> Path:
+        """``out/<name>-rank<rank><suffix>``; the test fails with the job's output if the rank left none."""
+        path = self.out / f"{name}-rank{rank}{suffix}"
+        if not path.exists():
+            pytest.fail(
+                f"{what} {name!r} left no result for rank {rank} (exit status {self.returncode}); output:\n{self.tail()}"
+            )
+        return path
 
 
 def torchrun_command() -> list[str]:

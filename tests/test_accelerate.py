@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,7 @@ pytest.importorskip("accelerate", reason="accelerate is not installed (pip insta
 
 from distshard.verify import free_port  # noqa: E402
 
-from .helpers import child_env, kill_leftover_ranks, torchrun_command  # noqa: E402
+from .helpers import LaunchedRun, child_env, kill_leftover_ranks, torchrun_command  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
@@ -52,28 +51,10 @@ WAIT = 150  # seconds for one launch (all its cases)
 CASES = ["working", "prepare_no_dispatch", "prepare_no_dispatch_recipe", "prepare_default"]  # default last
 
 
-@dataclass
-class Run:
-    out: Path
-    returncode: int | None  # None: killed after WAIT seconds
-    log: str
-
-    def tail(self, lines: int = 40) -> str:
-        text = [line for line in self.log.splitlines() if not line.startswith("frame #")]
-        return "\n".join(text[-lines:])
-
+class Run(LaunchedRun):  # returncode None: killed after WAIT seconds
     def case(self, name: str) -> list[dict]:
         """Both ranks' results of a case, by rank."""
-        found = []
-        for rank in range(WORLD):
-            path = self.out / f"{name}-rank{rank}.json"
-            if not path.exists():
-                pytest.fail(
-                    f"case {name!r} left no result for rank {rank} (exit status "
-                    f"{self.returncode}); output:\n{self.tail()}"
-                )
-            found.append(json.loads(path.read_text()))
-        return found
+        return [json.loads(self.rank_file("case", name, rank, ".json").read_text()) for rank in range(WORLD)]
 
 
 def _env(home: Path) -> dict[str, str]:

@@ -37,7 +37,6 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,7 +51,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 import distshard  # noqa: E402,F401  (registers .dist_shard, used by order())
 from distshard.verify import free_port  # noqa: E402
 
-from .helpers import child_env  # noqa: E402
+from .helpers import LaunchedRun, child_env  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="uses fork DataLoader workers, loopback gloo and killpg"
@@ -144,27 +143,13 @@ EXPECTED_TO_FAIL = "resume_without_recipe"
 # -- running the script ------------------------------------------------------------------
 
 
-@dataclass
-class Run:
-    out: Path
-    returncode: int | None  # None: killed after WAIT seconds
-    log: str
-
-    def tail(self, lines: int = 40) -> str:
-        text = [line for line in self.log.splitlines() if not line.startswith("frame #")]
-        return "\n".join(text[-lines:])
-
+class Run(LaunchedRun):  # returncode None: killed after WAIT seconds
     def phase(self, name: str) -> dict[int, list[dict]]:
         """``{rank: records}`` of a phase; fails with the run's output if it did not run."""
         found = {}
         for rank in range(WORLD):
-            path = self.out / f"{name}-rank{rank}.jsonl"
-            if not path.exists():
-                pytest.fail(
-                    f"phase {name!r} left no records for rank {rank} (exit status "
-                    f"{self.returncode}); output:\n{self.tail()}"
-                )
-            found[rank] = [json.loads(line) for line in path.read_text().splitlines() if line]
+            text = self.rank_file("phase", name, rank, ".jsonl").read_text()
+            found[rank] = [json.loads(line) for line in text.splitlines() if line]
         return found
 
 
