@@ -1,4 +1,16 @@
-"""``even="carry"``: the epochs as one stream (see below), in range arithmetic."""
+"""``even="carry"``: the epochs as one stream, in range arithmetic.
+
+Under ``even="carry"`` the epochs' own streams (each in its own order) are laid end to
+end: the *global position* of position ``p`` of epoch ``e``'s stream is ``e * N + p``.
+A *base* says where a run of epochs counts from: a :class:`Remaining` of global
+positions ending in an open interval (the part of the concatenation not consumed yet)
+and the epoch it opens, ``first``. The fresh base is ``[0, None)`` opening epoch 0, and
+then epoch ``e`` takes global positions ``[U floor(eN / U), U floor((e+1)N / U))`` with
+``U = num_slots * multiple_of`` (one round of whole batches): every slot yields
+``multiple_of * (floor((e+1)N / U) - floor(eN / U))`` and the tail of fewer than ``U``
+positions opens the next epoch. An elastic resume (a merged state) starts a new base
+at its own epoch; a new layout then counts whole rounds of its own ``U`` from there.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +19,6 @@ from typing import Iterable, Iterator, Sequence
 
 from ..errors import OptionError, StateMismatchError
 from .remaining import LeftAfter, Remaining
-
-# -- carry: the epochs as one stream ---------------------------------------------------------
-#
-# Under ``even="carry"`` the epochs' own streams (each in its own order) are laid end to
-# end: the *global position* of position ``p`` of epoch ``e``'s stream is ``e * N + p``.
-# A *base* says where a run of epochs counts from: a :class:`Remaining` of global
-# positions ending in an open interval (the part of the concatenation not consumed yet)
-# and the epoch it opens, ``first``. The fresh base is ``[0, None)`` opening epoch 0, and
-# then epoch ``e`` takes global positions ``[U floor(eN / U), U floor((e+1)N / U))`` with
-# ``U = num_slots * multiple_of`` (one round of whole batches): every slot yields
-# ``multiple_of * (floor((e+1)N / U) - floor(eN / U))`` and the tail of fewer than ``U``
-# positions opens the next epoch. An elastic resume (a merged state) starts a new base
-# at its own epoch; a new layout then counts whole rounds of its own ``U`` from there.
 
 
 def carry_consumed(base: Remaining) -> int:

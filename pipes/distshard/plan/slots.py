@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 Even = Literal["drop", "pad", "carry"] | None
 EVEN_MODES: tuple[Even, ...] = (None, "drop", "pad")  # the modes that keep each epoch to itself
-CARRY: Literal["carry"] = "carry"  # the epochs form one stream (see "carry" below)
+CARRY: Literal["carry"] = "carry"  # the epochs form one stream (see carry.py)
 ALL_EVEN_MODES: tuple[Even, ...] = (*EVEN_MODES, CARRY)
 
 _END = object()
