@@ -27,8 +27,6 @@ from . import stacks
 from .guard import check_timeout
 
 FACTORY_FAILED = "distshard_factory_failed"  # marks an exception of the factory itself: the run stops at the first
-
-
 _GRACE = 2.0  # seconds past the deadline for processes to report, then they are killed
 
 
@@ -66,6 +64,7 @@ def failure_text() -> str:
 
 
 def child_setup(env: dict[str, str]) -> None:
+    """First thing in a child: a process group of its own, the caller's environment ``env``."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # a process group of its own, so a kill reaches its DataLoader workers too
     if os.environ != env:  # a forkserver's child has the server's environment, not the caller's
@@ -77,6 +76,8 @@ def child_setup(env: dict[str, str]) -> None:
 
 
 def send_result(results: Any, who: Any, call: Callable[[], Any]) -> None:
+    """``call()``'s value, or its traceback (and whether the factory itself failed, see
+    ``FACTORY_FAILED``), onto the ``results`` queue as ``who``'s report."""
     try:
         value = call()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
