@@ -221,7 +221,7 @@ class _Requests(logging.Handler):
                 continue
             method, path = found.groups()
             kind = (
-                "LIST"
+                "listing"
                 if "list-type=2" in path
                 else "manifest"
                 if path.endswith("manifest.json")
@@ -256,7 +256,7 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
         counted.lines.clear()
         assert main(["index", pattern, "--storage-options", json.dumps(options)]) == 0  # nothing changed
         # (issue 33: the unchanged files are checked by one listing of their folder, not a HEAD each)
-        assert counted.kinds() == {"LIST": 1, "manifest": 1, "PUT": 1}, counted.kinds()
+        assert counted.kinds() == {"listing": 1, "manifest": 1, "PUT": 1}, counted.kinds()
     finally:
         werkzeug.removeHandler(counted)
         werkzeug.setLevel(logging.ERROR)
@@ -306,11 +306,11 @@ def test_a_refresh_on_s3_lists_each_folder_instead_of_a_head_per_file(tmp_path, 
     location = f"s3://{BUCKET}/two/.distshard"
     assert main(["index", *urls, "--out", location, "--storage-options", options]) == 0
     (_, kinds) = _counted(lambda: main(["index", location, "--storage-options", options]))
-    assert kinds == {"LIST": 2, "manifest": 1, "PUT": 1}, kinds  # one listing per folder, no HEAD
+    assert kinds == {"listing": 2, "manifest": 1, "PUT": 1}, kinds  # one listing per folder, no HEAD
 
     bucket.put_object(Bucket=BUCKET, Key="two/a/shard-000001.tar", Body=Path(paths[0]).read_bytes())  # rewritten
     (_, kinds) = _counted(lambda: main(["index", location, "--storage-options", options]))
-    assert kinds == {"LIST": 2, "data": 1, "manifest": 1, "PUT": 2}, kinds  # the rewritten one read again
+    assert kinds == {"listing": 2, "data": 1, "manifest": 1, "PUT": 2}, kinds  # the rewritten one read again
     stored = json.loads(bucket.get_object(Bucket=BUCKET, Key="two/.distshard/manifest.json")["Body"].read())
     rewritten = next(f for f in stored["files"] if f["url"].endswith("a/shard-000001.tar"))
     assert rewritten["count"] == 2 and rewritten["size"] == Path(paths[0]).stat().st_size
