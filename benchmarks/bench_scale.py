@@ -33,6 +33,26 @@ command; a fresh process builds ``distshard.jsonl(glob)`` and takes rank 0 of
 Not measured in ``plan``: reading the per-file index entries; it starts from the counts.
 """
 
+# Issue 33, items 1-2, a design from these figures (not built yet). Today every rank fetches and keeps
+# ~155 B/file of JSON and ~1.7 KB/file of Python objects, and per-file loops (resolve, key_of, a
+# compression check) cost more CPU than json.loads. Version 3 of the stored index:
+# - manifest.json stays the one small object a source finds (version 3, root, packs, the file count,
+#   a digest of the ordered file names, and the names/sizes of the two objects below);
+# - columns (one object, fetched whole by every rank): fixed-width little-endian arrays, a file each:
+#   count (u32; u64 when needed) and size (u64), ~12 B/file: the epoch's layout (prefix sums made
+#   locally), shuffle=True's FileOrder (files permuted by count; windows come from visited files'
+#   entries) and cost="bytes"; a source whose URL list has the manifest's digest maps file k to
+#   file k with no per-file matching (else it matches names from the pages, as version 2 does);
+# - pages of ~512 files (ranges of one object, offsets in the columns): name, size, stamp (an S3
+#   ETag as 16 raw bytes), pack, at, len; a slot fetches the page of a file when it reaches it, with
+#   that file's entry chunk (packs.py's one fetch mechanism), so FileRefs exist only for read files;
+# - workers: the rank writes the columns (and the pages it fetched) into $DISTSHARD_CACHE, keyed and
+#   checksummed, and mmaps them: forked workers share file-backed pages (no reference counts on
+#   them), a spawned worker is pickled the path, the digest and its own slots' pages only;
+# - version 2 is parsed as today into the same arrays (logged, with the upgrade command); the
+#   command writes version 3, and `index PATH/.distshard` upgrades in place from the listing check
+#   (no file read: the packs are kept), writing manifest.json last.
+
 from __future__ import annotations
 
 import argparse
