@@ -1,19 +1,57 @@
-"""Scale, by simulation: 100,000 shards and 65,536 slots (1,024 nodes x 8 ranks x 8
-workers), no cluster needed.
+"""Scale, by simulation: what a job pays for its plan and its index as shards grow.
 
-Measures, for one slot, the time and memory to build its plan over the shards'
-counts (what the rank's main process holds once the index is loaded: one count per
-shard) and reach its first element; and the size and merge time of an elastic state
-when every slot stopped at a random point of its block, then one slot of a new run
-(32,768 slots) planning from that merged state. Also how each grows with shards
-and slots (a smaller configuration is measured too).
+``plan``: 100,000 shards and 65,536 slots (1,024 nodes x 8 ranks x 8 workers), no
+cluster needed. For one slot, the time and memory to build its plan over the
+shards' counts and reach its first element; the size and merge time of an elastic
+state when every slot stopped at a random point of its block, then one slot of a
+new run (32,768 slots) planning from that merged state.
 
-    .venv/bin/python benchmarks/bench_scale.py            # 100,000 shards x 65,536 slots
-    .venv/bin/python benchmarks/bench_scale.py --quick    # 10,000 shards x 4,096 slots
+``stored`` (issue 33): a stored index of format version 2 as ``python -m distshard
+index s3://bench/data/`` writes it (packs of entries and ``manifest.json``, S3 URLs
+and ETags) for 10^5 and 10^6 tar shards (10^7 with ``--huge``) on a virtual S3
+bucket on 127.0.0.1 (``synthetic_s3.py``: the shards are made on demand, so a rank
+can read any of them). A fresh process is one rank: rank 0 of 1,024 (no workers),
+and rank 0 of 32,768 x 2 DataLoader workers (65,536 slots), fork and spawn (not at
+10^7: rank 0 of 1,024 alone). Per
+rank: the bytes it fetched before its first sample (manifest, entries, data), its
+CPU to that sample, its peak RSS (and above the interpreter's, after the imports),
+a worker's peak RSS and private memory at its first sample, and what a spawned
+worker is sent (the pickled process object: the pipe and the loader's queues).
 
-Not measured here: reading 100,000 per-file index entries from the cache (one small
-file each); the slot plan starts from the counts.
+``refresh`` (issue 33): the requests of ``python -m distshard index
+s3://bench/data/.distshard`` on an unchanged dataset of 10^5 and 10^6 shards.
+
+``local`` (issue 33): 2*10^4 and 10^5 one-line JSON-lines files indexed by the
+command; a fresh process builds ``distshard.jsonl(glob)`` and takes rank 0 of
+1,024's first element: bytes read (``rchar``), CPU and RSS from before the glob.
+
+    .venv/bin/python benchmarks/bench_scale.py                  # everything, at the sizes above
+    .venv/bin/python benchmarks/bench_scale.py --only stored    # one part (plan, stored, refresh, local)
+    .venv/bin/python benchmarks/bench_scale.py --huge           # and 10^7 shards (one big run at a time)
+    .venv/bin/python benchmarks/bench_scale.py --quick          # every part, small (2,000 files)
+
+Not measured in ``plan``: reading the per-file index entries; it starts from the counts.
 """
+
+# Issue 33, items 1-2, a design from these figures (not built yet). Today every rank fetches and keeps
+# ~155 B/file of JSON and ~1.7 KB/file of Python objects, and per-file loops (resolve, key_of, a
+# compression check) cost more CPU than json.loads. Version 3 of the stored index:
+# - manifest.json stays the one small object a source finds (version 3, root, packs, the file count,
+#   a digest of the ordered file names, and the names/sizes of the two objects below);
+# - columns (one object, fetched whole by every rank): fixed-width little-endian arrays, a file each:
+#   count (u32; u64 when needed) and size (u64), ~12 B/file: the epoch's layout (prefix sums made
+#   locally), shuffle=True's FileOrder (files permuted by count; windows come from visited files'
+#   entries) and cost="bytes"; a source whose URL list has the manifest's digest maps file k to
+#   file k with no per-file matching (else it matches names from the pages, as version 2 does);
+# - pages of ~512 files (ranges of one object, offsets in the columns): name, size, stamp (an S3
+#   ETag as 16 raw bytes), pack, at, len; a slot fetches the page of a file when it reaches it, with
+#   that file's entry chunk (packs.py's one fetch mechanism), so FileRefs exist only for read files;
+# - workers: the rank writes the columns (and the pages it fetched) into $DISTSHARD_CACHE, keyed and
+#   checksummed, and mmaps them: forked workers share file-backed pages (no reference counts on
+#   them), a spawned worker is pickled the path, the digest and its own slots' pages only;
+# - version 2 is parsed as today into the same arrays (logged, with the upgrade command); the
+#   command writes version 3, and `index PATH/.distshard` upgrades in place from the listing check
+#   (no file read: the packs are kept), writing manifest.json last.
 
 from __future__ import annotations
 
@@ -103,26 +141,266 @@ def measure(shards: int, world: int, workers: int, seed: int = 0) -> dict:
             "resumed_plan": after}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    session = harness.Session()
-    configs = [(10_000, 512, 8)] if args.quick else [(10_000, 512, 8), (100_000, 8_192, 8)]
+# -- issue 33: the stored index at 10^5..10^7 files -------------------------------------------------
+MIB = 2**20
+STORED = (100_000, 1_000_000)
+HUGE = 10_000_000
+REFRESH = (100_000, 1_000_000)
+LOCAL = (20_000, 100_000)
+QUICK = 2_000
+LAYOUTS = {"rank 0 of 1,024": (1_024, 0, None), "65,536 slots, fork": (32_768, 2, "fork"),
+           "65,536 slots, spawn": (32_768, 2, "spawn")}
+
+
+def _status() -> dict[str, int]:
+    """This process's ``VmRSS``, ``VmHWM`` and private bytes (``smaps_rollup``), in bytes."""
+    out: dict[str, int] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                out[name] = int(value.split()[0]) * 1024
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("Private_Clean", "Private_Dirty"):
+                out["private"] = out.get("private", 0) + int(value.split()[0]) * 1024
+    return out
+
+
+def first_in_worker(sample: dict) -> dict:
+    """What a DataLoader worker reports with its first sample (its memory, its CPU so far)."""
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    return {"key": sample["__key__"], "worker": None if info is None else info.id, **_status(),
+            "cpu_s": time.process_time()}
+
+
+def _options(endpoint: str) -> dict:
+    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"}}
+
+
+def _pickled_sizes() -> list[int]:
+    """Patch multiprocessing's spawn pickling: the sizes of what each spawned process is sent."""
+    from multiprocessing import reduction
+
+    sizes: list[int] = []
+    dump = reduction.dump
+
+    def counted(obj, file, protocol=None):  # type: ignore[no-untyped-def]
+        before = file.tell()
+        dump(obj, file, protocol)
+        sizes.append(file.tell() - before)
+
+    reduction.dump = counted  # type: ignore[assignment]
+    return sizes
+
+
+def rank_run(endpoint: str, files: int, world: int, workers: int, start: str | None) -> dict:
+    """One rank in a fresh process (``harness.launch``): rank 0 of ``world`` with
+    ``workers`` DataLoader workers started by ``start``, over the virtual bucket's
+    stored index; what it cost up to its first sample."""
+    import urllib.request
+
+    import torch.utils.data
+
+    import distshard
+
+    distshard.webdataset(["s3://bench/data/shard-0000000.tar"], storage_options=_options(endpoint))  # imports
+    urls = f"s3://bench/data/shard-{{0000000..{files - 1:07d}}}.tar"
+    sizes = _pickled_sizes() if start == "spawn" else []
+    urllib.request.urlopen(urllib.request.Request(endpoint + "/__reset", data=b""), timeout=30).read()
+    base, cpu0 = _status(), time.process_time()
+    pipe = distshard.webdataset(urls, storage_options=_options(endpoint)).dist_shard(rank=0, world_size=world)
+    pickled = None
+    if workers:
+        pickled = len(__import__("pickle").dumps(pipe))
+        loader = torch.utils.data.DataLoader(pipe.map(first_in_worker), batch_size=None, num_workers=workers,
+                                             multiprocessing_context=start, prefetch_factor=1)
+        iterator = iter(loader)
+        firsts = [next(iterator) for _ in range(workers)]  # (in turn: one from each worker)
+    else:
+        firsts = [first_in_worker(next(iter(pipe)))]
+    cpu = time.process_time() - cpu0
+    end = _status()
+    with urllib.request.urlopen(endpoint + "/__stats", timeout=30) as answer:
+        fetched = json.loads(answer.read())
+    if workers:
+        del iterator  # (the workers stop)
+    return {"files": files, "world": world, "workers": workers, "start": start, "cpu_s": cpu,
+            "rss_peak": end["VmHWM"], "rss_base": base["VmRSS"], "rss_above": end["VmHWM"] - base["VmRSS"],
+            "pipe_pickle": pickled, "spawn_sent": sizes, "firsts": firsts, "fetched": fetched}
+
+
+def _fetched(row: dict, what: str) -> int:
+    return sum(v for k, v in row["fetched"]["bytes"].items() if k.endswith(" " + what))
+
+
+def measure_stored(files: int, root: Path, timeout: float) -> tuple[dict, list[dict]]:
+    """Write the stored index of ``files`` shards, serve it, run each layout's rank."""
+    import synthetic_s3
+
+    folder = root / f"index-{files}"
+    started = time.perf_counter()
+    written = synthetic_s3.write_stored_index(folder, files)
+    written["write_s"] = time.perf_counter() - started
+    rows = []
+    with synthetic_s3.Running(files, folder) as store:
+        for label, (world, workers, start) in LAYOUTS.items():
+            if files > STORED[-1] and workers:
+                continue  # (10^7: the rank alone holds ~17 GiB today; a worker as much again: not on 24 GiB)
+            done = harness.launch(__file__, "rank_run", {"endpoint": store.endpoint, "files": files,
+                                                         "world": world, "workers": workers, "start": start},
+                                  timeout=timeout)
+            rows.append({"label": label, **done})
+    return written, rows
+
+
+def _stored_table(measured: list[tuple[int, dict, list[dict]]]) -> str:
+    columns = [harness.Col("files", 0), harness.Col("manifest.json", 1, " MB"), harness.Col("rank"),
+               harness.Col("fetched before the first sample: index", 2, " MB"), harness.Col("data", 2, " MB"),
+               harness.Col("requests", 0), harness.Col("CPU to the first sample", 2, " s"),
+               harness.Col("rank's peak RSS", 0, " MiB"), harness.Col("above the interpreter", 0, " MiB"),
+               harness.Col("a worker's peak RSS / private", right=True), harness.Col("spawned worker sent", right=True)]
+    rows: list[list] = []
+    for files, written, runs in measured:
+        for row in runs:
+            if "errors" in row:
+                rows.append([files, written["manifest_bytes"] / 1e6, f"{row['label']}: failed: "
+                             + harness.error_line(row["errors"][0])])
+                continue
+            workers = [f for f in row["firsts"] if f.get("worker") is not None]
+            memory = (f"{max(w['VmHWM'] for w in workers) / MIB:.0f} / {max(w['private'] for w in workers) / MIB:.0f}"
+                      " MiB" if workers else "—")
+            sent = f"{max(row['spawn_sent']) / 1e6:.2f} MB" if row["spawn_sent"] else "—"
+            rows.append([files, written["manifest_bytes"] / 1e6, row["label"],
+                         (_fetched(row, "manifest") + _fetched(row, "pack")) / 1e6, _fetched(row, "data") / 1e6,
+                         sum(row["fetched"]["requests"].values()), row["cpu_s"], row["rss_peak"] / MIB,
+                         row["rss_above"] / MIB, memory, sent])
+    return harness.table(columns, rows)
+
+
+def refresh_run(endpoint: str) -> dict:
+    """``python -m distshard index s3://bench/data/.distshard`` in this process."""
+    import urllib.request
+
+    from distshard.sources.indexing import build_stored_index
+
+    urllib.request.urlopen(urllib.request.Request(endpoint + "/__reset", data=b""), timeout=30).read()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    built = build_stored_index(["s3://bench/data/.distshard"], storage_options=_options(endpoint))
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    with urllib.request.urlopen(endpoint + "/__stats", timeout=30) as answer:
+        fetched = json.loads(answer.read())
+    return {"files": len(built.files), "indexed": built.built, "cpu_s": cpu, "wall_s": wall, "fetched": fetched}
+
+
+def measure_refresh(files: int, root: Path, timeout: float) -> dict:
+    import synthetic_s3
+
+    folder = root / f"refresh-{files}"
+    synthetic_s3.write_stored_index(folder, files)
+    with synthetic_s3.Running(files, folder) as store:
+        return harness.launch(__file__, "refresh_run", {"endpoint": store.endpoint}, timeout=timeout)
+
+
+def local_run(pattern: str) -> dict:
+    """A fresh process: ``distshard.jsonl(pattern)`` and rank 0 of 1,024's first element."""
+    import distshard
+
+    base, cpu0, read0 = _status(), time.process_time(), harness.rchar()
+    first = next(iter(distshard.jsonl(pattern).dist_shard(rank=0, world_size=1_024)))
+    cpu, read, end = time.process_time() - cpu0, harness.rchar() - read0, _status()
+    return {"first": first, "cpu_s": cpu, "read": read, "rss_peak": end["VmHWM"], "rss_base": base["VmRSS"],
+            "rss_above": end["VmHWM"] - base["VmRSS"]}
+
+
+def measure_local(files: int, root: Path, timeout: float) -> dict:
+    """``files`` one-line JSON-lines files, the index command, then :func:`local_run`."""
+    import subprocess
+
+    folder = root / f"jsonl-{files}"
+    folder.mkdir(parents=True)
+    for i in range(files):
+        (folder / f"part-{i:07d}.jsonl").write_text(json.dumps({"id": i, "text": f"line {i}"}) + "\n")
+    pattern = str(folder / "part-*.jsonl")
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "distshard", "index", pattern], check=True, timeout=timeout,
+                   env=harness.child_env(str(root / "index-cache")), stdout=subprocess.DEVNULL)
+    indexed_s = time.perf_counter() - started
+    done = harness.launch(__file__, "local_run", {"pattern": pattern}, timeout=timeout)
+    manifest = folder / ".distshard" / "manifest.json"
+    return {"files": files, "index_s": indexed_s, "manifest_bytes": manifest.stat().st_size, **done}
+
+
+def _local_table(rows: list[dict]) -> str:
+    columns = [harness.Col("files", 0), harness.Col("manifest.json", 2, " MB"), harness.Col("read", 2, " MB"),
+               harness.Col("read per file", 0, " B"), harness.Col("CPU", 2, " s"), harness.Col("CPU per file", 1, " µs"),
+               harness.Col("peak RSS", 0, " MiB"), harness.Col("above the interpreter", 0, " MiB")]
+    return harness.table(columns, [
+        [r["files"], r["manifest_bytes"] / 1e6, r["read"] / 1e6, r["read"] / r["files"], r["cpu_s"],
+         r["cpu_s"] / r["files"] * 1e6, r["rss_peak"] / MIB, r["rss_above"] / MIB] if "errors" not in r
+        else [r["files"], "failed: " + harness.error_line(r["errors"][0])] for r in rows])
+
+
+def _refresh_line(row: dict) -> str:
+    if "errors" in row:
+        return "refresh: failed: " + harness.error_line(row["errors"][0])
+    requests = row["fetched"]["requests"]
+    return (f"refresh of an unchanged dataset of {row['files']:,} shards: {sum(requests.values()):,} requests "
+            f"({', '.join(f'{k}: {v:,}' for k, v in sorted(requests.items()))}), {row['indexed']} indexed again, "
+            f"{row['cpu_s']:.1f} s of CPU, {row['wall_s']:.1f} s")
+
+
+def run_plan(quick: bool) -> str:
+    configs = [(10_000, 512, 8)] if quick else [(10_000, 512, 8), (100_000, 8_192, 8)]
     rows = [measure(*config) for config in configs]
     columns = [harness.Col("shards", 0), harness.Col("samples", 0), harness.Col("slots", 0),
                harness.Col("one slot: plan + first element", 1, " ms"), harness.Col("peak memory", 1, " MB"),
                harness.Col("merged state (JSON)", 2, " MB"), harness.Col("intervals", 0),
                harness.Col("merge time", 2, " s"), harness.Col("new run's slot from the merged state", right=True)]
-    print(session.header())
-    print()
-    print(harness.table(columns, [
+    return harness.table(columns, [
         [row["shards"], row["samples"], row["slots"], row["plan"]["seconds"] * 1e3, row["plan"]["peak_mb"],
          row["merge"]["json_mb"], row["merge"]["intervals"], row["merge"]["merge_s"],
          f"{row['resumed_plan']['seconds'] * 1e3:.1f} ms, {row['resumed_plan']['peak_mb']:.1f} MB"]
-        for row in rows]))
-    session.dump(args.json, rows=rows)
+        for row in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"every part small ({QUICK:,} files)")
+    parser.add_argument("--huge", action="store_true", help=f"stored: also {HUGE:,} shards, rank 0 of 1,024 alone (~15 min to write, ~7 GB of disk, ~17 GiB of RSS)")
+    parser.add_argument("--only", default="plan,stored,refresh,local", help="parts, comma-separated")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a measuring process may take")
+    parser.add_argument("--json", type=Path)
+    harness.add_child_args(parser)
+    args = parser.parse_args(argv)
+    if args.run is not None:
+        return harness.child(args.run, args.out, globals())
+    parts = set(args.only.split(","))
+    session = harness.Session()
+    print(session.header())
+    payload: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        root = Path(tmp)
+        if "plan" in parts:
+            print("\nplan:\n\n" + run_plan(args.quick))
+        if "stored" in parts:
+            sizes = (QUICK,) if args.quick else STORED + ((HUGE,) if args.huge else ())
+            measured = [(files, *measure_stored(files, root, args.timeout)) for files in sizes]
+            payload["stored"] = measured
+            print("\nstored index, rank before its first sample:\n\n" + _stored_table(measured))
+        if "refresh" in parts:
+            payload["refresh"] = [measure_refresh(files, root, args.timeout) for files in ((QUICK,) if args.quick else REFRESH)]
+            print("".join("\n" + _refresh_line(row) for row in payload["refresh"]))
+        if "local" in parts:
+            payload["local"] = [measure_local(files, root, args.timeout) for files in ((QUICK,) if args.quick else LOCAL)]
+            print("\nlocal JSON-lines files, rank 0 of 1,024's first element:\n\n" + _local_table(payload["local"]))
+    session.dump(args.json, **payload)
     return 0
 
 

@@ -221,7 +221,9 @@ class _Requests(logging.Handler):
                 continue
             method, path = found.groups()
             kind = (
-                "manifest"
+                "listing"
+                if "list-type=2" in path
+                else "manifest"
                 if path.endswith("manifest.json")
                 else "entry"
                 if path.endswith((".idx", ".pack"))
@@ -253,7 +255,8 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
         assert counted.kinds() == {"data": 64, "manifest": 1, "PUT": 2}, counted.kinds()
         counted.lines.clear()
         assert main(["index", pattern, "--storage-options", json.dumps(options)]) == 0  # nothing changed
-        assert counted.kinds() == {"HEAD": 64, "manifest": 1, "PUT": 1}, counted.kinds()
+        # (issue 33: the unchanged files are checked by one listing of their folder, not a HEAD each)
+        assert counted.kinds() == {"listing": 1, "manifest": 1, "PUT": 1}, counted.kinds()
     finally:
         werkzeug.removeHandler(counted)
         werkzeug.setLevel(logging.ERROR)
@@ -284,6 +287,45 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     assert Counter(f"{s['__url__'].rsplit('/', 1)[-1]}#{s['__key__']}" for s in got + rest) == Counter(
         f"{Path(s['__url__']).name}#{s['__key__']}" for s in expected
     )
+
+
+def test_a_refresh_on_s3_lists_each_folder_instead_of_a_head_per_file(tmp_path, bucket, endpoint, monkeypatch):
+    """Issue 33: ``python -m distshard index <stored index>`` on S3 checks the files an
+    earlier build listed by the listing of their folder (ListObjectsV2: 1,000 objects
+    with sizes and ETags a request): no HEAD. A rewritten object is indexed again, a
+    deleted one is named; a store that refuses the listing gets a HEAD a file instead."""
+    from distshard.__main__ import main
+    from distshard.errors import DistshardError
+    from distshard.sources import indexing
+
+    paths, _ = write_shards(tmp_path / "a", shards=6, per_shard=2)
+    urls = upload(bucket, paths, "two/a") + upload(
+        bucket, write_shards(tmp_path / "b", shards=3, per_shard=1)[0], "two/b"
+    )
+    options = json.dumps({"endpoint_url": endpoint})
+    location = f"s3://{BUCKET}/two/.distshard"
+    assert main(["index", *urls, "--out", location, "--storage-options", options]) == 0
+    (_, kinds) = _counted(lambda: main(["index", location, "--storage-options", options]))
+    assert kinds == {"listing": 2, "manifest": 1, "PUT": 1}, kinds  # one listing per folder, no HEAD
+
+    bucket.put_object(Bucket=BUCKET, Key="two/a/shard-000001.tar", Body=Path(paths[0]).read_bytes())  # rewritten
+    (_, kinds) = _counted(lambda: main(["index", location, "--storage-options", options]))
+    assert kinds == {"listing": 2, "data": 1, "manifest": 1, "PUT": 2}, kinds  # the rewritten one read again
+    stored = json.loads(bucket.get_object(Bucket=BUCKET, Key="two/.distshard/manifest.json")["Body"].read())
+    rewritten = next(f for f in stored["files"] if f["url"].endswith("a/shard-000001.tar"))
+    assert rewritten["count"] == 2 and rewritten["size"] == Path(paths[0]).stat().st_size
+
+    bucket.delete_object(Bucket=BUCKET, Key="two/a/shard-000004.tar")
+    with pytest.raises(DistshardError, match="shard-000004.tar"):
+        indexing.build_stored_index([location], storage_options={"endpoint_url": endpoint})
+
+    def refused(*args, **kwargs):
+        raise PermissionError("AccessDenied: s3:ListBucket")
+
+    bucket.put_object(Bucket=BUCKET, Key="two/a/shard-000004.tar", Body=Path(paths[4]).read_bytes())
+    monkeypatch.setattr(indexing, "confirm", refused)
+    (_, kinds) = _counted(lambda: main(["index", location, "--storage-options", options]))
+    assert kinds == {"HEAD": 9, "manifest": 1, "PUT": 1}, kinds  # (shard-000004 is the version indexed)
 
 
 def _tables(bucket, tmp_path: Path, prefix: str, files: int, columns: int = 1, rows: int = 30) -> list[str]:

@@ -11,8 +11,9 @@ spent waiting on the store), local files by processes (their header walk is CPU)
 Entries are written a pack at a time (:mod:`.packs`: one object for many
 files), each pack followed by the manifest listing every file done so far, so an
 interrupted build goes on where its last pack ended: a file an earlier build
-listed is not read again while it is the same version (one metadata request).
-The manifest lists the files of this build and those an earlier build of the
+listed is not read again while it is the same version (one metadata request;
+on S3, the listing of its folder answers 1,000 files a request, so a refresh of an
+unchanged dataset costs about files / 1,000 requests). The manifest lists the files of this build and those an earlier build of the
 same folder listed.
 
 A file that cannot be indexed is reported and the others go on
@@ -33,11 +34,12 @@ import secrets
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..errors import DistshardError, OptionError, SourceMissingError, UnsupportedError
 from . import manifest
 from .answers import MissingBucketError, StoreUnreachable, read_only
+from .confirm import confirm, listable
 from .files import FileAccess, FileRef, file_identity, identify, local_path
 from .index import dumps, load_cached
 from .jsonl import JsonlFormat
@@ -187,6 +189,17 @@ def _unchanged(item: StoredFile, storage_options: Mapping[str, Any] | None) -> b
         return False
 
 
+def _listed_unchanged(items: list[StoredFile], storage_options: Mapping[str, Any] | None) -> list[tuple[str, bool]]:
+    """Whether each of ``items`` (files an earlier build listed, all in one S3
+    folder) is still the version it indexed, from the folder's listing
+    (ListObjectsV2: 1,000 objects with their sizes and ETags a request, see
+    :func:`.confirm.confirm`) instead of a metadata request each."""
+    access = FileAccess(storage_options=dict(storage_options) if storage_options else None)
+    refs = [FileRef(item.url, item.size, item.stamp, item.entry or item.url) for item in items]
+    verdicts = confirm(None, refs, range(len(refs)), access)
+    return [(ref.url, k in verdicts and verdicts[k] is None) for k, ref in enumerate(refs)]
+
+
 def _executor(remote: bool, count: int, workers: int | None) -> Executor:
     if remote:
         return ThreadPoolExecutor(
@@ -252,7 +265,8 @@ def build_stored_index(
     (default: ``.distshard/`` beside the first file) and write its manifest.
 
     A remote file costs one request (a streamed GET; a file an earlier build
-    listed, one metadata request while it is unchanged); the entries are written
+    listed, one metadata request while it is unchanged, or a thousandth of its
+    S3 folder's listing); the entries are written
     a pack at a time, each followed by the manifest, so an interrupted build
     goes on where its last pack ended (at most :data:`FLUSH_SECONDS` of work).
 
@@ -359,44 +373,85 @@ class _Build:
             done = len(self.done) + len(self.packs.items)
             self.progress(done, len(self.urls), self.total_bytes, time.monotonic() - self.started)
 
-    def submit(self, pool: Executor, url: str) -> tuple[Future[Any], tuple[str, bool]]:
-        """A listed file of the same format is checked (one metadata request); any
-        other is indexed."""
+    def checkable(self, url: str) -> StoredFile | None:
+        """What an earlier build listed of ``url`` if it is only checked, not read
+        again, while unchanged: of the same format, and not moved (or its stamp
+        identifies its bytes)."""
         old = self.listed.get(url)
         if (
             old is not None
             and old.format == self.formats[url]
             and (not self.moved or manifest.identifies_content(old.url, old.stamp))
         ):
-            return pool.submit(_unchanged, old, self.storage_options), (url, True)
+            return old
+        return None
+
+    def submit(self, pool: Executor, url: str) -> tuple[Future[Any], tuple[Any, str]]:
+        """A listed file of the same format is checked (one metadata request); any
+        other is indexed."""
+        old = self.checkable(url)
+        if old is not None:
+            return pool.submit(_unchanged, old, self.storage_options), (url, "check")
         return self.index(pool, url)
 
-    def index(self, pool: Executor, url: str) -> tuple[Future[Any], tuple[str, bool]]:
-        return pool.submit(_index_one, url, self.formats[url], self.storage_options), (url, False)
+    def index(self, pool: Executor, url: str) -> tuple[Future[Any], tuple[Any, str]]:
+        return pool.submit(_index_one, url, self.formats[url], self.storage_options), (url, "index")
+
+    def submit_all(self, pool: Executor) -> Iterator[tuple[Future[Any], tuple[Any, str]]]:
+        """Every file's task: the listed S3 files of a folder checked by its listing
+        (one task a folder of two or more), the other listed files one by one, the rest indexed."""
+        folders: dict[str, list[StoredFile]] = {}
+        for url in self.urls:
+            old = self.checkable(url)
+            if old is not None and listable(FileRef(old.url, old.size, old.stamp)):
+                folders.setdefault(posixpath.dirname(url), []).append(old)
+        by_listing: set[str] = set()
+        for items in folders.values():
+            if len(items) > 1:
+                by_listing.update(item.url for item in items)
+                yield pool.submit(_listed_unchanged, items, self.storage_options), (items, "list")
+        for url in self.urls:
+            if url not in by_listing:
+                yield self.submit(pool, url)
 
     def run(self, pool: Executor) -> None:
-        futures: dict[Future[Any], tuple[str, bool]] = dict(self.submit(pool, url) for url in self.urls)
+        futures: dict[Future[Any], tuple[Any, str]] = dict(self.submit_all(pool))
         while futures:
             for future in as_completed(list(futures)):
-                url, checking = futures.pop(future)
+                what, kind = futures.pop(future)
                 if future.cancelled():
                     continue
                 try:
                     result = future.result()
                 except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest kept
-                    self.failed(url, exc, futures)
-                    continue
-                if checking:
-                    if result:  # still the indexed version: listed as it is
-                        self.done[url] = self.listed[url]
-                        self.finished(self.listed[url])
+                    if kind != "list":
+                        self.failed(what, exc, futures)
                         continue
-                    if self.stop is None:
-                        future, what = self.index(pool, url)
-                        futures[future] = what
-                        break  # wait for it with the others
+                    folder = posixpath.dirname(what[0].url)
+                    log.info(
+                        "cannot list %s (%s: %s): a metadata request a file instead", folder, type(exc).__name__, exc
+                    )
+                    futures.update(self.submit(pool, item.url) for item in what)
+                    break
+                if kind == "index":
+                    self.add(*result)
                     continue
-                self.add(*result)
+                again = self.checked(result if kind == "list" else [(what, result)])
+                if again:
+                    futures.update(self.index(pool, url) for url in again)
+                    break  # wait for them with the others
+
+    def checked(self, verdicts: Iterable[tuple[str, bool]]) -> list[str]:
+        """The files an earlier build listed, checked: those still the version it
+        indexed are listed as they are; the others, to index again (none once the build stopped)."""
+        again = []
+        for url, same in verdicts:
+            if same:
+                self.done[url] = self.listed[url]
+                self.finished(self.listed[url])
+            elif self.stop is None:
+                again.append(url)
+        return again
 
     def failed(self, url: str, exc: BaseException, pending: Mapping[Future[Any], Any]) -> None:
         """A file's failure, reported; one of the store's stops the build: the
