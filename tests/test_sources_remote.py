@@ -124,6 +124,20 @@ def test_retries_are_bounded_and_name_the_url_and_range(tmp_path):
         assert time.monotonic() - started < 5
 
 
+def test_a_second_source_over_the_same_files_reads_with_its_own_options(tmp_path):
+    # the per-process cache of open handles was keyed by storage_options alone: the second
+    # source read through the first one's handle, with its ReadOptions (asked retries=1, got 6)
+    paths, _ = write_shards(tmp_path / "data", shards=1, per_shard=5)
+    with serve(tmp_path) as server:
+        url = server.url(paths[0])
+        assert len(list(webdataset([url]).dist_shard())) == 5  # retries=6 (the default): its handle is cached
+        strict = webdataset([url], read_options=ReadOptions(retries=1, retry_seconds=5))
+        strict.counts()
+        server.fault_every, server.faults = 1, ("503",)
+        with pytest.raises(RemoteReadError, match=r"shard-000000\.tar: bytes \[\d+, \d+\): 2 attempts failed.*503"):
+            list(strict.dist_shard())
+
+
 def _rewrite_same_size(path: Path) -> None:
     """Replace the file as an object store replaces an object: at once (never a
     half-written file), the same size, a new ETag."""

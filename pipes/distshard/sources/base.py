@@ -122,9 +122,12 @@ def _build(
 
 
 def _access_key(access: FileAccess) -> Any:
-    from .remote import _frozen
+    """What a cached handle was opened with: a handle reads with its source's
+    ``ReadOptions`` (retries, timeouts, concurrency), so a source never borrows
+    another's handle to the same file made with other options."""
+    from .remote import frozen
 
-    return _frozen(access.storage_options or {})
+    return access.options, frozen(access.storage_options or {})
 
 
 _LOOKAHEAD = 64  # positions a slot looks ahead for the stored index entries it will need

@@ -107,12 +107,12 @@ def _import_fsspec(url: str) -> Any:
     return fsspec
 
 
-def _frozen(value: Any) -> Any:
+def frozen(value: Any) -> Any:
     """A hashable stand-in for storage options (dicts, lists, objects by id)."""
     if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+        return tuple(sorted((str(k), frozen(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
+        return tuple(frozen(v) for v in value)
     try:
         hash(value)
     except TypeError:
@@ -154,7 +154,7 @@ def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> An
     reason when it is not eligible; ``auto``, the default: s3fs then); else
     :class:`Client` (fsspec)."""
     protocol = url.split("://", 1)[0].lower()
-    key = (protocol, _frozen(storage_options or {}))
+    key = (protocol, frozen(storage_options or {}))
     client = _CLIENTS.get(key)
     if client is None:
         with _LOCK:
@@ -214,7 +214,7 @@ def warm_up(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     failure here is left for that first request to raise. A fork waits for the
     thread first (a child must not inherit an import or a lock half done)."""
     protocol = url.split("://", 1)[0].lower()
-    key = (protocol, _frozen(storage_options or {}))
+    key = (protocol, frozen(storage_options or {}))
     started = _WARMING.get(key)
     if key in _CLIENTS or (started is not None and started.is_alive()):
         return
