@@ -183,6 +183,10 @@ def s3_client_choice(url: str, storage_options: Mapping[str, Any] | None = None)
 def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: Any) -> Any:
     """The direct S3 client (:mod:`.s3direct`) where it is eligible and
     ``DISTSHARD_S3_CLIENT`` allows it, else fsspec's."""
+    if protocol == "hf":
+        from .hub import HubClient
+
+        return HubClient(url, options)
     if protocol in ("s3", "s3a"):
         from .s3direct import ENV, DirectS3Client, direct_config
 

@@ -1,0 +1,142 @@
+"""``hf://`` datasets against a loopback Hub (tests/hub_server.py, by ``HF_ENDPOINT``):
+pinned to the commit the build resolved, identities from the Hub, exact ranges,
+the local cache, errors by status, the index command, and no listing in workers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from distshard.errors import SourceChangedError, SourceMissingError
+from distshard.sources import ReadOptions, RemoteReadError, jsonl
+from tests.hub_server import hub  # noqa: F401  (a fixture)
+from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
+
+pytest.importorskip("huggingface_hub")
+pytest.importorskip("aiohttp")
+
+REPO = "org/corpus"
+URLS = f"hf://datasets/{REPO}/data/*.jsonl"
+
+
+def lines(tag: str, n: int) -> bytes:
+    """``n`` JSON lines of ``tag``, each the same length whatever the tag (of one length)."""
+    return "".join(json.dumps({"tag": tag, "i": i, "pad": "x" * 300}) + "\n" for i in range(n)).encode()
+
+
+def push(hub, tag: str, sizes=(400, 7)) -> dict[str, bytes]:  # noqa: F811
+    files = {f"data/part-{f}.jsonl": lines(f"{tag}{f}", n) for f, n in enumerate(sizes)}
+    hub.commit(REPO, {**files, "README.md": b"# corpus\n"})
+    return files
+
+
+def tags(rows) -> set[str]:
+    return {row["tag"][:2] for row in rows}
+
+
+def test_every_row_once_in_about_one_pass_of_the_bytes(hub):  # noqa: F811
+    files = push(hub, "a")
+    source = jsonl(URLS)
+    assert len(source) == 407
+    hub.reset_counters()
+    got = [(row["tag"], row["i"]) for rank in range(2) for row in source.dist_shard(rank=rank, world_size=2)]
+    assert sorted(got) == sorted((f"a{f}", i) for f, n in enumerate((400, 7)) for i in range(n))
+    total = sum(len(data) for data in files.values())
+    assert hub.served <= 1.10 * total, (hub.served, total)
+    assert hub.by_kind["api"] == 0  # no listing, no identity asked while reading
+
+
+def test_a_same_size_rewrite_pushed_during_or_between_jobs_yields_no_row_of_another_commit(hub):  # noqa: F811
+    push(hub, "a")
+    source = jsonl(URLS)  # pinned to the commit of main now
+    len(source)
+    push(hub, "b")  # every file rewritten at the same size: a new commit on main
+    assert tags(source.dist_shard()) == {"a0", "a1"}
+    assert tags(jsonl(URLS).dist_shard(shuffle=True)) == {"b0", "b1"}  # a job built after it reads it
+
+
+def test_the_stamp_is_the_hubs_identity_and_a_second_epoch_from_the_cache_asks_nothing(hub, tmp_path):  # noqa: F811
+    files = push(hub, "a")
+    source = jsonl(URLS, read_options=ReadOptions(cache_dir=str(tmp_path / "ranges")))
+    sequence = source.__distshard_sequence__()
+    assert all(ref.stamp.startswith(("sha256:", "blob:")) for ref in sequence.refs), sequence.refs
+    shard = source.dist_shard(shuffle=True)
+    first = sorted(row["i"] for row in shard)
+    hub.reset_counters()
+    shard.set_epoch(1)
+    assert sorted(row["i"] for row in shard) == first and len(first) == 407
+    assert hub.log == [], hub.log
+    assert sum(len(data) for data in files.values()) > 0
+
+
+def test_a_missing_file_is_refused_in_one_request(hub):  # noqa: F811
+    push(hub, "a")
+    jsonl(URLS).counts()
+    hub.reset_counters()
+    started = time.monotonic()
+    with pytest.raises(SourceMissingError, match="nothing.jsonl"):
+        jsonl([f"hf://datasets/{REPO}/data/nothing.jsonl"]).counts()
+    assert time.monotonic() - started < 5
+    # the revision's resolution, the look for a stored index beside it; the folder's listing (kept
+    # from the first source) says there is no such file: nothing retried
+    assert [path.split("/")[-1] for _, path, _ in hub.log] == ["corpus", "manifest.json"], hub.log
+    with pytest.raises(SourceMissingError):
+        jsonl([f"hf://datasets/{REPO.replace('corpus', 'nowhere')}/data/x.jsonl"]).counts()
+    assert sum(1 for _, path, _ in hub.log if "nowhere" in path) == 1  # the revision's resolution: 404 at once
+
+
+def test_a_file_gone_at_read_time_is_missing_at_once(hub):  # noqa: F811
+    push(hub, "a")
+    source = jsonl(URLS)
+    len(source)
+    hub.reset_counters()
+    hub.fail("resolve", 404, times=10)
+    with pytest.raises(SourceMissingError):
+        list(source.dist_shard())
+    assert hub.by_kind["resolve"] == 1
+
+
+def test_429_and_5xx_are_retried_within_distshards_bounds(hub):  # noqa: F811
+    push(hub, "a")
+    hub.fail("api", 503)
+    source = jsonl(URLS, read_options=ReadOptions(retries=3, retry_seconds=10))
+    assert len(source) == 407  # the revision's resolution retried
+    hub.reset_counters()
+    hub.fail("resolve", 429)
+    hub.fail("cdn", 502)
+    assert len(list(source.dist_shard())) == 407
+    strict = jsonl(URLS, read_options=ReadOptions(retries=1, retry_seconds=10))
+    len(strict)
+    hub.reset_counters()
+    hub.fail("resolve", 503, times=100)
+    started = time.monotonic()
+    with pytest.raises(RemoteReadError, match="2 attempts failed"):
+        list(strict.dist_shard())
+    assert hub.by_kind["resolve"] == 2 and time.monotonic() - started < 5  # no retries nested inside
+
+
+def test_the_index_command_refuses_to_write_to_the_hub_and_a_stored_index_starts_in_few_requests(
+    hub,  # noqa: F811
+    tmp_path,
+    capsys,
+):
+    from distshard.__main__ import main
+
+    push(hub, "a")
+    assert main(["index", URLS]) == 2
+    err = capsys.readouterr().err
+    assert "read-only: give --out" in err, err
+    out = tmp_path / "index"
+    assert main(["index", URLS, "--out", str(out)]) == 0
+    hub.reset_counters()
+    source = jsonl(URLS, index=str(out))
+    assert len(source) == 407
+    next(iter(source.dist_shard()))
+    listing = [path for _, path, _ in hub.log if "/api/" in path]
+    # the revision's resolution, the glob's listing; then no identity per file and one range
+    assert len(hub.log) - len(listing) <= 4, hub.log
+    push(hub, "b")  # a same-size rewrite after the index was written: the stale index is refused
+    with pytest.raises(SourceChangedError):
+        list(jsonl(URLS, index=str(out)).dist_shard())
