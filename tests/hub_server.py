@@ -15,7 +15,8 @@ for dataset repositories whose commits a test pushes while it runs:
 Missing repos, revisions and files are 404 with the ``X-Error-Code`` the Hub sends.
 ``fail(kind, status, times)`` makes the next requests of a kind (``api``, ``resolve``,
 ``cdn``, ``any``) answer ``status`` (429, 5xx, 404...). It counts what it serves:
-``log`` (method, path, Range), ``by_kind`` and ``served`` (content bytes).
+``log`` (method, path, Range), ``by_kind``, ``auth`` (kind and authorization
+header) and ``served`` (content bytes).
 It reaches nothing beyond 127.0.0.1.
 """
 
@@ -62,6 +63,7 @@ class HubServer(LoopbackServer):
         with self.lock:
             self.log: list[tuple[str, str, str | None]] = []
             self.by_kind: Counter = Counter()
+            self.auth: Counter = Counter()  # (kind, authorization header) of every request
             self.served = 0
 
     def commit(self, repo: str, files: dict[str, bytes | None], branch: str = "main") -> str:
@@ -146,6 +148,7 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
         with server.lock:
             server.log.append((self.command, self.path, self.headers.get("Range")))
             server.by_kind[kind] += 1
+            server.auth[(kind, self.headers.get("authorization"))] += 1
         length = int(self.headers.get("Content-Length") or 0)
         form = parse_qs(self.rfile.read(length).decode()) if length else {}
         status = server.take_fault(kind)

@@ -71,6 +71,14 @@ def test_the_stamp_is_the_hubs_identity_and_a_second_epoch_from_the_cache_asks_n
     assert sum(len(data) for data in files.values()) > 0
 
 
+def test_the_token_goes_with_every_read_as_a_header(hub):  # noqa: F811
+    push(hub, "a")
+    source = jsonl(URLS, storage_options={"token": "hf_loopback"})
+    assert len(list(source.dist_shard())) == 407
+    asked = {auth for (kind, auth) in hub.auth if kind in ("api", "resolve") and auth is not None}
+    assert asked == {"Bearer hf_loopback"} and hub.auth[("resolve", None)] == 0, hub.auth
+
+
 def test_a_missing_file_is_refused_in_one_request(hub):  # noqa: F811
     push(hub, "a")
     jsonl(URLS).counts()
@@ -140,3 +148,23 @@ def test_the_index_command_refuses_to_write_to_the_hub_and_a_stored_index_starts
     push(hub, "b")  # a same-size rewrite after the index was written: the stale index is refused
     with pytest.raises(SourceChangedError):
         list(jsonl(URLS, index=str(out)).dist_shard())
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_list_nothing_and_a_push_mid_epoch_changes_nothing(hub, context):  # noqa: F811
+    from torch.utils.data import DataLoader
+
+    push(hub, "a")
+    shard = jsonl(URLS, read_options=ReadOptions(max_range=16 << 10, first_range=16 << 10)).dist_shard()
+    len(shard)
+    hub.reset_counters()
+    loader = DataLoader(shard, batch_size=None, num_workers=2, multiprocessing_context=context, timeout=120)
+    for epoch in range(2):
+        shard.set_epoch(epoch)
+        got = []
+        for row in loader:
+            got.append((row["tag"], row["i"]))
+            if epoch == 0 and len(got) == 5:
+                push(hub, "b")  # a same-size rewrite of every file while the workers read
+        assert sorted(got) == sorted((f"a{f}", i) for f, n in enumerate((400, 7)) for i in range(n))
+    assert hub.by_kind["api"] == 0, [path for _, path, _ in hub.log if "/api/" in path]

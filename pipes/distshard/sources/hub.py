@@ -166,10 +166,21 @@ class HubClient(Client):
         self._headers: dict[str, str] | None = None
 
     def headers(self) -> dict[str, str]:
+        """The reads' headers: the token (``storage_options["token"]``; ``None`` or
+        ``True``: huggingface_hub's own, unless ``HF_HUB_DISABLE_IMPLICIT_TOKEN``) as
+        ``authorization``. Not ``build_hf_headers``: its user agent asks the Hub for a
+        registry of agents (a request per process, each DataLoader worker's too)."""
         if self._headers is None:
-            from huggingface_hub.utils import build_hf_headers
+            from huggingface_hub import constants, get_token
 
-            self._headers = dict(build_hf_headers(token=self.storage_options.get("token"), library_name="distshard"))
+            token = self.storage_options.get("token")
+            if token is None and constants.HF_HUB_DISABLE_IMPLICIT_TOKEN:
+                token = False
+            if token is None or token is True:
+                token = get_token()
+            self._headers = {"user-agent": "distshard"}
+            if isinstance(token, str) and token:
+                self._headers["authorization"] = f"Bearer {token}"
         return self._headers
 
     def resolve_url(self, url: str) -> str:
