@@ -33,6 +33,7 @@ huggingface_hub's own (``HF_TOKEN``, the stored login).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import time
@@ -50,6 +51,7 @@ T = TypeVar("T")
 
 _PREFIX = {"dataset": "datasets/", "space": "spaces/", "kernel": "kernels/", "model": ""}
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_WILD = re.compile(r"[*?\[]")
 _DEFAULT = ReadOptions()
 
 
@@ -164,6 +166,8 @@ class HubClient(Client):
         super().__init__(url, "hf", {**storage_options, "endpoint": self.endpoint})
         self.kind = "hf"
         self._headers: dict[str, str] | None = None
+        self._listed: dict[str, tuple[int, str]] = {}  # identities the listings gave (see listing)
+        self._folders: set[tuple[str, str]] = set()  # (repository root, folder) listed
 
     def headers(self) -> dict[str, str]:
         """The reads' headers: the token (``storage_options["token"]``; ``None`` or
@@ -202,7 +206,9 @@ class HubClient(Client):
         return info
 
     async def _identity(self, url: str) -> tuple[int, str]:
-        return stamp_of(url, await self._generic_info(url))
+        if _parsed(url).type not in _PREFIX:  # a bucket: what HfFileSystem says of it
+            return stamp_of(url, await self._generic_info(url))
+        return await self._blocking(url, "metadata", lambda: self._known(url))
 
     async def _answer(self, url: str, what: str, headers: dict[str, str]) -> tuple[Any, bytes]:
         session = await client_for(self.endpoint).fs.set_session()
@@ -232,9 +238,60 @@ class HubClient(Client):
         return (await self._answer(url, "the whole file", {}))[1]
 
     def glob(self, pattern: str) -> list[str]:
-        fs = self.fs
-        found = retried(pattern, "a listing", lambda: fs.glob(self.path_of(pattern)))
-        return sorted(fs.unstrip_protocol(p) for p in found)
+        """The files matching ``pattern`` (fsspec's glob rules): one tree listing of
+        the deepest folder without a wildcard (recursive when the wildcards reach
+        below it; paginated by huggingface_hub), its files' identities kept for
+        :meth:`identity` (the commit is pinned: they stay true for the job)."""
+        from fsspec.utils import glob_translate
+
+        parsed = _parsed(pattern)
+        path = parsed.path_in_repo
+        if parsed.type not in _PREFIX or not path:
+            fs = self.fs
+            found = retried(pattern, "a listing", lambda: fs.glob(self.path_of(pattern)))
+            return sorted(fs.unstrip_protocol(p) for p in found)
+        words = path.split("/")
+        fixed = list(itertools.takewhile(lambda word: not _WILD.search(word), words))
+        recursive = len(fixed) < len(words) - 1 or "**" in path
+        folder = "/".join(fixed)
+        listed = retried(pattern, "a listing", lambda: self.listing(parsed, folder, recursive))
+        matches = re.compile(glob_translate(path)).match
+        return sorted(url for url, name in listed.items() if matches(name))
+
+    def listing(self, parsed: Any, folder: str, recursive: bool) -> dict[str, str]:
+        """``{url: path in the repo}`` of the files in ``folder`` of the repository
+        and revision ``parsed`` names (one tree request, paginated by
+        huggingface_hub), their identities kept for :meth:`identity`."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
+        api = HfApi(endpoint=self.endpoint, token=self.storage_options.get("token"))
+        tree = api.list_repo_tree(
+            parsed.id, folder or None, recursive=recursive, revision=parsed.revision, repo_type=parsed.type
+        )
+        root = f"hf://{_PREFIX[parsed.type]}{parsed.id}" + (f"@{parsed.revision}" if parsed.revision else "")
+        found = {}
+        for entry in tree:
+            if isinstance(entry, RepoFile):
+                url = f"{root}/{entry.path}"
+                info = {"size": entry.size, "type": "file", "lfs": entry.lfs, "blob_id": entry.blob_id}
+                self._listed[url] = stamp_of(url, info)
+                found[url] = entry.path
+        self._folders.add((root, folder))
+        return found
+
+    def _known(self, url: str) -> tuple[int, str]:
+        """``url``'s identity from its folder's listing (one request per folder)."""
+        parsed = _parsed(url)
+        if url not in self._listed and parsed.type in _PREFIX:
+            folder = parsed.path_in_repo.rpartition("/")[0]
+            root = f"hf://{_PREFIX[parsed.type]}{parsed.id}" + (f"@{parsed.revision}" if parsed.revision else "")
+            if (root, folder) not in self._folders:
+                self.listing(parsed, folder, False)
+        known = self._listed.get(url)
+        if known is None:
+            raise missing(url)
+        return known
 
     def put(self, url: str, data: bytes) -> None:
         raise read_only(url)
