@@ -175,3 +175,23 @@ def test_workers_list_nothing_and_a_push_mid_epoch_changes_nothing(hub, context)
                 push(hub, "b")  # a same-size rewrite of every file while the workers read
         assert sorted(got) == sorted((f"a{f}", i) for f, n in enumerate((400, 7)) for i in range(n))
     assert hub.by_kind["api"] == 0, [path for _, path, _ in hub.log if "/api/" in path]
+
+
+def test_parquet_on_the_hub_reads_each_row_once(hub):  # noqa: F811
+    pa = pytest.importorskip("pyarrow")
+    import io
+
+    import pyarrow.parquet as pq
+
+    from distshard.sources import parquet
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"text": [f"row-{i}" for i in range(500)]}), buffer, row_group_size=50)
+    hub.commit(REPO, {"data/train.parquet": buffer.getvalue()})
+    source = parquet(f"hf://datasets/{REPO}/data/*.parquet")
+    assert len(source) == 500  # the identity and the footer
+    hub.reset_counters()
+    assert sorted(row["text"] for r in range(3) for row in source.dist_shard(rank=r, world_size=3)) == sorted(
+        f"row-{i}" for i in range(500)
+    )
+    assert hub.served <= 1.10 * len(buffer.getvalue()), (hub.served, len(buffer.getvalue()))
