@@ -53,6 +53,7 @@ class HubServer(LoopbackServer):
         self.repos: dict[str, dict[str, Any]] = {}  # repo -> {"branches": {name: sha}, "commits": {sha: files}}
         self.blobs: dict[str, bytes] = {}  # sha256 -> content
         self.faults: list[tuple[str, int]] = []
+        self.on_request: Any = None  # called with (kind, path) before every request is answered
         self.reset_counters()
 
     @property
@@ -151,6 +152,8 @@ class HubHandler(http.server.BaseHTTPRequestHandler):
             server.auth[(kind, self.headers.get("authorization"))] += 1
         length = int(self.headers.get("Content-Length") or 0)
         form = parse_qs(self.rfile.read(length).decode()) if length else {}
+        if server.on_request is not None:
+            server.on_request(kind, path)
         status = server.take_fault(kind)
         if status is not None:
             if status == 404:
