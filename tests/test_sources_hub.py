@@ -10,7 +10,7 @@ import time
 import pytest
 
 from distshard.errors import SourceChangedError, SourceMissingError
-from distshard.sources import ReadOptions, RemoteReadError, jsonl
+from distshard.sources import ReadOptions, RemoteReadError, jsonl, parquet
 from distshard.sources.remote import forget_clients
 from tests.hub_server import hub  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
@@ -182,8 +182,6 @@ def test_parquet_on_the_hub_reads_each_row_once(hub):  # noqa: F811
     import io
 
     import pyarrow.parquet as pq
-
-    from distshard.sources import parquet
 
     buffer = io.BytesIO()
     pq.write_table(pa.table({"text": [f"row-{i}" for i in range(500)]}), buffer, row_group_size=50)
