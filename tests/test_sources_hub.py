@@ -193,3 +193,27 @@ def test_parquet_on_the_hub_reads_each_row_once(hub):  # noqa: F811
         f"row-{i}" for i in range(500)
     )
     assert hub.served <= 1.10 * len(buffer.getvalue()), (hub.served, len(buffer.getvalue()))
+
+
+def rank_urls(rank: int, world_size: int) -> list[str]:
+    """A rank's source over :data:`URLS`: the URLs it pinned (run by the gloo test below)."""
+    return list(jsonl(URLS).urls)
+
+
+def test_the_ranks_of_a_job_pin_one_commit_whatever_is_pushed_while_they_build(hub):  # noqa: F811
+    from distshard.verify import run_on_group
+
+    push(hub, "a")
+    resolutions = []
+
+    def second_resolution_after_a_push(kind, path):  # without agreement, the second rank's resolution
+        if kind == "api" and path.rstrip("/").endswith(f"/datasets/{REPO}"):  # would see the push
+            resolutions.append(path)
+            if len(resolutions) == 2:
+                push(hub, "b")
+
+    hub.on_request = second_resolution_after_a_push
+    outcomes = run_on_group(rank_urls, world_size=2, timeout=120)
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    assert outcomes[0].value == outcomes[1].value and "@" in outcomes[0].value[0], [o.value for o in outcomes]
+    assert len(resolutions) == 1  # rank 0 resolved the revision, rank 1 took its commit

@@ -44,7 +44,7 @@ from .cache import FileCache, range_cache
 from .confirm import confirm, listable, raise_verdict
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
-from .index import FileIndex, _collective, load_cached, obtain, summarize_files
+from .index import FileIndex, job_ranks, load_cached, obtain, summarize_files
 from .manifest import Stored
 from .options import ReadOptions
 from .order import FileOrder
@@ -607,7 +607,7 @@ class FileSourceIterDataPipe(IterDataPipe):
         self._indexed_here = 0  # files prepare indexed itself (no stored index had them)
         self.data_group = data_group  # the ranks the index build is split over (None: every rank)
         first_remote = next((url for url in self.urls if is_remote(url)), None)
-        if _collective(data_group) is not None:
+        if job_ranks(data_group) is not None:
             # Built on every rank of the data group (as the whole pipeline is): the one place
             # where the index build is split across ranks. Later, lazy calls (len, explain,
             # dist_shard) never make collectives, so calling them on one rank cannot hang.

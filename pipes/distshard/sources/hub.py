@@ -129,9 +129,33 @@ def pin(url: str, storage_options: Mapping[str, Any] | None, pins: dict[Any, str
             info = api.repo_info(parsed.id, repo_type=parsed.type, revision=parsed.revision)
             return str(info.sha)
 
-        commit = pins[key] = retried(root, f"the commit of revision {parsed.revision or 'main'}", ask)
+        commit = pins[key] = agreed(lambda: retried(root, f"the commit of revision {parsed.revision or 'main'}", ask))
     path = f"/{parsed.path_in_repo}" if parsed.path_in_repo else ""
     return f"hf://{_PREFIX[parsed.type]}{parsed.id}@{commit}{path}"
+
+
+def agreed(resolve: Callable[[], str]) -> str:
+    """The commit every rank of the job pins: with ``torch.distributed`` initialized
+    (several ranks, not in a DataLoader worker), rank 0's, sent to the others (a
+    collective of the default group: every rank builds the source, in the same
+    order), so ranks that build around a push still read one commit; else
+    ``resolve()`` here."""
+    from .index import job_ranks
+
+    if job_ranks() is None:
+        return resolve()
+    import torch.distributed as dist
+
+    found: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            found[0] = resolve()
+        except Exception as exc:  # noqa: BLE001 - every rank raises it, none waits
+            found[0] = exc
+    dist.broadcast_object_list(found, src=0)
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    return str(found[0])
 
 
 def stamp_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:
