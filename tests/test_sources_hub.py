@@ -47,6 +47,7 @@ def test_every_row_once_in_about_one_pass_of_the_bytes(hub):  # noqa: F811
     total = sum(len(data) for data in files.values())
     assert hub.served <= 1.10 * total, (hub.served, total)
     assert hub.by_kind["api"] == 0  # no listing, no identity asked while reading
+    assert "--out DIR` into a folder DIR (hf:// is read-only), then index=DIR" in str(source.dist_shard().explain())
 
 
 def test_a_same_size_rewrite_pushed_during_or_between_jobs_yields_no_row_of_another_commit(hub):  # noqa: F811

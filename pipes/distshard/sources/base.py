@@ -39,7 +39,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
 from ..groups import DataGroup
 from ._lru import LRU
-from .answers import index_command
+from .answers import READ_ONLY, index_command
 from .cache import FileCache, range_cache
 from .confirm import confirm, listable, raise_verdict
 from .fetch import ReadAhead, Request
@@ -715,6 +715,8 @@ class FileSourceIterDataPipe(IterDataPipe):
         from .manifest import default_location
 
         where = self.stored_location or default_location(self.urls)
+        if where.split("://", 1)[0].lower() in READ_ONLY:  # (nothing can be written beside the files)
+            return f"no stored index at {where}: {index_command(where, refresh=False)} would make the next start fast"
         return f"no stored index at {where}: `python -m distshard index URLS` would make the next start fast"
 
     def _moved_words(self) -> str:
