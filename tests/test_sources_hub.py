@@ -73,6 +73,18 @@ def test_the_stamp_is_the_hubs_identity_and_a_second_epoch_from_the_cache_asks_n
     assert sum(len(data) for data in files.values()) > 0
 
 
+def test_a_file_unchanged_by_a_new_commit_is_read_from_the_cache(hub, tmp_path):  # noqa: F811
+    push(hub, "a")
+    options = ReadOptions(cache_dir=str(tmp_path / "ranges"))
+    assert len(list(jsonl(URLS, read_options=options).dist_shard())) == 407
+    hub.commit(REPO, {"data/part-1.jsonl": lines("c1", 7)})  # a new commit rewrites part-1 only
+    hub.reset_counters()
+    rows = list(jsonl(URLS, read_options=options).dist_shard())
+    assert tags(rows) == {"a0", "c1"} and len(rows) == 407
+    reads = [path for _, path, _ in hub.log if "/resolve/" in path and not path.endswith("manifest.json")]
+    assert reads and all(path.endswith("part-1.jsonl") for path in reads), hub.log
+
+
 def test_the_token_goes_with_every_read_as_a_header(hub):  # noqa: F811
     push(hub, "a")
     source = jsonl(URLS, storage_options={"token": "hf_loopback"})

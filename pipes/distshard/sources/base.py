@@ -317,7 +317,7 @@ class SourceSequence(Sequence):
             if not self._remote[f]:
                 return None
             ref = self.file_index(f)[0]
-            return cache.file(ref.url, ref.size, ref.stamp)
+            return cache.file(key_of(ref.url), ref.size, ref.stamp)  # (an hf:// file: without its commit)
 
         return of
 
