@@ -165,6 +165,10 @@ def test_the_index_command_refuses_to_write_to_the_hub_and_a_stored_index_starts
     # glob's one listing, then no identity per file, and the first range (the Hub's redirect, the CDN)
     beyond = [path for _, path, _ in hub.log if not path.endswith(("/agent-harnesses", f"/datasets/{REPO}"))]
     assert len(beyond) == 3 and "/tree/" in beyond[0], hub.log
+    hub.commit(REPO, {"README.md": b"# corpus, v2\n"})  # a new commit, the data unchanged: the index serves it
+    hub.reset_counters()
+    assert len(list(jsonl(URLS, index=str(out)).dist_shard())) == 407
+    assert not any(path.endswith("/paths-info") or "/revision/" in path for _, path, _ in hub.log), hub.log
     push(hub, "b")  # a same-size rewrite after the index was written: the stale index is refused
     with pytest.raises(SourceChangedError):
         list(jsonl(URLS, index=str(out)).dist_shard())

@@ -527,7 +527,8 @@ class SourceSequence(Sequence):
         ref = self._resolved.get(f) or self.refs[f]
         if ref.size is None:
             ref = self.file_index(f)[0]
-        key = (key_of(ref.url), ref.size, ref.stamp, ref.stored, _access_key(self.access))
+        # by the URL itself too: a handle reads the URL it was opened for (an hf:// file's commit)
+        key = (key_of(ref.url), ref.url, ref.size, ref.stamp, ref.stored, _access_key(self.access))
         handle = _HANDLES.get(key)
         if handle is None:
             opener = getattr(self.fmt, "open_random", None) or open_random  # a format of paired files opens its data
