@@ -56,7 +56,9 @@ import distshard
 # command and read over HTTP (no faults) through a local range cache that outlives the jobs
 # of a history, between which the file is rewritten at the same size or deleted (every read
 # must then refuse) or a cache entry is corrupted in place or truncated (exact: the entry
-# replaced; see CacheJobs): "remote-jobs"
+# replaced; see CacheJobs): "remote-jobs"; the JSON-lines file in a repository of a loopback
+# Hugging Face Hub read as hf://, a same-size rewrite pushed as a new commit in the middle of some
+# jobs (tests/hub_factories.py): "remote-hub"
 SOURCES = (
     "list",
     "list+map",
@@ -80,6 +82,7 @@ SOURCES = (
     "remote-stale",
     "remote-parquet",
     "remote-jobs",
+    "remote-hub",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -131,6 +134,7 @@ class Spec:
             "remote-stale",
             "remote-parquet",
             "remote-jobs",
+            "remote-hub",
             *MIXES,
         ) or (self.units and self.sized)
 
@@ -847,6 +851,10 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_stale_jsonl(spec.n)
     elif spec.source == "remote-parquet":
         source = remote_parquet(spec.n, spec.parquet, spec.fault_every).map(parquet_name)
+    elif spec.source == "remote-hub":
+        from tests.hub_factories import remote_hub_jsonl
+
+        source = remote_hub_jsonl(spec.n)
     elif spec.source == "remote-jobs":
         source = cache_jobs(spec.n, restore=False).source()
     elif spec.source == "gz":
@@ -909,6 +917,10 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
     if spec.source == "remote-parquet":
         source = remote_parquet(spec.n, spec.parquet, spec.fault_every)
         return Mapper(DistShardNode(source, **options), parquet_name)
+    if spec.source == "remote-hub":
+        from tests.hub_factories import remote_hub_jsonl
+
+        return DistShardNode(remote_hub_jsonl(spec.n), **options)
     if spec.source == "remote-jobs":
         return DistShardNode(cache_jobs(spec.n, restore=False).source(), **options)
     if spec.source == "gz":

@@ -792,6 +792,27 @@ def test_every_history_over_a_stored_index_gone_stale_is_exact_or_refused(spec, 
     check_model(replace(spec, source="remote-stale", n=max(spec.n, 1)), data, ["plain", "sdl0"])
 
 
+@settings(MODEL_SETTINGS, max_examples=15)
+@given(spec=specs(), data=st.data())
+def test_every_history_over_the_hub_is_exact_or_refused(spec, data):
+    """The file in a repository of a loopback Hub at a commit, same-size rewrites pushed to main
+    in the middle of jobs (issue 30): every read stays on that commit, never a row of another
+    one ("x3"), whatever the loader, workers and resumes."""
+    pytest.importorskip("huggingface_hub")
+    check_model(replace(spec, source="remote-hub", n=max(spec.n, 1)), data, ["plain", "sdl0"])
+
+
+def test_the_hub_pushes_a_commit_while_a_pipe_reads_it():
+    """The history test above is not vacuous: the push lands mid-read and the pipe, pinned,
+    still yields every element of the commit it was built at."""
+    pytest.importorskip("huggingface_hub")
+    from tests import hub_factories
+
+    pipe = hub_factories.remote_hub_jsonl(54).dist_shard(rank=0, world_size=1)
+    assert sorted(pipe) == sorted(f"e{i}" for i in range(54))
+    assert hub_factories.HUB[2].pushes[54] >= 1
+
+
 def test_the_stale_index_server_rewrites_the_file_while_a_pipe_reads_it():
     """The history test above is not vacuous: a pipe that reads the whole file asks
     no HEAD (the stored index), sees the rewrite its manifest GET armed, and refuses it."""

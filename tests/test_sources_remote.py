@@ -124,6 +124,20 @@ def test_retries_are_bounded_and_name_the_url_and_range(tmp_path):
         assert time.monotonic() - started < 5
 
 
+def test_a_second_source_over_the_same_files_reads_with_its_own_options(tmp_path):
+    # the per-process cache of open handles was keyed by storage_options alone: the second
+    # source read through the first one's handle, with its ReadOptions (asked retries=1, got 6)
+    paths, _ = write_shards(tmp_path / "data", shards=1, per_shard=5)
+    with serve(tmp_path) as server:
+        url = server.url(paths[0])
+        assert len(list(webdataset([url]).dist_shard())) == 5  # retries=6 (the default): its handle is cached
+        strict = webdataset([url], read_options=ReadOptions(retries=1, retry_seconds=5))
+        strict.counts()
+        server.fault_every, server.faults = 1, ("503",)
+        with pytest.raises(RemoteReadError, match=r"shard-000000\.tar: bytes \[\d+, \d+\): 2 attempts failed.*503"):
+            list(strict.dist_shard())
+
+
 def _rewrite_same_size(path: Path) -> None:
     """Replace the file as an object store replaces an object: at once (never a
     half-written file), the same size, a new ETag."""
@@ -452,3 +466,67 @@ def test_threads_that_index_at_once_share_one_filesystem():
     for thread in threads:
         thread.join()
     assert len(made) == 1 and len({id(fs) for fs in seen}) == 1
+
+
+class _RangeFile:
+    """A buffered file of :class:`_RangeFS` (fsspec's ``AbstractBufferedFile``): one GET per fetch."""
+
+    @staticmethod
+    def make(fs, path, **kwargs):
+        from fsspec.spec import AbstractBufferedFile
+
+        class File(AbstractBufferedFile):
+            def _fetch_range(self, start, end):
+                import urllib.request
+
+                asked = urllib.request.Request(f"http://{self.path}", headers={"Range": f"bytes={start}-{end - 1}"})
+                with urllib.request.urlopen(asked, timeout=30) as answer:
+                    return answer.read()
+
+        return File(fs, path, **kwargs)
+
+
+def _range_fs():
+    """A blocking fsspec filesystem over the range server that keeps fsspec's default
+    ``cat_file`` (a buffered open), as HfFileSystem and many others do."""
+    import fsspec
+    from fsspec.spec import AbstractFileSystem
+
+    class RangeFS(AbstractFileSystem):
+        protocol = "distshardrange"
+
+        def info(self, path, **kwargs):
+            import urllib.request
+
+            path = self._strip_protocol(path)
+            with urllib.request.urlopen(urllib.request.Request(f"http://{path}", method="HEAD"), timeout=30) as r:
+                return {
+                    "name": path,
+                    "size": int(r.headers["Content-Length"]),
+                    "type": "file",
+                    "ETag": r.headers["ETag"],
+                }
+
+        def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+            return _RangeFile.make(self, path, mode=mode, block_size=block_size, cache_options=cache_options, **kwargs)
+
+    fsspec.register_implementation(RangeFS.protocol, RangeFS, clobber=True)
+    return RangeFS.protocol
+
+
+def test_a_buffered_fsspec_filesystem_reads_exact_ranges(tmp_path):
+    # fsspec's default cat_file opened a read-ahead file that fetched 5 MiB past every range's end:
+    # an epoch of a 2 MiB file read through 256 KiB ranges transferred about 4x its bytes
+    protocol = _range_fs()
+    path = tmp_path / "big.jsonl"
+    lines = [{"i": i, "text": "x" * 1000} for i in range(2000)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with serve(tmp_path) as server:
+        url = f"{protocol}://" + server.url(path).split("://", 1)[1]
+        options = ReadOptions(max_range=256 << 10, first_range=256 << 10, budget=1 << 20)
+        source = jsonl([url], read_options=options)
+        assert len(source) == len(lines)
+        server.reset_counters()
+        assert [row["i"] for row in source.dist_shard()] == list(range(2000))
+        size = path.stat().st_size
+        assert server.settle().requests["GET"] >= 8 and server.served <= 1.10 * size, (server.served, size)

@@ -51,6 +51,7 @@ __all__ = [
     "looks_transient",
     "missing",
     "no_connection",
+    "READ_ONLY",
     "read_only",
     "s3_error",
     "strong_etag",
@@ -131,8 +132,16 @@ def missing(url: str, code: str = "") -> FileNotFoundError:
     return SourceMissingError(f"{url}: no such file (named by the source's urls)")
 
 
+READ_ONLY = ("http", "https", "hf")  # stores distshard never writes to
+
+
 def read_only(url: str) -> UnsupportedError:
-    """A write asked of an http(s) URL (read-only): where to write instead."""
+    """A write asked of an http(s) or hf:// URL (read-only): where to write instead."""
+    if url.split("://", 1)[0].lower() == "hf":
+        return UnsupportedError(
+            f"cannot write {url}: hf:// (the Hugging Face Hub) is read-only: give --out a local folder or an "
+            "object store location (s3://, gs://) and pass it to the source as index="
+        )
     return UnsupportedError(
         f"cannot write {url}: http(s) URLs are read-only; give --out a local folder or an "
         "object store location (s3://, gs://) and serve it beside the files"
@@ -143,6 +152,8 @@ def index_command(location: str, refresh: bool = True) -> str:
     """The command that refreshes (``refresh``) or completes the stored index at
     ``location``: run on that folder or into it, or, for an index served over
     http(s) (read-only), into a local folder served there afterwards."""
+    if location.split("://", 1)[0].lower() == "hf":
+        return "`python -m distshard index URLS --out DIR` into a folder DIR (hf:// is read-only), then index=DIR"
     if location.split("://", 1)[0].lower() in ("http", "https"):
         return (
             "`python -m distshard index URLS --out DIR` into a local folder DIR (http(s) is read-only), "

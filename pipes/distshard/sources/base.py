@@ -39,12 +39,12 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
 from ..groups import DataGroup
 from ._lru import LRU
-from .answers import index_command
+from .answers import READ_ONLY, index_command
 from .cache import FileCache, range_cache
 from .confirm import confirm, listable, raise_verdict
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
-from .index import FileIndex, _collective, load_cached, obtain, summarize_files
+from .index import FileIndex, job_ranks, load_cached, obtain, summarize_files
 from .manifest import Stored
 from .options import ReadOptions
 from .order import FileOrder
@@ -122,9 +122,12 @@ def _build(
 
 
 def _access_key(access: FileAccess) -> Any:
-    from .remote import _frozen
+    """What a cached handle was opened with: a handle reads with its source's
+    ``ReadOptions`` (retries, timeouts, concurrency), so a source never borrows
+    another's handle to the same file made with other options."""
+    from .remote import frozen
 
-    return _frozen(access.storage_options or {})
+    return access.options, frozen(access.storage_options or {})
 
 
 _LOOKAHEAD = 64  # positions a slot looks ahead for the stored index entries it will need
@@ -314,7 +317,7 @@ class SourceSequence(Sequence):
             if not self._remote[f]:
                 return None
             ref = self.file_index(f)[0]
-            return cache.file(ref.url, ref.size, ref.stamp)
+            return cache.file(key_of(ref.url), ref.size, ref.stamp)  # (an hf:// file: without its commit)
 
         return of
 
@@ -524,7 +527,8 @@ class SourceSequence(Sequence):
         ref = self._resolved.get(f) or self.refs[f]
         if ref.size is None:
             ref = self.file_index(f)[0]
-        key = (key_of(ref.url), ref.size, ref.stamp, ref.stored, _access_key(self.access))
+        # by the URL itself too: a handle reads the URL it was opened for (an hf:// file's commit)
+        key = (key_of(ref.url), ref.url, ref.size, ref.stamp, ref.stored, _access_key(self.access))
         handle = _HANDLES.get(key)
         if handle is None:
             opener = getattr(self.fmt, "open_random", None) or open_random  # a format of paired files opens its data
@@ -604,7 +608,7 @@ class FileSourceIterDataPipe(IterDataPipe):
         self._indexed_here = 0  # files prepare indexed itself (no stored index had them)
         self.data_group = data_group  # the ranks the index build is split over (None: every rank)
         first_remote = next((url for url in self.urls if is_remote(url)), None)
-        if _collective(data_group) is not None:
+        if job_ranks(data_group) is not None:
             # Built on every rank of the data group (as the whole pipeline is): the one place
             # where the index build is split across ranks. Later, lazy calls (len, explain,
             # dist_shard) never make collectives, so calling them on one rank cannot hang.
@@ -712,6 +716,8 @@ class FileSourceIterDataPipe(IterDataPipe):
         from .manifest import default_location
 
         where = self.stored_location or default_location(self.urls)
+        if where.split("://", 1)[0].lower() in READ_ONLY:  # (nothing can be written beside the files)
+            return f"no stored index at {where}: {index_command(where, refresh=False)} would make the next start fast"
         return f"no stored index at {where}: `python -m distshard index URLS` would make the next start fast"
 
     def _moved_words(self) -> str:

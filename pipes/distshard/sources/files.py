@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, Mapping
 
 from ..errors import SourceChangedError, SourceMissingError
 from .options import ReadOptions
-from .urls import is_remote
+from .urls import is_remote, unpinned
 
 __all__ = [
     "FileAccess",
@@ -95,9 +95,10 @@ DEFAULT_FILE_ACCESS = FileAccess()
 
 
 def key_of(url: str) -> str:
-    """What names the file in the cache: its absolute path, or the URL."""
+    """What names the file in the cache: its absolute path, or the URL (an
+    ``hf://`` URL without the commit it was pinned to: its stamp names the bytes)."""
     if is_remote(url):
-        return url
+        return unpinned(url)
     return os.path.abspath(local_path(url))
 
 

@@ -341,7 +341,7 @@ def _install(fmt: str, ref: FileRef, data: bytes) -> None:
         write_entry(cache_path(fmt, ref), data)
 
 
-def _collective(group: DataGroup | None = None) -> tuple[int, int] | None:
+def job_ranks(group: DataGroup | None = None) -> tuple[int, int] | None:
     """``(rank, world_size)`` when this process is a rank of an initialized group
     of several (not a DataLoader worker), else ``None``; in ``group`` (the data
     group) when given, else in the default group."""
@@ -451,7 +451,7 @@ def summarize_files(
     read from the cache), under its lock. ``identify(url)`` gives a file's
     ``(size, stamp)`` (a ``stat``, or one metadata request).
     """
-    place = _collective(group) if collective else None
+    place = job_ranks(group) if collective else None
     if place is None:
         return [(ref, count) for ref, count, _ in _summarize(fmt, urls, build, identify, _start_of(len(urls)))]
     rank, world = place

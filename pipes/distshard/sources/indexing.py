@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..errors import DistshardError, OptionError, SourceMissingError, UnsupportedError
 from . import manifest
-from .answers import MissingBucketError, StoreUnreachable, read_only
+from .answers import READ_ONLY, MissingBucketError, StoreUnreachable, read_only
 from .confirm import confirm, listable
 from .files import FileAccess, FileRef, file_identity, identify, local_path
 from .index import dumps, load_cached
@@ -137,9 +137,9 @@ def _stops(url: str, exc: BaseException) -> bool:
 
 def _check_writable(location: str) -> None:
     """Refuse, before any file is read, a destination the build cannot write:
-    http(s) (read-only), or a local path whose nearest existing folder this process
+    http(s) or hf:// (read-only), or a local path whose nearest existing folder this process
     may not write into (an object store answers the first write)."""
-    if location.split("://", 1)[0].lower() in ("http", "https"):
+    if location.split("://", 1)[0].lower() in READ_ONLY:
         raise read_only(location)
     if is_remote(location):
         return

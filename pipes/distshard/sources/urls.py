@@ -18,12 +18,28 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 from ..errors import OptionError, OptionTypeError
 
-__all__ = ["braceexpand", "expand_urls", "is_remote"]
+__all__ = ["braceexpand", "expand_urls", "is_remote", "unpinned"]
 
 UrlsArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
+_PINNED = re.compile(r"^(hf://(?:datasets/|spaces/|kernels/|models/)?[^/@]+/[^/@]+)@[0-9a-f]{40}(?=/|$)", re.I)
+
+
+def unpinned(url: str) -> str:
+    """``url`` without the commit an ``hf://`` URL was pinned to when its source was
+    built (see :mod:`.hub`): what names the file in caches and stored indexes."""
+    return _PINNED.sub(r"\1", url) if url[:5].lower() == "hf://" else url
+
+
+def _pin(url: str, storage_options: Mapping[str, Any] | None, pins: dict[Any, str]) -> str:
+    """An ``hf://`` URL pinned to the commit its revision is now (see :mod:`.hub`)."""
+    if url[:5].lower() != "hf://":
+        return url
+    from .hub import pin
+
+    return pin(url, storage_options, pins)
 
 
 def is_remote(url: str) -> bool:
@@ -174,8 +190,10 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
         if not isinstance(text, str):
             raise OptionTypeError(f"urls must be a str or a list of str, got bytes {text!r}")
         out: list[str] = []
+        pins: dict[Any, str] = {}  # one resolution of each hf:// repository's revision
         for pattern in text.split("::"):
             for item in braceexpand(pattern):
+                item = _pin(item, storage_options, pins)
                 if _GLOB_CHARS.search(item):
                     matched = _glob_one(item, storage_options)
                     if not matched:
@@ -184,11 +202,11 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
                 else:
                     out.append(item)
     elif isinstance(urls, Iterable) and not isinstance(urls, (bytes, dict)):
-        out = []
+        out, pins = [], {}
         for given in urls:
             if not isinstance(given, (str, os.PathLike)):
                 raise OptionTypeError(f"urls must hold str or os.PathLike items, got {type(given).__name__}: {given!r}")
-            out.append(os.fspath(given))
+            out.append(_pin(os.fspath(given), storage_options, pins))
     else:
         raise OptionTypeError(f"urls must be a str, an os.PathLike or a list of them, got {type(urls).__name__}")
     if not out or any(not item for item in out):
