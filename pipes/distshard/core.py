@@ -9,16 +9,17 @@ its epoch, ``even="carry"``'s base, the checks of a state against this shard, bu
 a slot's :class:`~distshard.engine.SlotRun`, the state it reports, the rank captured
 when it is pickled, and its ``repr``. :class:`PlanModel` is what ``explain()`` reads.
 
-The front-ends read a state's fields through the typed :class:`~distshard.state.State`
-only: the core keeps a loaded state typed (``resume``, ``pending``), so the wire format
-is read in one place, ``State.from_dict``.
+Every front-end loads through one call, :meth:`ShardCore.load_saved`: what the user
+saved (a slot's state, a list of them, a loader's state) is parsed once into a typed
+:class:`~distshard.state.State` (``saved.py``), merged typed when it holds several, and
+loaded. The front-ends read a state's fields through the typed state only: the core
+keeps a loaded state typed (``resume``, ``pending``), so the wire format is read in one
+place, ``State.from_dict``.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -31,7 +32,8 @@ from .options import ShardOptions, check_flag, check_seed
 from .plan import CARRY, check_multiple
 from .protocol import sequence_length_varies
 from .readers import RandomAccessReader, Reader
-from .state import KEY, State, as_state, carry_base_after, check_carry_load, check_fits
+from .saved import Saved
+from .state import State, as_state, carry_base_after, check_carry_load, check_fits
 
 __all__ = ["OptionsView", "PlanModel", "ShardCore"]
 
@@ -43,49 +45,6 @@ StateDict = dict[str, Any]  # a state on the wire, as users see it
 def _run_of(state: State) -> tuple[Any, ...]:
     """What every slot state of one run shares (``load_carry_base``)."""
     return (state.epoch, repr(state.remaining.to_list()), state.carry_from, state.num_slots, state.multiple_of)
-
-
-_NODE_SOURCE = "node_source"  # DistShardNode: the source node's state at the start of the epoch
-
-
-def node_source_of(state: State) -> tuple[bool, Any]:
-    """``(present, value)`` of the source node's state a node state holds."""
-    return (_NODE_SOURCE in state.extra, state.extra.get(_NODE_SOURCE))
-
-
-def with_node_source(state: StateDict, value: Any) -> StateDict:
-    """``state`` holding ``value`` as the source node's state at the start of the epoch."""
-    state[_NODE_SOURCE] = copy.deepcopy(value)
-    return state
-
-
-def first_node_source(merged: StateDict, found: Sequence[StateDict]) -> None:
-    """A merged node state keeps the source node's start state of the first slot state that has one."""
-    merged.setdefault(_NODE_SOURCE, next((s[_NODE_SOURCE] for s in found if _NODE_SOURCE in s), None))
-
-
-def node_state(shard: StateDict, key: str, version: int) -> StateDict:
-    """A ``DistShardNode``'s state: its marker ``key`` with the format ``version``, and the shard's state."""
-    return {key: version, "shard": shard}
-
-
-def shard_of_node_state(state: object, key: str, version: int) -> State:
-    """The validated shard state inside a ``DistShardNode`` state (or a bare shard state), typed."""
-    if isinstance(state, Mapping) and key in state:
-        found = state[key]
-        if isinstance(found, bool) or found != version:
-            raise StateMismatchError(f"not a valid DistShardNode state: version {found!r} is not {version}")
-        return State.from_dict(state.get("shard"))
-    if isinstance(state, Mapping) and KEY in state:
-        return State.from_dict(state)
-    hint = ""
-    if isinstance(state, Mapping) and "root" in state:
-        hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
-    keys = sorted(map(str, state))[:8] if isinstance(state, Mapping) else type(state).__name__
-    raise StateMismatchError(
-        f"not a valid DistShardNode state: no {key!r} key (got {keys}); pass what "
-        f"this node's state_dict() returned{hint}"
-    )
 
 
 # -- what explain() reads ------------------------------------------------------------
@@ -270,10 +229,35 @@ class ShardCore:
         self.epoch, self.resume = found.epoch, found
         return True
 
-    def load_carry_base(self, states: Sequence[object]) -> None:
-        """``even="carry"``: keep where the epochs after ``states``' begin (the slot
+    def load_saved(
+        self,
+        saved: object,
+        reader: Callable[[], Reader | None],
+        in_worker: bool,
+        *,
+        seeded: bool = True,
+        carry_base: bool = False,
+        node_source: bool = False,
+    ) -> bool:
+        """The one load path of every front-end: what a user saved (a slot's or merged
+        state, a list of them, a ``StatefulPipeline`` or ``StatefulDataLoader`` state:
+        see ``saved.py``) parsed once into a typed state, merged when it holds several,
+        checked (against ``reader()``'s data when it gives one) and loaded for its
+        epoch's next run (:meth:`load`). ``carry_base``: under ``even="carry"`` slot
+        states that do not cover their run's slots (one rank's ``StatefulDataLoader``
+        state, whose workers resume them) keep only where the later epochs begin
+        (:meth:`load_carry_base`); ``node_source``: see ``Saved.state``. Returns
+        whether a state now waits for its run; raises, leaving the core unchanged, if
+        what was saved does not fit."""
+        found = Saved.of(saved)
+        if carry_base and self.options.even == CARRY and found.some_slots_of_a_carry_run():
+            self.load_carry_base(found.states)
+            return False
+        return self.load(found.state(node_source), reader(), in_worker, seeded)
+
+    def load_carry_base(self, found: Sequence[State]) -> None:
+        """``even="carry"``: keep where the epochs after ``found``' begin (the slot
         states of one run). ``ValueError`` if they are not one run's."""
-        found = [State.from_dict(state) for state in states]
         runs = {_run_of(s) for s in found}
         if self.options.even != CARRY or len(runs) != 1 or any(not s.is_slot for s in found):
             raise StateMismatchError("load_carry_base takes the slot states of one run of a dist_shard(even='carry')")

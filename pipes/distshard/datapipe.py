@@ -510,36 +510,35 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
 
         return core.state(fresh_run if self._cheap_reader() else None, ctx)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next iteration (a slot's or a merged state).
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state`` at the next iteration: a slot's or a merged state, or
+        anything holding them (a list of every slot's states, merged here; a
+        ``StatefulPipeline`` or ``StatefulDataLoader`` state).
 
         The state resumes its own epoch: a fresh pipe takes the state's epoch; after
         ``set_epoch(e)`` a state of another epoch is discarded. A state taken after
         a slot's last element resumes with nothing left of that epoch for that slot.
         Under ``even="carry"`` a state also says where the epochs after its own begin
         (after an elastic resume their number alone no longer does): that stays with
-        the pipe, also when the state's epoch is discarded for a later one.
+        the pipe, also when the state's epoch is discarded for a later one; the slot
+        states of one rank's workers (which resume them) leave only that here.
         Raises ``ValueError`` for a malformed state or one from another pipeline
         (other options, other data), leaving this pipe exactly as it was.
         """
-        found = State.from_dict(state)
-        reader = self.reader() if self._cheap_reader() else None
-        if self.core.load(found, reader, get_worker_info() is not None, seeded=False):
-            self.core.run = None
-            self.loader_track.state_loaded(self.core.epoch)
+        core = self.core
+
+        def reader() -> Reader | None:
+            return self.reader() if self._cheap_reader() else None
+
+        if core.load_saved(state, reader, get_worker_info() is not None, seeded=False, carry_base=True):
+            core.run = None
+            self.loader_track.state_loaded(core.epoch)
 
     def check_state(self, state: dict[str, Any]) -> None:
         """Raise ``ValueError`` (``StateMismatchError`` for another pipeline's) if
         ``state`` (a slot's or a merged state) does not come from this pipeline;
         nothing is loaded."""
         self.core.check_against(State.from_dict(state), self.reader() if self._cheap_reader() else None)
-
-    def load_carry_base(self, states: Sequence[dict[str, Any]]) -> None:
-        """``even="carry"``: keep where the epochs after ``states``' begin, from the slot
-        states of one run that a DataLoader's workers will resume (this process does
-        not iterate them): the workers' copies and every later epoch's then know the
-        boundaries an elastic resume moved. ``ValueError`` if they are not one run's."""
-        self.core.load_carry_base(states)
 
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,
