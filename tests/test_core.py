@@ -56,7 +56,6 @@ def test_the_core_carries_the_captured_rank_through_pickling(monkeypatch):
     # unpickling notes the captured rank for this process: put it back after the test,
     # or a later test's in-process worker would resolve to rank 1 of 2
     monkeypatch.setattr(_context, "_pickled", None)
-    monkeypatch.setattr(_context, "_pickled_pid", None)
     blob = pickle.dumps(pipe)
     assert pipe.core.captured is None  # captured in the copy, not here
     clone = pickle.loads(blob)

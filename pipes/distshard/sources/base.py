@@ -29,6 +29,7 @@ import logging
 import operator
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
@@ -37,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
+from ..forks import at_fork
 from ..groups import DataGroup
 from ._lru import LRU
 from .answers import index_command
@@ -228,7 +230,7 @@ class SourceSequence(Sequence):
         self._kept: dict[str, bytes] = {}  # stored entries the rank fetched for its workers (pickled with it)
         self._verdicts: dict[int, tuple[str, str] | None] = {}  # files checked against the store (see confirm)
         self._chunks: PackedEntries | None = None  # see _packed
-        self._pid = os.getpid()
+        _LIVE.add(self)  # a forked child forgets its handles and indexes (_forget_handles)
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
     #: few files: each file's bytes and row groups read about once), not a stride
@@ -392,8 +394,6 @@ class SourceSequence(Sequence):
     def file_index(self, f: int) -> tuple[FileRef, FileIndex]:
         """File ``f``'s identity and full index (per process: cached, or read
         from the index cache, or built), its count checked against the declared one."""
-        if self._pid != os.getpid():
-            self._forked()
         known = self._known.get(f)
         if known is not None:
             return known
@@ -504,13 +504,11 @@ class SourceSequence(Sequence):
                 )
         return out
 
-    def _forked(self) -> None:
+    def forget_handles(self) -> None:
         """In a child made by fork: handles and indexes of its own."""
-        self._open, self._known, self._pid = {}, {}, os.getpid()
+        self._open, self._known = {}, {}
 
     def _handle(self, f: int) -> Any:
-        if self._pid != os.getpid():
-            self._forked()
         handle = self._open.get(f)
         if handle is None:
             if len(self._open) >= 64:
@@ -533,12 +531,28 @@ class SourceSequence(Sequence):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_resolved"], state["_open"], state["_known"], state["_pid"] = {}, {}, {}, -1
+        state["_resolved"], state["_open"], state["_known"] = {}, {}, {}
         state["_chunks"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _LIVE.add(self)
+
     def __repr__(self) -> str:
         return f"SourceSequence({self.fmt.name}, files={len(self.refs)}, samples={self._total})"
+
+
+_LIVE: "weakref.WeakSet[SourceSequence]" = weakref.WeakSet()  # this process's sequences
+
+
+def _forget_handles() -> None:
+    """In a forked child: every sequence opens its own files and reads its own indexes."""
+    for sequence in list(_LIVE):
+        sequence.forget_handles()
+
+
+at_fork(_forget_handles)
 
 
 def count_error(url: str, real: int, expected: int, declared: bool) -> ValueError:
