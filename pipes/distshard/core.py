@@ -20,6 +20,7 @@ place, ``State.from_dict``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -134,6 +135,16 @@ class ShardCore:
         self.carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
         self.run: SlotRun | None = None  # the current run, never pickled
         self.captured: tuple[int, int] | None = None  # (rank, world_size) of the pickling process
+
+    def context(self, sharding: Mapping[Any, tuple[int, int]] | None = None) -> _context.ShardContext:
+        """The slot this shard resolves to in this process (``sharding``: a split
+        ``apply_sharding`` gave by hand, see ``tracking.py``)."""
+        options = self.options
+        if sharding:
+            return _context.sharded_context(sharding, options.explicit, self.captured, options.group)
+        return _context.current_context(
+            *(options.explicit or (None, None)), _captured=self.captured, _group=options.group
+        )
 
     # -- options ----------------------------------------------------------------------
     def replace_options(self, **changes: Any) -> ShardOptions:
@@ -280,6 +291,19 @@ class ShardCore:
         seed = resume.seed if resume is not None else None
         return seed if seed is not None else base
 
+    def base_seed(self, shared: Callable[[], int | None]) -> int:
+        """The base seed of a run that resumes nothing: ``seed=``, else 0 under
+        ``even="carry"``, else the loader's seed (``shared()``: one every rank has) or 0."""
+        if self.options.seed is not None:
+            return self.options.seed
+        if self.options.even == CARRY:
+            # the epochs form one stream: whoever reads an epoch's positions (its carried
+            # tail in the next epoch, a resume, an elastic resume) must order them by the
+            # same seed, and the DataLoader hands over a new one every epoch
+            return 0
+        found = shared()
+        return 0 if found is None else found
+
     def slot_run(
         self,
         reader: Reader,
@@ -328,6 +352,17 @@ class ShardCore:
             found.append(positions)
         return found
 
+    def prefetch_planned(self, reader: Reader, ctx: _context.ShardContext, base: int, workers: int) -> None:
+        """Before a rank's DataLoader starts ``workers`` workers: ``reader`` (random
+        access) learns the positions each of its slots will read this epoch, so that
+        it fetches once what they all need first."""
+        if not isinstance(reader, RandomAccessReader):
+            return
+        resume = self.pending
+        slots = self.planned_positions(reader, ctx, self.run_seed(resume, base), resume, workers)
+        if slots is not None:
+            reader.prefetch(slots)
+
     def run_state(self) -> StateDict:
         """The state of the current run."""
         assert self.run is not None, "a run was started"
@@ -364,6 +399,11 @@ class ShardCore:
         return remaining_share(
             total, resume, slot, num_slots, options.even, options.multiple_of, self.carry, self.epoch
         )
+
+    def rank_shares(self, total: int, ctx: _context.ShardContext, workers: int) -> list[int]:
+        """:meth:`share` of each of ``workers`` slots of ``ctx``'s rank."""
+        num_slots, first = ctx.world_size * workers, ctx.rank * workers
+        return [self.share(total, slot, num_slots) for slot in range(first, first + workers)]
 
     def model(self, **found: Any) -> PlanModel:
         """The :class:`PlanModel` of this shard, with what its front-end ``found``."""

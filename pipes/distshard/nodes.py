@@ -22,7 +22,7 @@ from . import context as _context
 from .access import Access, WholeFiles, access_of, reader_of
 from .core import OptionsView, ShardCore
 from .errors import OptionTypeError
-from .options import carry_refused, check_epoch, check_options
+from .options import carry_refused, check_epoch, check_given
 from .plan import CARRY, Even
 from .readers import Reader
 from .saved import NodeWire
@@ -123,18 +123,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
                     "or a sequence whose [] is positional with distshard.positional()"
                 )
         self.source = source
-        options = check_options(
-            rank=rank,
-            world_size=world_size,
-            even=even,
-            seed=seed,
-            shuffle=shuffle,
-            expand=expand,
-            sizes=sizes,
-            multiple_of=multiple_of,
-            mesh=mesh,
-            group=group,
-        )
+        options = check_given(locals())
         # the options, epoch, loaded state and runs, shared with the DataPipe
         self.core = ShardCore(options, whole=self._whole is not None, what="node")
         fix = "a random-access sequence (a list, range, tensor, distshard.positional(...), a distshard file source)"
@@ -157,10 +146,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
     # -- who am I -----------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this node resolves to right now."""
-        options = self.core.options
-        return _context.current_context(
-            *(options.explicit or (None, None)), _captured=self.core.captured, _group=options.group
-        )
+        return self.core.context()
 
     # -- the options (frozen in the core) -------------------------------------------
     @property
@@ -224,7 +210,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
             else:
                 self.source.reset(None)
                 self._source_start, self._source_fresh = _node_state(self.source), True
-        seed = core.run_seed(resume, self.seed or 0)
+        seed = core.run_seed(resume, core.base_seed(lambda: None))
         reader = self.reader()
         if resume is not None and listing:
             core.check_against(resume, reader)

@@ -20,7 +20,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 from . import frameworks, loaders
-from .errors import ResumeOrderError, SetupError
+from .errors import OptionError, OptionTypeError, ResumeOrderError, SetupError
 from .mailbox import Mailbox
 
 __all__ = ["LoaderTrack"]
@@ -44,7 +44,13 @@ class LoaderTrack:
         self, num_of_instances: int, instance_id: int, group: SHARDING_PRIORITIES, captured: tuple[int, int] | None
     ) -> None:
         """Keep a split given by ``apply_sharding``, unless it is the DataLoader's own
-        call (which ``dist_shard`` resolves by itself)."""
+        call (which ``dist_shard`` resolves by itself). ``TypeError`` / ``ValueError``
+        for a split that is not one."""
+        for name, value in (("num_of_instances", num_of_instances), ("instance_id", instance_id)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise OptionTypeError(f"{name}={value!r} must be an int")
+        if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
+            raise OptionError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
         if group == SHARDING_PRIORITIES.DEFAULT and (num_of_instances, instance_id) == loaders.torch_split(captured):
             return
         self.sharding[group] = (num_of_instances, instance_id)
@@ -83,6 +89,19 @@ class LoaderTrack:
         elif not self.mailbox.own:  # a worker: StatefulDataLoader resumes it here
             self.resumed_here = epoch
             self.mailbox.post_resumed(epoch)  # workers started after this one do not have it
+
+    def check_position_known(self, epoch: int, known: bool) -> None:
+        """``state_dict``: refuse to report a position in ``epoch`` that this copy does
+        not ``known`` (neither a loaded state waiting nor a run of the epoch) while its
+        iteration runs again an epoch a worker resumed (see :meth:`hear`)."""
+        if self.blind and not known:
+            raise ResumeOrderError(
+                f"a state of epoch {epoch} was loaded into this DataLoader's workers, and this worker's "
+                f"iteration of epoch {epoch} started after the one that resumed it, in a new worker "
+                "(StatefulDataLoader starts one by itself after loading a state saved at the end of an epoch, "
+                "unless persistent_workers=True) that does not have the state: it cannot say where the epoch "
+                "stands: call set_epoch() with the next epoch before iterating the loader"
+            )
 
     def iteration_started(self) -> None:
         """An iteration starts: remember a worker that iterates a copy nobody can reach."""
