@@ -281,13 +281,15 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         self.loader_track.epoch_set(epoch)  # posted to the workers, or, in a worker, known here
         return self
 
-    def _hear_loader(self, refuse: bool = True) -> bool:
+    def _take_loader_epoch(self, refuse: bool = True) -> bool:
         """When an iterator starts in a DataLoader worker: take the epoch ``set_epoch``
-        set in the loader's process (see :meth:`LoaderTrack.hear`). Returns whether the
+        set in the loader's process (see :meth:`LoaderTrack.take_loader_epoch`). Returns whether the
         iteration runs again an epoch whose loaded state a run here (or in another
         worker) resumed, which its first element refuses."""
         core = self.core
-        return self.loader_track.hear(lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse)
+        return self.loader_track.take_loader_epoch(
+            lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse
+        )
 
     def _new_iterator(self) -> None:
         """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
@@ -298,11 +300,11 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         at the epoch's end) yields nothing: the state stays the resumed run's, at its
         end, so that a merge of it carries only what is really left; a worker without
         that run (started afresh) cannot say where the epoch stands: its state refuses."""
-        again = self._hear_loader(refuse=False)
+        again = self._take_loader_epoch(refuse=False)
         core = self.core
         if not again:
             core.run = None
-        self.loader_track.blind = again and (core.run is None or core.run.epoch != core.epoch)
+        self.loader_track.position_unknown = again and (core.run is None or core.run.epoch != core.epoch)
 
     def base_seed(self, ctx: _context.ShardContext | None = None) -> int:
         """The base seed of upstream randomness this copy uses (see ``seed``)."""
@@ -350,7 +352,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         refusal = self.loader_track.refusal or frameworks.refusal_for_iteration()
         if refusal is not None:
             raise SetupError(refusal)
-        self._hear_loader()
+        self._take_loader_epoch()
         self.loader_track.iteration_started()
         core = self.core
         ctx = self.context()
