@@ -21,9 +21,17 @@ def test_demo_reports_exactly_once_and_exits_zero():
         timeout=240,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "verdict: EXACTLY-ONCE" in done.stdout
-    assert "per rank: [248, 248, 248, 248]" in done.stdout  # 4 x 4 slots, even='drop'
-    assert "TypeError" in done.stdout  # the classic recipe on the same records
+    out = done.stdout
+    assert "TypeError" in out  # the classic recipe on the same records
+    # even='carry' over two epochs: every record of both once, the same count a slot each epoch
+    assert "even='carry' epochs=2: 2000 received" in out
+    assert "per rank: [500, 500, 500, 500]" in out  # 4 x 4 slots
+    assert "duplicates: 0 (allowed by even: 0)" in out and "missing: 0 (allowed by even: 0)" in out
+    assert "epoch 0: 62 each, epoch 1: 63 each" in out  # epoch 0's tail of 8 opens epoch 1
+    assert "verdict: EXACTLY-ONCE" in out
+    # even='drop''s tail said for what it is, the records named
+    assert "every slot yields 62 an epoch (1000 // 16 slots), and the last 8\n  records" in out
+    assert "not a\n  loss" in out and out.count("utt-") >= 3
 
 
 def test_unknown_command_is_a_usage_error(capsys):

@@ -213,3 +213,61 @@ def test_a_child_starts_with_empty_caches_whose_locks_are_free():
     with held_by_another_thread(kept._lock):
         in_child(check)
     assert kept.get("handle") == "the parent's"
+
+
+# -- one registry, one walker ------------------------------------------------------------------
+
+
+def test_the_fork_registry_runs_every_hook_in_the_child_also_after_one_that_raises(monkeypatch, caplog):
+    from distshard import forks
+
+    ran: list[str] = []
+    monkeypatch.setattr(forks, "_after_in_child", list(forks._after_in_child))
+    monkeypatch.setattr(forks, "_before", list(forks._before))
+
+    def broken() -> None:
+        raise RuntimeError("a hook that fails")
+
+    forks.at_fork(lambda: ran.append("first"), before=broken)
+    forks.at_fork(broken, before=lambda: ran.append("before"))
+    forks.at_fork(lambda: ran.append("second"))
+
+    def check() -> None:  # the child: every hook ran, in the order registered, the parent's before-hooks first
+        assert ran == ["before", "first", "second"], ran
+
+    with caplog.at_level("ERROR", logger="distshard"):
+        in_child(check)
+    assert ran == ["before"]  # the parent ran its before-hooks, the last registered first, past the broken one
+    assert "broken" in caplog.text and "a hook that fails" in caplog.text
+
+
+def test_a_forked_child_forgets_the_rank_a_pipe_brought_by_pickle(monkeypatch):
+    from distshard import context
+
+    monkeypatch.setattr(context, "_pickled", None)
+    context.note_captured((1, 2))
+
+    def check() -> None:
+        assert context._pickled is None
+
+    in_child(check)
+    assert context._pickled == (1, 2)
+
+
+def test_nothing_but_the_registry_and_the_walker_touches_fork_hooks_or_frames():
+    from pathlib import Path
+
+    package = Path(distshard_path())
+    found = {
+        str(path.relative_to(package)): word
+        for path in package.rglob("*.py")
+        for word in ("register_at_fork", "_getframe")
+        if word in path.read_text()
+    }
+    assert found == {"forks.py": "register_at_fork", "frames.py": "_getframe"}
+
+
+def distshard_path() -> str:
+    import distshard
+
+    return os.path.dirname(distshard.__file__)

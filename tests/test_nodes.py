@@ -425,6 +425,9 @@ def test_pickled_node_remembers_the_process_group_rank(monkeypatch):
     import distshard.context
 
     monkeypatch.setattr(distshard.context, "dist_rank_world", lambda: (1, 2))
+    # unpickling notes the captured rank for this process: put it back after the test, or a
+    # later test's in-process worker would resolve to rank 1 of 2 (test_carry_seed's did)
+    monkeypatch.setattr(distshard.context, "_pickled", None)
     blob = pickle.dumps(DistShardNode(IterableWrapper(data(6))))
     monkeypatch.setattr(distshard.context, "dist_rank_world", lambda: None)
     copy = pickle.loads(blob)  # as in a spawned DataLoader worker: no process group

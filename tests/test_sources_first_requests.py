@@ -127,7 +127,7 @@ def test_without_a_stored_index_the_rank_asks_nothing_more(tmp_path, slow_server
     loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
     assert Counter(map(key, loader)) == Counter(map(key, expected))
     assert set(requests_by_kind(slow_server)) == {"data"}
-    assert source.__distshard_sequence__()._kept == {}
+    assert source.__distshard_sequence__()._fetched_entries == {}
 
 
 def test_a_file_changed_since_the_index_is_named_by_the_workers_too(tmp_path, slow_server, monkeypatch):

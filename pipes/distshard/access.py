@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from torch.utils.data import get_worker_info
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
@@ -68,11 +69,13 @@ class WholeFiles:
     description: str
 
 
-def whole_files(source: Any) -> WholeFiles | None:
-    """The whole files of ``source`` if it is a file source (it has
-    ``__distshard_units__``) that has no random access (compressed files), else
-    ``None``. Finding out indexes a file source once (its identities then travel to
-    DataLoader workers with the pipe)."""
+def whole_files(source: Any, below_maps: bool = False) -> WholeFiles | None:
+    """The whole files of ``source`` (``below_maps``: of the source below its 1:1
+    ``.map()`` pipes) if it is a file source (it has ``__distshard_units__``) that has
+    no random access (compressed files), else ``None``. Finding out indexes a file
+    source once (its identities then travel to DataLoader workers with the pipe)."""
+    while below_maps and isinstance(source, MapperIterDataPipe):
+        source = source.datapipe
     found = units_of(source)
     return None if found is None else WholeFiles(*found)
 

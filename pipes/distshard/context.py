@@ -25,17 +25,17 @@ The worker part comes from ``torch.utils.data.get_worker_info()``; torchdata's
 from __future__ import annotations
 
 import os
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Iterator, Mapping
 
 import torch.distributed as dist
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
+from . import frames
 from .errors import DistshardError, OptionError, OptionTypeError, SetupError
+from .forks import at_fork
 from .groups import DataGroup, data_group, gloo_group
 from .waits import naming_collective_timeouts
 
@@ -250,8 +250,7 @@ def forced_distributed(rank: int, world_size: int) -> Iterator[None]:
         _forced = previous
 
 
-_pickled: tuple[int, int] | None = None
-_pickled_pid: int | None = None  # the process that received it: a forked child does not
+_pickled: tuple[int, int] | None = None  # forgotten in a forked child (_forget_pickled)
 
 
 def note_captured(rank_world: tuple[int, int] | None) -> None:
@@ -261,9 +260,17 @@ def note_captured(rank_world: tuple[int, int] | None) -> None:
     pipes that carry none resolve to it with ``source="pickled"``. ``None`` forgets
     it. The last call wins; all pipes sent by one rank carry the same value.
     """
-    global _pickled, _pickled_pid
+    global _pickled
     _pickled = None if rank_world is None else check_rank_world(*rank_world)
-    _pickled_pid = os.getpid()
+
+
+def _forget_pickled() -> None:
+    """In a forked child: the record was its parent's (a child adopts nothing by pickle)."""
+    global _pickled
+    _pickled = None
+
+
+at_fork(_forget_pickled)
 
 
 def resolve_distributed(
@@ -283,9 +290,9 @@ def resolve_distributed(
     found = dist_rank_world()
     if found is not None:
         return found[0], found[1], "torch.distributed"
-    if captured is None and get_worker_info() is not None and _pickled_pid == os.getpid():
+    if captured is None and get_worker_info() is not None:
         # the record serves DataLoader workers that received pipes by pickle; neither a
-        # rank's own process unpickling a copy (deepcopy) nor its forked children adopt it
+        # rank's own process unpickling a copy (deepcopy) nor its forked children (which forget it) adopt it
         captured = _pickled
     if captured is not None:
         return captured[0], captured[1], "pickled"
@@ -293,18 +300,6 @@ def resolve_distributed(
     if found is not None:
         return found[0], found[1], "env"
     return 0, 1, "default"
-
-
-def callers(depth: int, skip: int = 2) -> Iterator[object]:
-    """The ``self`` of each of the next ``depth`` frames above our caller's caller
-    (``skip`` frames up from here): how distshard finds the DataLoader or framework
-    object that is driving a pipe, without importing any framework."""
-    frame: FrameType | None = sys._getframe(skip)
-    while frame is not None and depth > 0:
-        owner = frame.f_locals.get("self")
-        if owner is not None:
-            yield owner
-        frame, depth = frame.f_back, depth - 1
 
 
 def loader_num_workers() -> int | None:
@@ -316,7 +311,8 @@ def loader_num_workers() -> int | None:
     """
     from torch.utils.data import DataLoader
 
-    for owner in callers(12):
+    for frame in frames.above(1, 12):
+        owner = frame.f_locals.get("self")
         if isinstance(owner, DataLoader):
             return max(1, owner.num_workers)
     return None

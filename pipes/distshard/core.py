@@ -9,14 +9,16 @@ its epoch, ``even="carry"``'s base, the checks of a state against this shard, bu
 a slot's :class:`~distshard.engine.SlotRun`, the state it reports, the rank captured
 when it is pickled, and its ``repr``. :class:`PlanModel` is what ``explain()`` reads.
 
-The front-ends read a state's fields through the typed :class:`~distshard.state.State`
-only: the core keeps a loaded state typed (``resume``, ``pending``), so the wire format
-is read in one place, ``State.from_dict``.
+Every front-end loads through one call, :meth:`ShardCore.load_saved`: what the user
+saved (a slot's state, a list of them, a loader's state) is parsed once into a typed
+:class:`~distshard.state.State` (``saved.py``), merged typed when it holds several, and
+loaded. The front-ends read a state's fields through the typed state only: the core
+keeps a loaded state typed (``resume``, ``pending``), so the wire format is read in one
+place, ``State.from_dict``.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +33,8 @@ from .options import ShardOptions, check_flag, check_seed
 from .plan import CARRY, check_multiple
 from .protocol import sequence_length_varies
 from .readers import RandomAccessReader, Reader
-from .state import KEY, State, as_state, carry_base_after, check_carry_load, check_fits
+from .saved import Saved
+from .state import State, as_state, carry_base_after, check_carry_load, check_fits
 
 __all__ = ["OptionsView", "PlanModel", "ShardCore"]
 
@@ -43,49 +46,6 @@ StateDict = dict[str, Any]  # a state on the wire, as users see it
 def _run_of(state: State) -> tuple[Any, ...]:
     """What every slot state of one run shares (``load_carry_base``)."""
     return (state.epoch, repr(state.remaining.to_list()), state.carry_from, state.num_slots, state.multiple_of)
-
-
-_NODE_SOURCE = "node_source"  # DistShardNode: the source node's state at the start of the epoch
-
-
-def node_source_of(state: State) -> tuple[bool, Any]:
-    """``(present, value)`` of the source node's state a node state holds."""
-    return (_NODE_SOURCE in state.extra, state.extra.get(_NODE_SOURCE))
-
-
-def with_node_source(state: StateDict, value: Any) -> StateDict:
-    """``state`` holding ``value`` as the source node's state at the start of the epoch."""
-    state[_NODE_SOURCE] = copy.deepcopy(value)
-    return state
-
-
-def first_node_source(merged: StateDict, found: Sequence[StateDict]) -> None:
-    """A merged node state keeps the source node's start state of the first slot state that has one."""
-    merged.setdefault(_NODE_SOURCE, next((s[_NODE_SOURCE] for s in found if _NODE_SOURCE in s), None))
-
-
-def node_state(shard: StateDict, key: str, version: int) -> StateDict:
-    """A ``DistShardNode``'s state: its marker ``key`` with the format ``version``, and the shard's state."""
-    return {key: version, "shard": shard}
-
-
-def shard_of_node_state(state: object, key: str, version: int) -> State:
-    """The validated shard state inside a ``DistShardNode`` state (or a bare shard state), typed."""
-    if isinstance(state, Mapping) and key in state:
-        found = state[key]
-        if isinstance(found, bool) or found != version:
-            raise StateMismatchError(f"not a valid DistShardNode state: version {found!r} is not {version}")
-        return State.from_dict(state.get("shard"))
-    if isinstance(state, Mapping) and KEY in state:
-        return State.from_dict(state)
-    hint = ""
-    if isinstance(state, Mapping) and "root" in state:
-        hint = "; this looks like a Loader state: pass it to Loader.load_state_dict()"
-    keys = sorted(map(str, state))[:8] if isinstance(state, Mapping) else type(state).__name__
-    raise StateMismatchError(
-        f"not a valid DistShardNode state: no {key!r} key (got {keys}); pass what "
-        f"this node's state_dict() returned{hint}"
-    )
 
 
 # -- what explain() reads ------------------------------------------------------------
@@ -175,6 +135,16 @@ class ShardCore:
         self.carry: tuple[list, int] | None = None  # even="carry": the base a loaded state moved epochs to
         self.run: SlotRun | None = None  # the current run, never pickled
         self.captured: tuple[int, int] | None = None  # (rank, world_size) of the pickling process
+
+    def context(self, sharding: Mapping[Any, tuple[int, int]] | None = None) -> _context.ShardContext:
+        """The slot this shard resolves to in this process (``sharding``: a split
+        ``apply_sharding`` gave by hand, see ``tracking.py``)."""
+        options = self.options
+        if sharding:
+            return _context.sharded_context(sharding, options.explicit, self.captured, options.group)
+        return _context.current_context(
+            *(options.explicit or (None, None)), _captured=self.captured, _group=options.group
+        )
 
     # -- options ----------------------------------------------------------------------
     def replace_options(self, **changes: Any) -> ShardOptions:
@@ -270,10 +240,35 @@ class ShardCore:
         self.epoch, self.resume = found.epoch, found
         return True
 
-    def load_carry_base(self, states: Sequence[object]) -> None:
-        """``even="carry"``: keep where the epochs after ``states``' begin (the slot
+    def load_saved(
+        self,
+        saved: object,
+        reader: Callable[[], Reader | None],
+        in_worker: bool,
+        *,
+        seeded: bool = True,
+        carry_base: bool = False,
+        node_source: bool = False,
+    ) -> bool:
+        """The one load path of every front-end: what a user saved (a slot's or merged
+        state, a list of them, a ``StatefulPipeline`` or ``StatefulDataLoader`` state:
+        see ``saved.py``) parsed once into a typed state, merged when it holds several,
+        checked (against ``reader()``'s data when it gives one) and loaded for its
+        epoch's next run (:meth:`load`). ``carry_base``: under ``even="carry"`` slot
+        states that do not cover their run's slots (one rank's ``StatefulDataLoader``
+        state, whose workers resume them) keep only where the later epochs begin
+        (:meth:`load_carry_base`); ``node_source``: see ``Saved.state``. Returns
+        whether a state now waits for its run; raises, leaving the core unchanged, if
+        what was saved does not fit."""
+        found = Saved.of(saved)
+        if carry_base and self.options.even == CARRY and found.some_slots_of_a_carry_run():
+            self.load_carry_base(found.states)
+            return False
+        return self.load(found.state(node_source), reader(), in_worker, seeded)
+
+    def load_carry_base(self, found: Sequence[State]) -> None:
+        """``even="carry"``: keep where the epochs after ``found``' begin (the slot
         states of one run). ``ValueError`` if they are not one run's."""
-        found = [State.from_dict(state) for state in states]
         runs = {_run_of(s) for s in found}
         if self.options.even != CARRY or len(runs) != 1 or any(not s.is_slot for s in found):
             raise StateMismatchError("load_carry_base takes the slot states of one run of a dist_shard(even='carry')")
@@ -295,6 +290,19 @@ class ShardCore:
         """The seed of a run: the resumed state's, else ``base``."""
         seed = resume.seed if resume is not None else None
         return seed if seed is not None else base
+
+    def base_seed(self, shared: Callable[[], int | None]) -> int:
+        """The base seed of a run that resumes nothing: ``seed=``, else 0 under
+        ``even="carry"``, else the loader's seed (``shared()``: one every rank has) or 0."""
+        if self.options.seed is not None:
+            return self.options.seed
+        if self.options.even == CARRY:
+            # the epochs form one stream: whoever reads an epoch's positions (its carried
+            # tail in the next epoch, a resume, an elastic resume) must order them by the
+            # same seed, and the DataLoader hands over a new one every epoch
+            return 0
+        found = shared()
+        return 0 if found is None else found
 
     def slot_run(
         self,
@@ -344,6 +352,17 @@ class ShardCore:
             found.append(positions)
         return found
 
+    def prefetch_planned(self, reader: Reader, ctx: _context.ShardContext, base: int, workers: int) -> None:
+        """Before a rank's DataLoader starts ``workers`` workers: ``reader`` (random
+        access) learns the positions each of its slots will read this epoch, so that
+        it fetches once what they all need first."""
+        if not isinstance(reader, RandomAccessReader):
+            return
+        resume = self.pending
+        slots = self.planned_positions(reader, ctx, self.run_seed(resume, base), resume, workers)
+        if slots is not None:
+            reader.prefetch(slots)
+
     def run_state(self) -> StateDict:
         """The state of the current run."""
         assert self.run is not None, "a run was started"
@@ -380,6 +399,11 @@ class ShardCore:
         return remaining_share(
             total, resume, slot, num_slots, options.even, options.multiple_of, self.carry, self.epoch
         )
+
+    def rank_shares(self, total: int, ctx: _context.ShardContext, workers: int) -> list[int]:
+        """:meth:`share` of each of ``workers`` slots of ``ctx``'s rank."""
+        num_slots, first = ctx.world_size * workers, ctx.rank * workers
+        return [self.share(total, slot, num_slots) for slot in range(first, first + workers)]
 
     def model(self, **found: Any) -> PlanModel:
         """The :class:`PlanModel` of this shard, with what its front-end ``found``."""

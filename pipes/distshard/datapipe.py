@@ -21,41 +21,23 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
 from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes._decorator import functional_datapipe
 from torch.utils.data.datapipes.datapipe import IterDataPipe
-from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
-from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 
 from . import context as _context
 from . import frameworks, loaders
-from .access import (
-    Access,
-    EpochReader,
-    UnitCounts,
-    WholeFiles,
-    access_of,
-    reader_of,
-    unwrapped,
-    whole_files,
-)
+from .access import Access, UnitCounts, access_of, reader_of, unwrapped, whole_files
 from .core import OptionsView, PlanModel, ShardCore
-from .digests import mix_seed
 from .engine import SlotRun
-from .errors import OptionError, OptionTypeError, ResumeOrderError, SetupError
+from .errors import OptionError, OptionTypeError, SetupError
 from .explaining import explain_model
-from .graph import (
-    Pushdown,
-    check_no_sharding,
-    pipeline_of,
-    plan_pushdown,
-    random_pipes,
-    upstream_pipes,
-)
-from .options import ShardOptions, check_epoch, check_flag, check_options
+from .graph import Pushdown, check_no_sharding, pipeline_of, plan_pushdown, upstream_pipes
+from .options import check_epoch, check_flag, check_given
 from .plan import CARRY, Even
-from .protocol import own_identity, sequence_length_varies, sequence_prefetch
-from .readers import RandomAccessReader, Reader, stable_digest
+from .protocol import sequence_length_varies, sequence_prefetch
+from .readers import Reader
 from .state import State
 from .tracking import LoaderTrack
+from .upstream import Upstream
 
 T = TypeVar("T")
 
@@ -178,21 +160,12 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
                 "wrap an iterable with torch.utils.data.datapipes.iter.IterableWrapper"
             )
         self.source_datapipe = source_datapipe
-        options = check_options(
-            rank=rank,
-            world_size=world_size,
-            even=even,
-            seed=seed,
-            shuffle=shuffle,
-            expand=expand,
-            sizes=sizes,
-            multiple_of=multiple_of,
-            mesh=mesh,
-            group=group,
-        )
+        options = check_given(locals())
         self.pushdown = check_flag("pushdown", pushdown)
         self._pushdown: Pushdown | None = None  # per process, never pickled
-        self._whole = self._find_whole_files(options)
+        # the whole files of a file source below 1:1 maps that cannot be read at random
+        # (compressed files): they go whole to slots
+        self._whole = None if options.expand is not None else whole_files(source_datapipe, below_maps=self.pushdown)
         # the options, epoch, loaded state and runs, shared with DistShardNode
         self.core = ShardCore(options, whole=self._whole is not None)
         self.core.check_access(
@@ -209,29 +182,13 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
             # before any DataLoader worker copies the pipe; a collective over the data group
             self._counts.ask_all(list(self.source_datapipe), options.group)
         self.loader_track = LoaderTrack()  # what torch's DataLoader did to this pipe
-        self._chain: str | None = None  # identity of the upstream graph, computed once
-        self._random_pipes: list | None = None  # per process, never pickled
-        # the walk's results, so that DataLoader workers need not walk again: the
-        # random pipes (valid in fork workers; spawn workers find them again) and the
-        # identity (pickled with the pipe)
-        self._random_pipes = random_pipes(source_datapipe, upstream)
-        self.chain_identity(upstream)
+        self.upstream = Upstream(source_datapipe, upstream)  # the walk's identity and random pipes
 
     def __dir__(self) -> list[str]:
         # torch's error text for an exception raised while iterating lists the members
         # named like __init__'s parameters; "shuffle" is one, stored as global_shuffle,
         # and the name resolves to the .shuffle() functional, whose partial it printed
         return [name for name in super().__dir__() if name != "shuffle"]
-
-    def _find_whole_files(self, options: ShardOptions) -> WholeFiles | None:
-        """The whole files of a file source below 1:1 maps that cannot be read at
-        random (compressed files): they go whole to slots."""
-        if options.expand is not None:
-            return None
-        base = self.source_datapipe
-        while self.pushdown and isinstance(base, MapperIterDataPipe):
-            base = base.datapipe
-        return whole_files(base)
 
     # -- the options (frozen in the core; see ShardCore.replace_options) -----------------
     @property
@@ -251,10 +208,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
     # -- who am I ---------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this pipe resolves to in this process."""
-        options, captured = self.core.options, self.core.captured
-        if self.loader_track.sharding:
-            return _context.sharded_context(self.loader_track.sharding, options.explicit, captured, options.group)
-        return _context.current_context(*(options.explicit or (None, None)), _captured=captured, _group=options.group)
+        return self.core.context(self.loader_track.sharding)
 
     # -- hooks torch's DataLoader calls ----------------------------------------
     def apply_sharding(
@@ -274,11 +228,6 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         (``MULTIPROCESSING``). Having this method also makes torch's own check
         raise when a ``sharding_filter`` sits in the same chain.
         """
-        for name, value in (("num_of_instances", num_of_instances), ("instance_id", instance_id)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise OptionTypeError(f"{name}={value!r} must be an int")
-        if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
-            raise OptionError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
         self.loader_track.sharded(num_of_instances, instance_id, sharding_group, self.core.captured)
 
     def set_seed(self, seed: int) -> "DistShardIterDataPipe[T]":
@@ -303,14 +252,8 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
             return
         if get_worker_info() is not None or sequence_prefetch(self.read_plan().sequence) is None:
             return  # (only a source that fetches something ahead: no other view is made here)
-        core, ctx = self.core, self.context()
-        reader = self.reader()
-        if not isinstance(reader, RandomAccessReader):
-            return
-        resume = core.pending
-        slots = core.planned_positions(reader, ctx, core.run_seed(resume, self.base_seed(ctx)), resume, workers)
-        if slots is not None:
-            reader.prefetch(slots)
+        ctx = self.context()
+        self.core.prefetch_planned(self.reader(), ctx, self.base_seed(ctx), workers)
 
     def set_shuffle(self, shuffle: bool = True) -> "DistShardIterDataPipe[T]":
         """Called by torch's DataLoader with its ``shuffle=`` argument (when given).
@@ -338,13 +281,15 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         self.loader_track.epoch_set(epoch)  # posted to the workers, or, in a worker, known here
         return self
 
-    def _hear_loader(self, refuse: bool = True) -> bool:
+    def _take_loader_epoch(self, refuse: bool = True) -> bool:
         """When an iterator starts in a DataLoader worker: take the epoch ``set_epoch``
-        set in the loader's process (see :meth:`LoaderTrack.hear`). Returns whether the
+        set in the loader's process (see :meth:`LoaderTrack.take_loader_epoch`). Returns whether the
         iteration runs again an epoch whose loaded state a run here (or in another
         worker) resumed, which its first element refuses."""
         core = self.core
-        return self.loader_track.hear(lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse)
+        return self.loader_track.take_loader_epoch(
+            lambda: core.epoch, core.set_epoch, lambda: core.pending is not None, refuse
+        )
 
     def _new_iterator(self) -> None:
         """A new iterator of the pipeline starts (``StatefulPipeline.__iter__``):
@@ -355,56 +300,19 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         at the epoch's end) yields nothing: the state stays the resumed run's, at its
         end, so that a merge of it carries only what is really left; a worker without
         that run (started afresh) cannot say where the epoch stands: its state refuses."""
-        again = self._hear_loader(refuse=False)
+        again = self._take_loader_epoch(refuse=False)
         core = self.core
         if not again:
             core.run = None
-        self.loader_track.blind = again and (core.run is None or core.run.epoch != core.epoch)
+        self.loader_track.position_unknown = again and (core.run is None or core.run.epoch != core.epoch)
 
     def base_seed(self, ctx: _context.ShardContext | None = None) -> int:
         """The base seed of upstream randomness this copy uses (see ``seed``)."""
-        if self.seed is not None:
-            return self.seed
-        if self.even == CARRY:
-            # the epochs form one stream: whoever reads an epoch's positions (its carried
-            # tail in the next epoch, a resume, an elastic resume) must order them by the
-            # same seed, and the DataLoader hands over a new one every epoch
-            return 0
-        shared = self.loader_track.shared_seed(lambda: (ctx or self.context()).world_size)
-        return 0 if shared is None else shared
+        return self.core.base_seed(lambda: self.loader_track.shared_seed(lambda: (ctx or self.context()).world_size))
 
     def _seed_upstream(self, base: int, epoch: int | None = None) -> None:
         """Seed the upstream random pipes for ``epoch`` (this pipe's by default)."""
-        if self._random_pipes is None:
-            self._random_pipes = random_pipes(self.source_datapipe)
-        salt = stable_digest(self.chain_identity())
-        epoch = self.core.epoch if epoch is None else epoch
-        for index, pipe in enumerate(self._random_pipes):
-            pipe.set_seed(mix_seed(base, epoch, index, int(salt, 16)))
-
-    def _epoch_readers(self, base: int) -> Callable[[int], RandomAccessReader]:
-        """``even="carry"``: the reader of another epoch's stream, built and read with
-        the upstream seeded for that epoch, then seeded back for the running epoch (a
-        view may take its seeds when it is made, or at every access: a mix seeds its
-        sources' passes lazily). The running epoch is fixed here, when the iteration
-        starts: a ``set_epoch`` during it takes effect at the next iteration only."""
-        made: dict[int, RandomAccessReader] = {}
-        running = self.core.epoch
-
-        def reader_for(epoch: int) -> RandomAccessReader:
-            if epoch not in made:
-                self._seed_upstream(base, epoch)
-                try:
-                    made[epoch] = EpochReader(
-                        self.reader(),
-                        lambda: self._seed_upstream(base, epoch),
-                        lambda: self._seed_upstream(base, running),
-                    )
-                finally:
-                    self._seed_upstream(base, running)
-            return made[epoch]
-
-        return reader_for
+        self.upstream.seed(self.source_datapipe, base, self.core.epoch if epoch is None else epoch)
 
     # -- how the source is read ---------------------------------------------------
     def read_plan(self) -> Pushdown:
@@ -413,24 +321,9 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
             self._pushdown = plan_pushdown(self.source_datapipe, self.pushdown and self.expand is None)
         return self._pushdown
 
-    def chain_identity(self, upstream: list | None = None) -> str:
-        """A process-independent identity of the upstream graph: the pipes' types
-        and, for ``IterableWrapper``s, what they wrap (see ``readers.base``)."""
-        if self._chain is None:
-            parts = []
-            for pipe in upstream_pipes(self.source_datapipe) if upstream is None else upstream:
-                part = type(pipe).__qualname__
-                own = own_identity(pipe)  # mix, weighted_sample: seeds, weights
-                if own is not None:
-                    part += f"({own})"
-                elif isinstance(pipe, IterableWrapperIterDataPipe):
-                    data: Any = pipe.iterable
-                    size = len(data) if hasattr(data, "__len__") else None
-                    sample = (data[0], data[-1]) if type(data) in (list, tuple, range) and data else ()
-                    part += f"({type(data).__qualname__}:{size}:{stable_digest(*sample)})"
-                parts.append(part)
-            self._chain = ">".join(parts)
-        return self._chain
+    def chain_identity(self) -> str:
+        """A process-independent identity of the upstream graph (``upstream.chain_identity``)."""
+        return self.upstream.identity
 
     def access(self) -> Access:
         """How the source reads (see :mod:`distshard.access`): random access to the
@@ -459,7 +352,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         refusal = self.loader_track.refusal or frameworks.refusal_for_iteration()
         if refusal is not None:
             raise SetupError(refusal)
-        self._hear_loader()
+        self._take_loader_epoch()
         self.loader_track.iteration_started()
         core = self.core
         ctx = self.context()
@@ -469,10 +362,11 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         reader = self.reader()
         if resume is not None:
             core.check_against(resume, reader)
+        carried = None  # even="carry": the readers of other epochs (their tails)
+        if self.even == CARRY:
+            carried = self.upstream.epoch_readers(self.source_datapipe, seed, core.epoch, self.reader)
         # raises before anything is consumed if the state is for another slot
-        run = core.slot_run(
-            reader, ctx, seed, resume, self._epoch_readers(seed) if self.even == CARRY else None, keep=True
-        )
+        run = core.slot_run(reader, ctx, seed, resume, carried, keep=True)
         plan = self.read_plan() if self.expand is None else None
         elements = map(plan.apply, run) if plan is not None and plan.maps else iter(run)
         # the loaded state stays pending until the run shows it fits (a stream shorter
@@ -493,16 +387,8 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         :func:`distshard.merge_states` to resume with other ranks or workers.
         """
         core = self.core
-        run = core.run
-        if self.loader_track.blind and core.pending is None and (run is None or run.epoch != core.epoch):
-            raise ResumeOrderError(
-                f"a state of epoch {core.epoch} was loaded into this DataLoader's workers, and this worker's "
-                f"iteration of epoch {core.epoch} started after the one that resumed it, in a new worker "
-                "(StatefulDataLoader starts one by itself after loading a state saved at the end of an epoch, "
-                "unless persistent_workers=True) that does not have the state: it cannot say where the epoch "
-                "stands: call set_epoch() with the next epoch before iterating the loader"
-            )
-
+        known = core.pending is not None or (core.run is not None and core.run.epoch == core.epoch)
+        self.loader_track.check_position_known(core.epoch, known)
         ctx = self.context()
 
         def fresh_run(pending: State | None) -> SlotRun:
@@ -510,36 +396,35 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
 
         return core.state(fresh_run if self._cheap_reader() else None, ctx)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` at the next iteration (a slot's or a merged state).
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from ``state`` at the next iteration: a slot's or a merged state, or
+        anything holding them (a list of every slot's states, merged here; a
+        ``StatefulPipeline`` or ``StatefulDataLoader`` state).
 
         The state resumes its own epoch: a fresh pipe takes the state's epoch; after
         ``set_epoch(e)`` a state of another epoch is discarded. A state taken after
         a slot's last element resumes with nothing left of that epoch for that slot.
         Under ``even="carry"`` a state also says where the epochs after its own begin
         (after an elastic resume their number alone no longer does): that stays with
-        the pipe, also when the state's epoch is discarded for a later one.
+        the pipe, also when the state's epoch is discarded for a later one; the slot
+        states of one rank's workers (which resume them) leave only that here.
         Raises ``ValueError`` for a malformed state or one from another pipeline
         (other options, other data), leaving this pipe exactly as it was.
         """
-        found = State.from_dict(state)
-        reader = self.reader() if self._cheap_reader() else None
-        if self.core.load(found, reader, get_worker_info() is not None, seeded=False):
-            self.core.run = None
-            self.loader_track.state_loaded(self.core.epoch)
+        core = self.core
+
+        def reader() -> Reader | None:
+            return self.reader() if self._cheap_reader() else None
+
+        if core.load_saved(state, reader, get_worker_info() is not None, seeded=False, carry_base=True):
+            core.run = None
+            self.loader_track.state_loaded(core.epoch)
 
     def check_state(self, state: dict[str, Any]) -> None:
         """Raise ``ValueError`` (``StateMismatchError`` for another pipeline's) if
         ``state`` (a slot's or a merged state) does not come from this pipeline;
         nothing is loaded."""
         self.core.check_against(State.from_dict(state), self.reader() if self._cheap_reader() else None)
-
-    def load_carry_base(self, states: Sequence[dict[str, Any]]) -> None:
-        """``even="carry"``: keep where the epochs after ``states``' begin, from the slot
-        states of one run that a DataLoader's workers will resume (this process does
-        not iterate them): the workers' copies and every later epoch's then know the
-        boundaries an elastic resume moved. ``ValueError`` if they are not one run's."""
-        self.core.load_carry_base(states)
 
     def _cheap_reader(self) -> bool:
         """Whether building the reader reads no data (everything but listing units,
@@ -601,9 +486,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         if get_worker_info() is not None or self.loader_track.sharding:
             return self.core.share(total, ctx.slot, ctx.num_slots)
         workers = _context.loader_num_workers() or self.loader_track.workers or 1
-        num_slots = ctx.world_size * workers
-        first = ctx.rank * workers
-        counts = [self.core.share(total, s, num_slots) for s in range(first, first + workers)]
+        counts = self.core.rank_shares(total, ctx, workers)
         if workers > 1:
             loaders.check_batched_length(counts, DistShardIterDataPipe)
         return sum(counts)
@@ -630,7 +513,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
             total: int | None = self._total()
         except TypeError:
             total = None
-        randoms = self._random_pipes if self._random_pipes is not None else random_pipes(self.source_datapipe)
+        randoms = self.upstream.random_pipes(self.source_datapipe)
         return self.core.model(
             context=ctx,
             seed=self.base_seed(ctx),
@@ -658,7 +541,7 @@ class DistShardIterDataPipe(OptionsView, IterDataPipe[T]):
         state = dict(self.__dict__)
         # per-process caches (the core leaves out the progress of an iteration that ran
         # here, not in the copy, and captures the rank: ShardCore.__getstate__)
-        state["_random_pipes"] = state["_pushdown"] = None
+        state["_pushdown"] = None  # (and the upstream's random pipes: Upstream.__getstate__)
         if IterDataPipe.getstate_hook is not None:  # torch is walking the graph (graph.traverse_dps)
             if loaders.walk_for_seeds_or_sharding():
                 # The DataLoader walks the graph to seed random pipes and apply sharding

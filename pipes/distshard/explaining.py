@@ -15,13 +15,12 @@ from typing import Any
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torch.utils.data.graph import DataPipeGraph
-from torch.utils.data.graph_settings import _is_sharding_datapipe
 
 from .context import ShardContext
 from .core import PlanModel
 from .engine import SlotRun, carry_run_base, layout_for, shuffle_order
 from .errors import OptionError, OptionTypeError
-from .graph import pipe_graph, pipeline_of, upstream_pipes
+from .graph import is_sharding_pipe, pipe_graph, pipeline_of, upstream_pipes
 from .pack import PackIterDataPipe
 from .plan import carry_summary, dropped_count, padded_count, slot_count
 from .protocol import IdentifiedSource
@@ -536,7 +535,7 @@ def _after_shard_warnings(pipeline: IterDataPipe, pipe: Any, out: Explanation) -
     """What the pipes between ``pipe`` and the top of ``pipeline`` undo: a second
     sharding, data-dependent counts, a shuffle buffer no checkpoint covers."""
     for p in _path(pipe_graph(pipeline), pipe) or []:
-        if _is_sharding_datapipe(p) and p is not pipe:
+        if is_sharding_pipe(p) and p is not pipe:
             out.warnings.append(
                 f"{_name(p)} after dist_shard shards a second time (torch's DataLoader will raise); remove it"
             )

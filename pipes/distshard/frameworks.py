@@ -14,7 +14,7 @@ class name on the call stack, where they drive the pipe.
 
 from __future__ import annotations
 
-from .context import callers
+from .frames import above
 
 __all__ = ["refusal_for_loader", "refusal_for_iteration"]
 
@@ -37,7 +37,8 @@ def _is(owner: object, what: tuple[str, str]) -> bool:
 def refusal_for_loader() -> str | None:
     """Called while a DataLoader creates its iterator over the pipe (in the main
     process): why this loader would lose data, or ``None``."""
-    for owner in callers(24, skip=3):
+    for frame in above(2, 24):
+        owner = frame.f_locals.get("self")
         if _is(owner, _DISPATCHER):
             return (
                 "Accelerate's DataLoaderDispatcher (what accelerator.prepare() makes of a DataLoader "
@@ -50,7 +51,8 @@ def refusal_for_loader() -> str | None:
 def refusal_for_iteration() -> str | None:
     """Called when the pipe starts yielding (in the process that iterates it), and
     when its ``len()`` is asked: why the code iterating it would lose data, or ``None``."""
-    for owner in callers(16, skip=3):
+    for frame in above(2, 16):
+        owner = frame.f_locals.get("self")
         if _is(owner, _RESHARD):
             return (
                 "Accelerate's IterableDatasetShard (what accelerator.prepare() wraps an iterable "

@@ -12,6 +12,7 @@ fail; we then walk the pipes' attributes instead.
 from __future__ import annotations
 
 import array
+import inspect
 import pickle
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,11 +27,7 @@ from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from torch.utils.data.datapipes.map.callable import MapperMapDataPipe
 from torch.utils.data.datapipes.map.utils import SequenceWrapperMapDataPipe
 from torch.utils.data.graph import DataPipe, DataPipeGraph, traverse_dps
-from torch.utils.data.graph_settings import (
-    _is_random_datapipe,
-    _is_sharding_datapipe,
-    get_all_graph_pipes,
-)
+from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from .errors import OptionTypeError, SetupError
 from .protocol import declares_positional, has_sequence, sequence_of
@@ -39,6 +36,8 @@ __all__ = [
     "Positional",
     "Pushdown",
     "is_positional",
+    "is_random_pipe",
+    "is_sharding_pipe",
     "pipe_graph",
     "plan_pushdown",
     "positional",
@@ -51,6 +50,18 @@ T = TypeVar("T")
 # what torch's traversal raises (and catches itself when dill is installed) for
 # something pickle cannot serialize: a local class, a lock in a list attribute, ...
 _PICKLING_ERRORS = (pickle.PickleError, AttributeError, TypeError)
+
+
+def is_random_pipe(pipe: object) -> bool:
+    """Whether torch's DataLoader seeds ``pipe``: it has a ``set_seed`` method (the
+    test of torch's ``graph_settings``, written here: torch keeps it private)."""
+    return inspect.ismethod(getattr(pipe, "set_seed", None))
+
+
+def is_sharding_pipe(pipe: object) -> bool:
+    """Whether ``pipe`` shards (``sharding_filter``, a ``dist_shard``): it has an
+    ``apply_sharding`` method, as torch's ``graph_settings`` decides."""
+    return inspect.ismethod(getattr(pipe, "apply_sharding", None))
 
 
 def pipe_graph(pipe: DataPipe) -> DataPipeGraph:
@@ -117,7 +128,7 @@ def check_no_sharding(source: IterDataPipe, pipes: list[DataPipe] | None = None)
     ``dist_shard`` upstream is always a mistake.
     """
     for pipe in upstream_pipes(source) if pipes is None else pipes:
-        if _is_sharding_datapipe(pipe):
+        if is_sharding_pipe(pipe):
             raise SetupError(
                 f"dist_shard() was applied downstream of {type(pipe).__name__}, which "
                 "already shards the stream; sharding twice loses data. Remove the "
@@ -130,7 +141,7 @@ def random_pipes(source: IterDataPipe, pipes: list[DataPipe] | None = None) -> l
     """The upstream pipes with a ``set_seed`` method (e.g. ``shuffle()``), in
     traversal order; every copy of the pipeline finds them in the same order.
     ``pipes``: ``upstream_pipes(source)`` if already walked (a walk pickles every pipe)."""
-    return [pipe for pipe in (upstream_pipes(source) if pipes is None else pipes) if _is_random_datapipe(pipe)]
+    return [pipe for pipe in (upstream_pipes(source) if pipes is None else pipes) if is_random_pipe(pipe)]
 
 
 class Positional(Generic[T]):

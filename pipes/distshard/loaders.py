@@ -7,13 +7,12 @@ changes what torch does.
 
 from __future__ import annotations
 
-import sys
-from types import FrameType
 from typing import Any
 
 from torch.utils.data import get_worker_info
 
 from . import context as _context
+from .frames import above
 
 __all__ = [
     "check_batched_length",
@@ -40,7 +39,8 @@ def torch_split(captured: tuple[int, int] | None) -> tuple[int, int]:
 def iterating_loader() -> Any:
     """The DataLoader iterator being created right now, if this call comes from one
     (torch seeds the pipe from ``_BaseDataLoaderIter.__init__``)."""
-    for owner in _context.callers(8, skip=3):
+    for frame in above(2, 8):
+        owner = frame.f_locals.get("self")
         if type(owner).__name__.endswith("DataLoaderIter") and hasattr(owner, "_num_workers"):
             return owner
     return None
@@ -51,14 +51,10 @@ def forking_loader() -> bool:
     it starts them: its ``__init__`` holds the DataLoader as ``loader``)."""
     from torch.utils.data import DataLoader
 
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return False
+    for frame in above(2, 8):
         loader = frame.f_locals.get("loader")
         if isinstance(loader, DataLoader):
             return loader.num_workers > 0
-        frame = frame.f_back
     return False
 
 
@@ -69,10 +65,7 @@ def starting_workers() -> int:
     epoch of persistent workers (``_reset``: they exist, with their own copies)."""
     from torch.utils.data import DataLoader
 
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(12):
-        if frame is None:
-            return 0
+    for frame in above(2, 12):
         name = frame.f_code.co_name
         owner = frame.f_locals.get("self") if name in ("__init__", "_reset") else None
         if owner is not None and type(owner).__name__.endswith("DataLoaderIter"):
@@ -80,7 +73,6 @@ def starting_workers() -> int:
             if name == "_reset" or not isinstance(loader, DataLoader):
                 return 0
             return max(0, int(loader.num_workers))
-        frame = frame.f_back
     return 0
 
 
@@ -91,11 +83,9 @@ def walk_for_seeds_or_sharding() -> bool:
     """Whether this call comes from torch's ``graph_settings.apply_random_seed`` or
     ``apply_sharding``, which the DataLoader runs in its main process and twice in
     every worker."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
+    for frame in above(2):
         if frame.f_code.co_name in _OWN_WALKS and frame.f_globals.get("__name__") == "torch.utils.data.graph_settings":
             return True
-        frame = frame.f_back
     return False
 
 
@@ -109,9 +99,8 @@ def check_batched_length(counts: list[int], shard_type: type) -> None:
     from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
     from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
 
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(8):
-        owner = frame.f_locals.get("self") if frame is not None else None
+    for frame in above(2, 8):
+        owner = frame.f_locals.get("self")
         if isinstance(owner, BatcherIterDataPipe):
             size, drop_last = owner.batch_size, owner.drop_last
             per_worker = sum(c // size if drop_last else -(-c // size) for c in counts)
@@ -124,6 +113,5 @@ def check_batched_length(counts: list[int], shard_type: type) -> None:
                     f"multiple_of={size}) so every share is whole batches"
                 )
             return
-        if frame is None or not isinstance(owner, (MapperIterDataPipe, shard_type)):
+        if not isinstance(owner, (MapperIterDataPipe, shard_type)):
             return
-        frame = frame.f_back

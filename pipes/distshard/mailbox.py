@@ -50,6 +50,8 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from .forks import at_fork
+
 __all__ = ["EPOCH_LIMIT", "Mailbox", "News"]
 
 EPOCH_LIMIT = 2**63  # epochs are kept in a signed 64-bit integer
@@ -81,15 +83,11 @@ class _Arena:
         return self.sent[popen]
 
 
-_arenas: list[_Arena] = []  # this process's own arenas
-_arenas_pid = os.getpid()
+_arenas: list[_Arena] = []  # this process's own arenas (a forked child starts without: _forget_arenas)
 _mapped: dict[tuple[int, int], _Arena] = {}  # (owner, fd) -> arena received from a sender
 
 
 def _allocate(seen: tuple[int, int, int]) -> tuple[_Arena, int]:
-    global _arenas, _arenas_pid
-    if _arenas_pid != os.getpid():  # a forked child: the parent's arenas are the parent's
-        _arenas, _arenas_pid = [], os.getpid()
     arena = next((a for a in _arenas if a.free), None)
     if arena is None:
         arena = _Arena()
@@ -218,5 +216,10 @@ def _before_fork() -> None:
             box._home()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork)
+def _forget_arenas() -> None:
+    """In a forked child: the parent's arenas are the parent's."""
+    global _arenas
+    _arenas = []
+
+
+at_fork(_forget_arenas, before=_before_fork)

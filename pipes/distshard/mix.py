@@ -36,11 +36,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
-from torch.utils.data.graph_settings import _is_random_datapipe
 
 from .digests import mix_seed
 from .errors import OptionError, OptionTypeError, SourceDataError, UnsupportedError
-from .graph import plan_pushdown, random_pipes
+from .graph import is_random_pipe, plan_pushdown, random_pipes
 from .mix_arguments import (
     Phases,
     Weights,
@@ -384,7 +383,7 @@ def _has_random_pipes(source: IterDataPipe, plan: Any) -> bool:
     pass). Only a base with a ``__distshard_sequence__`` of its own (a mix, a
     ``weighted_sample``) or a random map can: an ``IterableWrapper`` over a list has
     none, and walking its graph would pickle the list."""
-    if not any(_is_random_datapipe(pipe) for pipe in plan.maps) and not has_sequence(type(plan.base)):
+    if not any(is_random_pipe(pipe) for pipe in plan.maps) and not has_sequence(type(plan.base)):
         return False
     return bool(random_pipes(source))
 

@@ -20,21 +20,13 @@ from torchdata.nodes.base_node import BaseNode
 
 from . import context as _context
 from .access import Access, WholeFiles, access_of, reader_of
-from .core import (
-    OptionsView,
-    ShardCore,
-    first_node_source,
-    node_source_of,
-    node_state,
-    shard_of_node_state,
-    with_node_source,
-)
-from .errors import OptionTypeError, StateMismatchError
-from .merging import merge_states
-from .options import carry_refused, check_epoch, check_options
+from .core import OptionsView, ShardCore
+from .errors import OptionTypeError
+from .options import carry_refused, check_epoch, check_given
 from .plan import CARRY, Even
 from .readers import Reader
-from .state import check_slot, find_states
+from .saved import NodeWire
+from .state import check_slot
 
 T = TypeVar("T")
 
@@ -100,6 +92,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
 
     STATE_KEY = "distshard_node"  # marker key; its value is the format version
     VERSION = 2
+    WIRE = NodeWire(STATE_KEY, VERSION)
 
     def __init__(
         self,
@@ -130,18 +123,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
                     "or a sequence whose [] is positional with distshard.positional()"
                 )
         self.source = source
-        options = check_options(
-            rank=rank,
-            world_size=world_size,
-            even=even,
-            seed=seed,
-            shuffle=shuffle,
-            expand=expand,
-            sizes=sizes,
-            multiple_of=multiple_of,
-            mesh=mesh,
-            group=group,
-        )
+        options = check_given(locals())
         # the options, epoch, loaded state and runs, shared with the DataPipe
         self.core = ShardCore(options, whole=self._whole is not None, what="node")
         fix = "a random-access sequence (a list, range, tensor, distshard.positional(...), a distshard file source)"
@@ -164,10 +146,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
     # -- who am I -----------------------------------------------------------------
     def context(self) -> _context.ShardContext:
         """The :class:`~distshard.ShardContext` this node resolves to right now."""
-        options = self.core.options
-        return _context.current_context(
-            *(options.explicit or (None, None)), _captured=self.core.captured, _group=options.group
-        )
+        return self.core.context()
 
     # -- the options (frozen in the core) -------------------------------------------
     @property
@@ -202,7 +181,7 @@ class DistShardNode(OptionsView, BaseNode[T]):
         ctx = self.context()
         resume = None
         if initial_state is not None:
-            resume = shard_of_node_state(initial_state, self.STATE_KEY, self.VERSION)
+            resume = self.WIRE.read(initial_state)
         elif core.pending is not None:
             resume = core.pending
         elif self._started and not core.epoch_set:
@@ -225,13 +204,13 @@ class DistShardNode(OptionsView, BaseNode[T]):
             core.resumed(resume)
         core.resume, core.epoch_set, self._started = None, False, True
         if isinstance(self.source, BaseNode):
-            present, start = node_source_of(resume) if resume is not None else (False, None)
+            present, start = self.WIRE.source_of(resume) if resume is not None else (False, None)
             if present:
                 self._source_start, self._source_fresh = copy.deepcopy(start), False
             else:
                 self.source.reset(None)
                 self._source_start, self._source_fresh = _node_state(self.source), True
-        seed = core.run_seed(resume, self.seed or 0)
+        seed = core.run_seed(resume, core.base_seed(lambda: None))
         reader = self.reader()
         if resume is not None and listing:
             core.check_against(resume, reader)
@@ -242,22 +221,15 @@ class DistShardNode(OptionsView, BaseNode[T]):
 
     def get_state(self) -> Dict[str, Any]:
         shard = self.core.run_state()  # BaseNode.state_dict() resets first
-        if isinstance(self.source, BaseNode):
-            with_node_source(shard, self._source_start)
-        return node_state(shard, self.STATE_KEY, self.VERSION)
+        return self.WIRE.write(shard, self._source_start, isinstance(self.source, BaseNode))
 
     def load_state_dict(self, state: Any) -> None:
         """Continue from ``state`` at the next :meth:`reset` without a state: this
         slot's own state, a merged state (:func:`distshard.merge_states`, any ranks
         and workers), or the states of all slots of a run (merged here). Raises
         ``ValueError`` and leaves the node unchanged if it does not fit."""
-        found = find_states(state)
-        if not found:
-            raise StateMismatchError("no distshard state found in what was passed to load_state_dict")
-        merged = found[0] if len(found) == 1 else merge_states(found)
-        if len(found) > 1 and isinstance(self.source, BaseNode):
-            first_node_source(merged, found)
-        self.core.load(merged, None, get_worker_info() is not None)
+        in_worker = get_worker_info() is not None
+        self.core.load_saved(state, lambda: None, in_worker, node_source=isinstance(self.source, BaseNode))
 
     # -- helpers ------------------------------------------------------------------
     def _stream(self) -> Iterator[Any]:

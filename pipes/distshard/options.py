@@ -9,6 +9,7 @@ is checked there, with :func:`check_flag` and :func:`random_access_needed`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -25,6 +26,7 @@ __all__ = [
     "carry_refused",
     "check_epoch",
     "check_flag",
+    "check_given",
     "check_options",
     "check_seed",
     "random_access_needed",
@@ -122,6 +124,16 @@ def check_options(
     if explicit is None and found is None:
         _context.check_environment()
     return ShardOptions(explicit, checked_even, checked_seed, bool(shuffle), expand, checked_sizes, multiple, found)
+
+
+SHARD_ARGUMENTS = tuple(inspect.signature(check_options).parameters)  # the names both front-ends take
+
+
+def check_given(scope: Mapping[str, object]) -> ShardOptions:
+    """:func:`check_options` of the arguments a front-end's ``__init__`` was given,
+    read by name from its ``locals()`` (both front-ends name them as ``check_options``
+    does: the names are written once, there)."""
+    return check_options(**{name: scope[name] for name in SHARD_ARGUMENTS})
 
 
 def random_access_needed(source: str, fix: str) -> ValueError:

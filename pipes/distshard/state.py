@@ -190,7 +190,8 @@ def _remaining(pairs: Iterable[Any]) -> Remaining:
         raise _fail(f"remaining: {exc}") from None
 
 
-_WIRE_KEYS = frozenset(State.fresh(0, "element", None).to_dict())
+_WIRE_ORDER = tuple(State.fresh(0, "element", None).to_dict())  # every key of the wire format, in order
+_WIRE_KEYS = frozenset(_WIRE_ORDER)
 _WIRE_AS_IS = frozenset(_WIRE_KEYS - {KEY, "layout", "remaining"})
 
 
@@ -240,7 +241,7 @@ def _check_wire(state: object) -> tuple[Mapping[str, Any], Remaining]:
             " (an older distshard's state records too little to check it against the data)" if state[KEY] == 1 else ""
         )
         raise _fail(f"version {state[KEY]!r} is not {VERSION}, the one this distshard reads{older}")
-    missing = [k for k in fresh_state(0, "element", None) if k not in state]
+    missing = [k for k in _WIRE_ORDER if k not in state]
     if missing:
         raise _fail(f"missing keys {missing}")
     for key in ("epoch", "seed", "total", "taken", "length"):

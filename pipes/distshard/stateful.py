@@ -16,10 +16,9 @@ from torch.utils.data import IterableDataset
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from .datapipe import DistShardIterDataPipe, shards_in
-from .errors import OptionError, OptionTypeError, StateMismatchError
+from .errors import OptionError, OptionTypeError
 from .groups import DataGroup
-from .merging import merge, merge_items
-from .state import State, find_typed_states
+from .merging import merge_items
 from .waits import naming_collective_timeouts
 
 __all__ = ["StatefulPipeline", "data_group_of", "gather_states"]
@@ -87,18 +86,7 @@ class StatefulPipeline(IterableDataset):
         """Load a state this pipeline saved, a merged state, or the states of all
         slots of a run (merged here). Malformed input raises ``ValueError`` and
         leaves the pipeline unchanged."""
-        found = find_typed_states(state)
-        if not found:
-            raise StateMismatchError(
-                "no distshard state found in what was passed to load_state_dict; pass what "
-                "StatefulPipeline.state_dict() or distshard.merge_states() returned"
-            )
-        if len(found) > 1 and _some_slots_of_a_carry_run(found, self.shard):
-            # this rank's StatefulDataLoader state: its workers resume their own states; the
-            # pipeline here keeps where even='carry''s later epochs begin (docs/usage.md, even="carry")
-            self.shard.load_carry_base([s.to_dict() for s in found])
-            return
-        self.shard.load_state_dict((found[0] if len(found) == 1 else merge(found)).to_dict())
+        self.shard.load_state_dict(state)
 
 
 def gather_states(state: Any, group: Any = None) -> dict[str, Any]:
@@ -144,13 +132,3 @@ def _stateful_of(obj: Any) -> DistShardIterDataPipe | None:
         if isinstance(candidate, StatefulPipeline):
             return candidate.shard
     return None
-
-
-def _some_slots_of_a_carry_run(found: list[State], shard: DistShardIterDataPipe) -> bool:
-    """Whether ``found`` are slot states of a carry run that do not cover all its slots
-    (one rank's workers), as opposed to every slot's (to merge)."""
-    if shard.even != "carry" or not all(s.is_slot for s in found):
-        return False
-    num_slots = found[0].num_slots
-    assert num_slots is not None  # a slot's state
-    return len({s.slot for s in found}) < num_slots

@@ -6,7 +6,8 @@ those hooks and copies left behind: the split given by hand, the shared seed and
 whether every rank has the same one, the workers of the loader iterating, a
 framework that would lose data, and how ``set_epoch`` and loaded states reach the
 workers' copies (the :class:`~distshard.mailbox.Mailbox`). It decides what a copy
-running in a worker hears at the start of an iteration, and what it must refuse.
+running in a worker takes from the loader's process at the start of an iteration (the epoch
+set there), and what it must refuse.
 The ``torchdata.nodes`` front-end has no such loader and keeps none.
 """
 
@@ -20,7 +21,7 @@ from torch.utils.data import get_worker_info
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 from . import frameworks, loaders
-from .errors import ResumeOrderError, SetupError
+from .errors import OptionError, OptionTypeError, ResumeOrderError, SetupError
 from .mailbox import Mailbox
 
 __all__ = ["LoaderTrack"]
@@ -31,20 +32,27 @@ class LoaderTrack:
 
     def __init__(self) -> None:
         self.mailbox = Mailbox()  # how set_epoch reaches persistent DataLoader workers' copies
-        self.started_in: int | None = None  # pid of a worker that iterated a copy it cannot hear
+        self.started_in: int | None = None  # pid of a worker that iterated a copy set_epoch cannot reach
         self.resumed_here: int | None = None  # the epoch of a state loaded in this worker's copy
         self.seed: int | None = None  # the seed the DataLoader shares with its workers
         self.seed_shared = False  # ... the same on every rank
         self.workers: int | None = None  # workers of the last DataLoader iterating the pipe
         self.sharding: dict[SHARDING_PRIORITIES, tuple[int, int]] = {}  # apply_sharding overrides
         self.refusal: str | None = None  # why the loader iterating the pipe would lose data
-        self.blind = False  # a worker's iteration of a resumed epoch, without the run that resumed it
+        self.position_unknown = False  # a worker iterates a resumed epoch again without the run that
+        # resumed it: its state_dict() cannot say where the epoch stands (check_position_known)
 
     def sharded(
         self, num_of_instances: int, instance_id: int, group: SHARDING_PRIORITIES, captured: tuple[int, int] | None
     ) -> None:
         """Keep a split given by ``apply_sharding``, unless it is the DataLoader's own
-        call (which ``dist_shard`` resolves by itself)."""
+        call (which ``dist_shard`` resolves by itself). ``TypeError`` / ``ValueError``
+        for a split that is not one."""
+        for name, value in (("num_of_instances", num_of_instances), ("instance_id", instance_id)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise OptionTypeError(f"{name}={value!r} must be an int")
+        if num_of_instances < 1 or not 0 <= instance_id < num_of_instances:
+            raise OptionError(f"instance_id={instance_id} must be in [0, num_of_instances={num_of_instances})")
         if group == SHARDING_PRIORITIES.DEFAULT and (num_of_instances, instance_id) == loaders.torch_split(captured):
             return
         self.sharding[group] = (num_of_instances, instance_id)
@@ -74,7 +82,7 @@ class LoaderTrack:
             self.mailbox.post_epoch(epoch)
         else:
             self.started_in = self.resumed_here = None
-            self.blind = False
+            self.position_unknown = False
 
     def state_loaded(self, epoch: int) -> None:
         """A state of ``epoch`` was loaded into this copy."""
@@ -84,12 +92,25 @@ class LoaderTrack:
             self.resumed_here = epoch
             self.mailbox.post_resumed(epoch)  # workers started after this one do not have it
 
+    def check_position_known(self, epoch: int, known: bool) -> None:
+        """``state_dict``: refuse to report a position in ``epoch`` that this copy does
+        not ``known`` (neither a loaded state waiting nor a run of the epoch) while its
+        iteration runs again an epoch a worker resumed (see :meth:`take_loader_epoch`)."""
+        if self.position_unknown and not known:
+            raise ResumeOrderError(
+                f"a state of epoch {epoch} was loaded into this DataLoader's workers, and this worker's "
+                f"iteration of epoch {epoch} started after the one that resumed it, in a new worker "
+                "(StatefulDataLoader starts one by itself after loading a state saved at the end of an epoch, "
+                "unless persistent_workers=True) that does not have the state: it cannot say where the epoch "
+                "stands: call set_epoch() with the next epoch before iterating the loader"
+            )
+
     def iteration_started(self) -> None:
         """An iteration starts: remember a worker that iterates a copy nobody can reach."""
         if self.mailbox.by_pickle and self.mailbox.own and get_worker_info() is not None:
             self.started_in = os.getpid()
 
-    def hear(
+    def take_loader_epoch(
         self, epoch: Callable[[], int], apply_epoch: Callable[[int], None], pending: Callable[[], bool], refuse: bool
     ) -> bool:
         """When an iterator starts in a DataLoader worker: take the epoch that

@@ -7,11 +7,12 @@ empty ones instead of sharing its parent's handles.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Generic, Hashable, TypeVar
+
+from ..forks import at_fork
 
 V = TypeVar("V")
 
@@ -105,5 +106,4 @@ def _after_fork() -> None:
         cache._lock = threading.RLock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+at_fork(_after_fork)

@@ -29,6 +29,7 @@ import logging
 import operator
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
@@ -37,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
+from ..forks import at_fork
 from ..groups import DataGroup
 from ._lru import LRU
 from .answers import READ_ONLY, index_command
@@ -225,13 +227,14 @@ class SourceSequence(Sequence):
         self._starts = starts
         self._total = total
         self._remote = tuple(is_remote(ref.url) for ref in self.refs)
-        self._resolved: dict[int, FileRef] = {}
+        self._identified: dict[int, FileRef] = {}  # refs whose identity this process asked of the store
         self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
-        self._known: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
-        self._kept: dict[str, bytes] = {}  # stored entries the rank fetched for its workers (pickled with it)
+        self._checked_indexes: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
+        # stored index entries the rank fetched for its workers (pickled with it)
+        self._fetched_entries: dict[str, bytes] = {}
         self._verdicts: dict[int, tuple[str, str] | None] = {}  # files checked against the store (see confirm)
         self._chunks: PackedEntries | None = None  # see _packed
-        self._pid = os.getpid()
+        _LIVE.add(self)  # a forked child forgets its handles and indexes (_forget_handles)
 
     #: dist_shard gives each slot a contiguous block of samples (whole stretches of
     #: few files: each file's bytes and row groups read about once), not a stride
@@ -328,7 +331,7 @@ class SourceSequence(Sequence):
         confirmed; one from a stored index is checked by a listing (S3: every file
         of its folder at once, or the verdicts the rank made before its workers
         started) or one identity request (elsewhere), once per process."""
-        ref = self._resolved.get(f) or self.refs[f]
+        ref = self._identified.get(f) or self.refs[f]
         if ref.stored is None:
             return
         if f not in self._verdicts:
@@ -385,37 +388,37 @@ class SourceSequence(Sequence):
     def has_index(self, f: int) -> bool:
         """Whether file ``f``'s index is in this process already, or its stored entry
         (the rank fetched it before its workers started): no request to get it."""
-        if f in self._known:
+        if f in self._checked_indexes:
             return True
-        ref = self._resolved.get(f) or self.refs[f]
-        if ref.stored is not None and ref.stored in self._kept:
+        ref = self._identified.get(f) or self.refs[f]
+        if ref.stored is not None and ref.stored in self._fetched_entries:
             return True
         return ref.size is not None and _INDEXES.get((self.fmt.name, key_of(ref.url), ref.size, ref.stamp)) is not None
 
     def file_index(self, f: int) -> tuple[FileRef, FileIndex]:
         """File ``f``'s identity and full index (per process: cached, or read
         from the index cache, or built), its count checked against the declared one."""
-        if self._pid != os.getpid():
-            self._forked()
-        known = self._known.get(f)
+        known = self._checked_indexes.get(f)
         if known is not None:
             return known
-        ref = self._resolved.get(f) or self.refs[f]
+        ref = self._identified.get(f) or self.refs[f]
         if ref.size is None:  # counted by a shard index: look at the file now
-            ref = self._resolved[f] = FileRef(ref.url, *identify(self.fmt, ref.url, self.access))
+            ref = self._identified[f] = FileRef(ref.url, *identify(self.fmt, ref.url, self.access))
         key = (self.fmt.name, key_of(ref.url), ref.size, ref.stamp)
         index = _INDEXES.get(key)
         if index is None:
             index, _ = obtain(
-                self.fmt.name, ref, partial(_build, self.fmt, self.access, packed=self._packed(), kept=self._kept)
+                self.fmt.name,
+                ref,
+                partial(_build, self.fmt, self.access, packed=self._packed(), kept=self._fetched_entries),
             )
             assert index is not None
             _INDEXES.put(key, index, index.weight())
         if index.count != self.counts[f]:
             raise count_error(ref.url, index.count, self.counts[f], f in self.declared)
-        if len(self._known) >= 64:  # the few files a slot is reading now
-            self._known.clear()
-        self._known[f] = (ref, index)
+        if len(self._checked_indexes) >= 64:  # the few files a slot is reading now
+            self._checked_indexes.clear()
+        self._checked_indexes[f] = (ref, index)
         return ref, index
 
     def distshard_prefetch(self, slots: Sequence[Iterator[int]]) -> None:
@@ -437,7 +440,9 @@ class SourceSequence(Sequence):
         needed = [f for f in dict.fromkeys(firsts) if self._fetchable(f)]
         if needed:
             entries = [self.refs[f].stored for f in needed]
-            self._kept.update(fetch_first([e for e in entries if e is not None], self._packed(), self.access))
+            self._fetched_entries.update(
+                fetch_first([e for e in entries if e is not None], self._packed(), self.access)
+            )
 
     def _files_read(self, positions: Iterable[int]) -> list[int]:
         """The files a slot reading ``positions`` reads, in order (its first
@@ -462,7 +467,7 @@ class SourceSequence(Sequence):
         no request has brought yet (see :func:`.packs.fetch_ahead`)."""
         wanted = [self.refs[f].stored for f in files if self._fetchable(f)]
         if wanted:
-            fetch_ahead([e for e in wanted if e is not None], self._packed(), self.access, self._kept)
+            fetch_ahead([e for e in wanted if e is not None], self._packed(), self.access, self._fetched_entries)
 
     def _fetchable(self, f: int) -> bool:
         """Whether file ``f``'s index would come from a packed stored entry of a
@@ -471,7 +476,7 @@ class SourceSequence(Sequence):
         return (
             self._remote[f]
             and stored is not None
-            and stored not in self._kept
+            and stored not in self._fetched_entries
             and entry_range(stored) is not None
             and not self.has_index(f)
             and load_cached(self.fmt.name, self.refs[f], header_only=True) is None
@@ -507,13 +512,11 @@ class SourceSequence(Sequence):
                 )
         return out
 
-    def _forked(self) -> None:
+    def forget_handles(self) -> None:
         """In a child made by fork: handles and indexes of its own."""
-        self._open, self._known, self._pid = {}, {}, os.getpid()
+        self._open, self._checked_indexes = {}, {}
 
     def _handle(self, f: int) -> Any:
-        if self._pid != os.getpid():
-            self._forked()
         handle = self._open.get(f)
         if handle is None:
             if len(self._open) >= 64:
@@ -524,7 +527,7 @@ class SourceSequence(Sequence):
     def _shared_handle(self, f: int) -> Any:
         from .files import open_random
 
-        ref = self._resolved.get(f) or self.refs[f]
+        ref = self._identified.get(f) or self.refs[f]
         if ref.size is None:
             ref = self.file_index(f)[0]
         # by the URL itself too: a handle reads the URL it was opened for (an hf:// file's commit)
@@ -537,12 +540,28 @@ class SourceSequence(Sequence):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_resolved"], state["_open"], state["_known"], state["_pid"] = {}, {}, {}, -1
+        state["_identified"], state["_open"], state["_checked_indexes"] = {}, {}, {}
         state["_chunks"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _LIVE.add(self)
+
     def __repr__(self) -> str:
         return f"SourceSequence({self.fmt.name}, files={len(self.refs)}, samples={self._total})"
+
+
+_LIVE: "weakref.WeakSet[SourceSequence]" = weakref.WeakSet()  # this process's sequences
+
+
+def _forget_handles() -> None:
+    """In a forked child: every sequence opens its own files and reads its own indexes."""
+    for sequence in list(_LIVE):
+        sequence.forget_handles()
+
+
+at_fork(_forget_handles)
 
 
 def count_error(url: str, real: int, expected: int, declared: bool) -> ValueError:

@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from ..digests import crc32_of, sha256_hex
+from ..forks import at_fork
 
 __all__ = ["BadEntry", "FileCache", "RangeCache", "range_cache"]
 
@@ -417,8 +418,7 @@ def _after_fork_in_child() -> None:
     _LOCK = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(_after_fork_in_child)
 
 
 def range_cache(root: str | None, limit: int) -> RangeCache | None:

@@ -43,12 +43,12 @@ reports).
 from __future__ import annotations
 
 import bisect
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
+from ..forks import at_fork
 from .cache import BadEntry
 from .coalesce import Coverage, Range, coalesce
 from .options import ReadOptions
@@ -108,8 +108,7 @@ def reset_stats() -> None:
     STATS = Stats()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=reset_stats)
+at_fork(reset_stats)
 
 
 class _Deferred:

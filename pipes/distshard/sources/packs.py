@@ -27,13 +27,13 @@ the rank's fetch before its DataLoader workers start):
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from collections.abc import Collection
 from typing import Any, Iterable, Sequence
 
 from ..errors import SourceDataError, SourceMissingError
+from ..forks import at_fork
 from ._lru import LRU
 from .files import FileAccess
 
@@ -58,8 +58,7 @@ def _after_fork_in_child() -> None:
     _PENDING.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(_after_fork_in_child)
 
 
 def pack_entry(pack: str, start: int, stop: int) -> str:

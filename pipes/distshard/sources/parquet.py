@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import bisect
 import io
-import os
 import struct
 import threading
 from array import array
 from typing import Any, Iterator, Sequence
 
 from ..errors import OptionError, OptionTypeError, SourceDataError, SourceMissingError
+from ..forks import at_fork
 from ._lru import LRU
 from .files import (
     DEFAULT_FILE_ACCESS,
@@ -62,8 +62,7 @@ def _after_fork_in_child() -> None:
     _DECODES_LOCK = threading.Lock()  # another thread of the parent may have held it at the fork
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(_after_fork_in_child)
 
 
 def decodes() -> int:

@@ -53,6 +53,7 @@ import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from ..errors import OptionError, UnsupportedError
+from ..forks import at_fork
 from .answers import CONTENT_RANGE as _CONTENT_RANGE
 from .answers import (
     RETRY_STATUS,
@@ -324,8 +325,7 @@ def _keep_inherited_filesystems() -> None:
             finalizer.detach()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+at_fork(_after_fork_in_child, before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 # -- the client -----------------------------------------------------------------------------
