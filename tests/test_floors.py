@@ -82,8 +82,16 @@ def test_the_walk_sees_lazy_imports():
     assert any("distshard.sources" in target for target in graph["distshard"])
 
 
+# A circle kept for now, with its reason; the test fails once it is gone, so the list only shrinks.
+KNOWN_CIRCLES = [
+    # remote.client_for makes each process's clients, hub's HubClient (a remote.Client) among them: the
+    # per-process registry of clients leaves remote.py with issue 32's one Transport client
+    ["distshard.sources.hub", "distshard.sources.remote"],
+]
+
+
 def test_no_import_circles_lazy_imports_included():
-    assert circles(imports()) == []
+    assert circles(imports()) == KNOWN_CIRCLES
 
 
 PLAN = sorted(name for name in modules() if name == "distshard.plan" or name.startswith("distshard.plan."))

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 from .errors import OptionError, OptionTypeError, SetupError
 
-__all__ = ["DataGroup", "data_group", "gloo_group", "subgroup"]
+__all__ = ["DataGroup", "data_group", "gloo_group", "job_ranks", "subgroup"]
 
 
 @dataclass(frozen=True)
@@ -198,3 +198,21 @@ def subgroup(ranks: Sequence[int], timeout: float | None = None) -> Any:
         )
         found = _MADE[key] = (world, made)
     return found[1]
+
+
+def job_ranks(group: DataGroup | None = None) -> tuple[int, int] | None:
+    """``(rank, world_size)`` when this process is a rank of an initialized group
+    of several (not a DataLoader worker), else ``None``; in ``group`` (the data
+    group) when given, else in the default group."""
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None:
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    rank, world = (dist.get_rank(), dist.get_world_size()) if group is None else (group.rank, group.world_size)
+    return None if world <= 1 else (rank, world)

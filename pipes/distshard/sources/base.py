@@ -39,14 +39,14 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
 from ..forks import at_fork
-from ..groups import DataGroup
+from ..groups import DataGroup, job_ranks
 from ._lru import LRU
 from .answers import READ_ONLY, index_command
 from .cache import FileCache, range_cache
 from .confirm import confirm, listable, raise_verdict
 from .fetch import ReadAhead, Request
 from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
-from .index import FileIndex, job_ranks, load_cached, obtain, summarize_files
+from .index import FileIndex, load_cached, obtain, summarize_files
 from .manifest import Stored
 from .options import ReadOptions
 from .order import FileOrder

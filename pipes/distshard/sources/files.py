@@ -34,7 +34,8 @@ from typing import Any, BinaryIO, Mapping
 
 from ..errors import SourceChangedError, SourceMissingError
 from .options import ReadOptions
-from .urls import is_remote, unpinned
+from .pins import unpinned
+from .urls import is_remote
 
 __all__ = [
     "FileAccess",

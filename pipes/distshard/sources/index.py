@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 
 from .. import errors as _errors
 from ..digests import blake2b_hex
-from ..groups import DataGroup
+from ..groups import DataGroup, job_ranks
 from ..waits import WaitTimeout
 from .files import FileRef, file_identity, key_of
 
@@ -339,24 +339,6 @@ def _install(fmt: str, ref: FileRef, data: bytes) -> None:
     """Write an entry built by another rank, unless a valid one is already here."""
     if load_cached(fmt, ref, header_only=True) is None and loads(data, fmt, ref) is not None:
         write_entry(cache_path(fmt, ref), data)
-
-
-def job_ranks(group: DataGroup | None = None) -> tuple[int, int] | None:
-    """``(rank, world_size)`` when this process is a rank of an initialized group
-    of several (not a DataLoader worker), else ``None``; in ``group`` (the data
-    group) when given, else in the default group."""
-    from torch.utils.data import get_worker_info
-
-    if get_worker_info() is not None:
-        return None
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    rank, world = (dist.get_rank(), dist.get_world_size()) if group is None else (group.rank, group.world_size)
-    return None if world <= 1 else (rank, world)
 
 
 def _threads(urls: list[str]) -> int:

@@ -18,19 +18,12 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 from ..errors import OptionError, OptionTypeError
 
-__all__ = ["braceexpand", "expand_urls", "is_remote", "unpinned"]
+__all__ = ["braceexpand", "expand_urls", "is_remote"]
 
 UrlsArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_PINNED = re.compile(r"^(hf://(?:datasets/|spaces/|kernels/|models/)?[^/@]+/[^/@]+)@[0-9a-f]{40}(?=/|$)", re.I)
-
-
-def unpinned(url: str) -> str:
-    """``url`` without the commit an ``hf://`` URL was pinned to when its source was
-    built (see :mod:`.hub`): what names the file in caches and stored indexes."""
-    return _PINNED.sub(r"\1", url) if url[:5].lower() == "hf://" else url
 
 
 def _pin(url: str, storage_options: Mapping[str, Any] | None, pins: dict[Any, str]) -> str:
