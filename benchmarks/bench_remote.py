@@ -192,7 +192,7 @@ def build(key: str, urls: list[str]) -> Any:
 def read_ahead() -> dict[str, int]:
     """A worker's read-ahead figures (``fetch.STATS``: ``peak_held`` ...), for its report."""
     try:
-        from distshard.sources import fetch
+        from distshard.sources.reading import fetch
     except ImportError:
         return {}
     return fetch.STATS.as_dict()

@@ -286,7 +286,7 @@ def refresh_run(endpoint: str) -> dict:
     """``python -m distshard index s3://bench/data/.distshard`` in this process."""
     import urllib.request
 
-    from distshard.sources.indexing import build_stored_index
+    from distshard.sources.stored.indexing import build_stored_index
 
     urllib.request.urlopen(urllib.request.Request(endpoint + "/__reset", data=b""), timeout=30).read()
     cpu0, wall0 = time.process_time(), time.perf_counter()

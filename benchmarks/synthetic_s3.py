@@ -353,11 +353,11 @@ def write_stored_index(folder: Path, files: int, endpoint_bucket: str = f"s3://{
     index, with the shard's own URL, ETag and sample keys)."""
     from dataclasses import replace
 
-    from distshard.sources import manifest
-    from distshard.sources.files import FileRef
-    from distshard.sources.index import dumps
-    from distshard.sources.packs import pack_entry
-    from distshard.sources.tar import TarFormat
+    from distshard.sources.formats.index_cache import dumps
+    from distshard.sources.formats.tar import TarFormat
+    from distshard.sources.stored import manifest
+    from distshard.sources.stored.entry_packs import pack_entry
+    from distshard.sources.transport.files import FileRef
 
     folder.mkdir(parents=True, exist_ok=True)
     sample = folder / "shard-sample.tar"

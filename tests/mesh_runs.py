@@ -33,7 +33,9 @@ def keep(x: str) -> bool:
     return int(x[1:]) % 3 != 0
 
 
-def source(kind, path, n=N, **group):  # (unannotated: mypy takes distshard.jsonl for the module sources/jsonl.py)
+def source(
+    kind, path, n=N, **group
+):  # (unannotated: mypy takes distshard.jsonl for the module sources/formats/jsonl.py)
     if kind == "list":
         return IterableWrapper(elements(n))
     assert kind == "jsonl" and path is not None

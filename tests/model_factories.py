@@ -46,7 +46,7 @@ import distshard
 # reading must refuse, never yield the new version's elements): "remote-stale";
 # the "remote" file in a bucket of moto's S3 server behind a proxy that answers every 7th
 # GET with a 503 SlowDown, a reset or a cut body, its index stored in the bucket beside it,
-# read by the direct S3 client (sources/s3direct.py): "remote-s3"; the elements as rows of a
+# read by the direct S3 client (sources/transport/s3direct.py): "remote-s3"; the elements as rows of a
 # Parquet file of small row groups (3 rows) read cold (no stored index) over HTTP from a
 # loopback server that fails every 7th GET (29th outside its own test), the suffix GETs that give its identity and footer
 # included, each row named by a 1:1 map that checks its selected columns: "remote-parquet"
@@ -664,8 +664,8 @@ class CacheJobs:
     def between(self, event: str) -> None:
         """``event`` (one of :data:`EVENTS`), then a new job: this process's caches
         emptied as a new process starts with none (the cache directory stays)."""
-        from distshard.sources._lru import clear_all
-        from distshard.sources.cache import _CACHES
+        from distshard.sources.reading.cache import _CACHES
+        from distshard.sources.transport._lru import clear_all
 
         path = self.rewriter.path(self.n)
         if event == "rewrite":
@@ -679,8 +679,8 @@ class CacheJobs:
 
     def damage(self, in_place: bool) -> None:
         """One stored range of the file: a byte of its data changed, or its end cut."""
-        from distshard.sources.cache import RangeCache
-        from distshard.sources.files import file_identity
+        from distshard.sources.reading.cache import RangeCache
+        from distshard.sources.transport.files import file_identity
 
         found = RangeCache(str(self.root / "ranges"), 1 << 20).file(self.url, *file_identity(self.url))
         entries = sorted(Path(found.directory).glob("[0-9]*-[0-9]*")) if found is not None else []
@@ -757,7 +757,7 @@ def parquet_file(root: Path, n: int, wide: bool) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from distshard.sources.parquet import TAIL
+        from distshard.sources.formats.parquet import TAIL
 
         rows = [parquet_row(i) for i in range(n)]
         table = pa.table(

@@ -15,7 +15,7 @@ import pytest
 
 import distshard  # noqa: F401  (registers .dist_shard)
 from distshard.sources import jsonl, webdataset
-from distshard.sources.tar import TarFormat
+from distshard.sources.formats.tar import TarFormat
 
 
 # -- files ----------------------------------------------------------------------------
@@ -23,7 +23,7 @@ from distshard.sources.tar import TarFormat
 def isolated_cache(tmp_path, monkeypatch):
     """The source tests' cache directory, under tmp_path, and no file handle, index or
     row group kept by this process from another test (the modules import it as ``cache``)."""
-    from distshard.sources._lru import clear_all
+    from distshard.sources.transport._lru import clear_all
 
     monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
     clear_all()
@@ -34,7 +34,7 @@ def isolated_cache(tmp_path, monkeypatch):
 def fresh_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
     """A job on another machine: an empty per-machine cache (``tmp_path/name``) and nothing
     kept in this process (file handles, indexes, row groups)."""
-    from distshard.sources._lru import clear_all
+    from distshard.sources.transport._lru import clear_all
 
     monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / name))
     clear_all()
@@ -187,8 +187,8 @@ def rank_indexes(
 ) -> dict[str, Any]:
     """On a gloo rank: build the source (construction indexes the files
     collectively); report counts and which cache entries this rank can read."""
-    from distshard.sources.files import FileRef, file_identity
-    from distshard.sources.index import load_cached
+    from distshard.sources.formats.index_cache import load_cached
+    from distshard.sources.transport.files import FileRef, file_identity
 
     cache = cache_root if shared else os.path.join(cache_root, f"rank{rank}")
     os.environ["DISTSHARD_CACHE"] = cache

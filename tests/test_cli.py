@@ -244,7 +244,7 @@ def test_the_index_command_starts_without_importing_torch(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert "distshard.sources.indexing" in imported and "torch" not in imported
+    assert "distshard.sources.stored.indexing" in imported and "torch" not in imported
     assert "3 files (3 indexed now)" in done.stdout
     import distshard
 

@@ -2,7 +2,7 @@
 
 The values below were computed with the code before ``digests.py`` existed (the
 helpers then spread over plan/, readers/base.py, engine.py, pack.py, sample.py,
-keys.py and sources/cache.py): states and caches written then must keep matching."""
+keys.py and sources/reading/cache.py): states and caches written then must keep matching."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from distshard import digests, plan
 from distshard.engine import salt_of
 from distshard.keys import key
 from distshard.readers import SequenceReader, stable_digest
-from distshard.sources.cache import RangeCache
+from distshard.sources.reading.cache import RangeCache
 
 
 def test_seeds_are_the_ones_states_recorded():

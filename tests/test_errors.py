@@ -130,8 +130,8 @@ def error_classes() -> list[type[BaseException]]:
 def public_error_classes() -> list[type[BaseException]]:
     """distshard's own errors a caller may meet by name: the kinds, those the package
     exports, and the timeouts and remote errors the contract names."""
-    from distshard.sources.index import IndexLockTimeout
-    from distshard.sources.remote import RemoteReadTimeout
+    from distshard.sources.formats.index_cache import IndexLockTimeout
+    from distshard.sources.transport.remote import RemoteReadTimeout
     from distshard.waits import CollectiveTimeout
 
     exported = [getattr(distshard, name) for name in distshard.__all__ if name != "DistShardNode"]
@@ -164,7 +164,7 @@ def test_every_kind_is_in_the_contracts_table():
 def test_a_stored_index_raises_the_same_kind_on_every_rank():
     # the collective index exchange sends an error as (class name, message); every kind
     # must come back as itself on the other ranks, not as a RuntimeError
-    from distshard.sources.index import _ERRORS
+    from distshard.sources.formats.index_cache import _ERRORS
 
     for cls in error_classes():
         assert _ERRORS[cls.__name__] is cls

@@ -86,7 +86,7 @@ def test_the_walk_sees_lazy_imports():
 KNOWN_CIRCLES = [
     # remote.client_for makes each process's clients, hub's HubClient (a remote.Client) among them: the
     # per-process registry of clients leaves remote.py with issue 32's one Transport client
-    ["distshard.sources.hub", "distshard.sources.remote"],
+    ["distshard.sources.transport.hub", "distshard.sources.transport.remote"],
 ]
 
 
@@ -162,3 +162,63 @@ def test_no_module_above_sources_imports_another_modules_private_names():
             if isinstance(node, ast.ImportFrom) and node.module != "__future__":
                 found += [f"{name}: {alias.name}" for alias in node.names if alias.name.startswith("_")]
     assert found == []
+
+
+# --- sources/ rooms: written by rooms_move.py (issue 32); edit FLOORS there too ---
+#: sources/'s rooms, each with the rooms below it that it may import (and sources/read_options.py, below
+#: them all); sources/pipe.py and sources/__init__.py stand above every room, and no room imports them
+ROOMS: dict[str, set[str]] = {
+    "transport": set(),
+    "formats": {"transport"},
+    "reading": {"transport"},
+    "stored": {"transport", "formats", "reading"},
+}
+SOURCES_OUTSIDE_ROOMS = {"distshard.sources", "distshard.sources.pipe", "distshard.sources.read_options"}
+#: transport's clients: a format names byte spans and parses bytes, it opens files through transport/files.py
+CLIENTS = {f"distshard.sources.transport.{name}" for name in ("remote", "s3direct", "sigv4", "streamed")}
+#: imports against the floors, each with why it is still there (the list may shrink, never grow)
+UPWARD = {
+    ("distshard.sources.transport.files", "distshard.sources.reading.fetch"): (
+        "the random files' submit() returns reading's deferred read (lazily imported): it goes with the one "
+        "planner of issue 32 item 1"
+    ),
+}
+
+
+def room_of(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["distshard", "sources"] and parts[2] in ROOMS else None
+
+
+def test_every_module_of_sources_sits_in_a_room():
+    loose = [n for n in modules() if n.startswith("distshard.sources") and n not in SOURCES_OUTSIDE_ROOMS]
+    assert [n for n in loose if room_of(n) is None and n.rsplit(".", 1)[-1] not in ROOMS] == []
+
+
+def test_the_rooms_import_only_the_rooms_below_them():
+    against = []
+    for name, targets in imports().items():
+        room = room_of(name)
+        for target in targets if room else ():
+            allowed = ROOMS[room] | {room}
+            if target.startswith("distshard.sources") and target != "distshard.sources.read_options":
+                if room_of(target) not in allowed and (name, target) not in UPWARD:
+                    against.append((name, target))
+    assert against == []
+
+
+def test_read_options_stands_below_every_room():
+    assert not {t for t in imports()["distshard.sources.read_options"] if t.startswith("distshard.sources")}
+
+
+def test_the_formats_import_no_remote_client():
+    graph = imports()
+    assert [(n, t) for n in graph if room_of(n) == "formats" for t in graph[n] if t in CLIENTS] == []
+
+
+def test_every_upward_import_listed_is_still_there():
+    graph = imports()
+    assert [pair for pair in UPWARD if pair[1] not in graph[pair[0]]] == []
+
+
+# --- end of sources/ rooms ---

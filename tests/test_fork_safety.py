@@ -26,8 +26,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from distshard.sources import cache, fetch, remote
-from distshard.sources._lru import LRU
+from distshard.sources.reading import cache, fetch
+from distshard.sources.transport import remote
+from distshard.sources.transport._lru import LRU
 
 CHILD_SECONDS = 30.0  # what a child may take; one that waits for its parent's thread never ends
 
@@ -141,8 +142,8 @@ def test_a_child_fetches_a_stored_entry_its_parent_had_on_its_way(tmp_path):
     itself, instead of waiting for a request of its parent's that will never answer
     in it."""
     pytest.importorskip("aiohttp")
-    from distshard.sources import packs
-    from distshard.sources.files import DEFAULT_FILE_ACCESS
+    from distshard.sources.stored import entry_packs as packs
+    from distshard.sources.transport.files import DEFAULT_FILE_ACCESS
     from tests.range_server import serve
 
     pack = tmp_path / "entries.pack"

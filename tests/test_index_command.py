@@ -72,7 +72,7 @@ def test_a_destination_that_cannot_be_written_is_refused_before_any_file_is_read
 
 
 def test_access_denied_stops_the_build_and_could_not_run(tmp_path, capsys, monkeypatch):
-    from distshard.sources import indexing
+    from distshard.sources.stored import indexing
 
     # the files after the first wait until the build has heard of its failure (one thread:
     # at most the second file is under way then, and the six others are never read)

@@ -18,7 +18,7 @@ import pytest
 
 import distshard
 from distshard.__main__ import main
-from distshard.sources import pruning
+from distshard.sources.stored import pruning
 from tests.source_factories import fresh_machine
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 
@@ -90,7 +90,7 @@ def test_prune_after_alone_or_negative_is_refused_before_anything_is_built(tmp_p
     assert "--prune-after is the grace period of --prune: add --prune" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["index", str(data / "part-a.jsonl"), "--prune", "--prune-after", "-1"])
-    from distshard.sources.indexing import build_stored_index
+    from distshard.sources.stored.indexing import build_stored_index
 
     with pytest.raises(ValueError, match=r"prune_after=-1"):
         build_stored_index([str(data / "part-a.jsonl")], prune_after=-1)

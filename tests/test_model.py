@@ -770,8 +770,8 @@ def test_the_s3_model_source_reads_through_the_direct_client_and_its_faults():
     """The history test above is not vacuous: the source's client is the direct
     one, and its proxy injects every kind of fault while a pipe reads."""
     pytest.importorskip("moto.server")
-    from distshard.sources import remote
-    from distshard.sources.s3direct import DirectS3Client
+    from distshard.sources.transport import remote
+    from distshard.sources.transport.s3direct import DirectS3Client
     from tests import model_factories
 
     pipe = model_factories.remote_s3_jsonl(150)
@@ -904,7 +904,7 @@ def test_the_parquet_model_source_takes_every_path_and_faults_its_suffix_gets():
     the footer's range where suffix ranges are refused), the unselected column is not
     read, and a suffix GET that meets each kind of fault is retried, exactly."""
     pq = pytest.importorskip("pyarrow.parquet")
-    from distshard.sources.parquet import TAIL
+    from distshard.sources.formats.parquet import TAIL
     from tests import model_factories
 
     def elements(n: int, path: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The direct S3 client's Signature V4 (``distshard.sources.sigv4``) against
+"""The direct S3 client's Signature V4 (``distshard.sources.transport.sigv4``) against
 botocore's ``S3SigV4Auth`` on the same request at the same time: random keys
 (unicode, spaces, ``+``, ``~``, ``%``, slashes), query parameters, regions,
 credentials with and without a session token, extra headers."""
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distshard.sources import sigv4
+from distshard.sources.transport import sigv4
 
 botocore_auth = pytest.importorskip("botocore.auth")
 from botocore.awsrequest import AWSRequest  # noqa: E402

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import distshard
-from distshard.sources import ReadOptions, fetch, jsonl, webdataset
-from distshard.sources.cache import RangeCache
+from distshard.sources import ReadOptions, jsonl, webdataset
+from distshard.sources.reading import fetch
+from distshard.sources.reading.cache import RangeCache
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import sample_key, write_jsonl, write_shards
@@ -151,7 +152,7 @@ def test_parquet_rows_come_from_the_cache_in_later_epochs(tmp_path, server):
 
 
 def test_spans_from_the_cache_count_against_the_window_so_a_cached_epoch_does_not_run_far_ahead(tmp_path):
-    from distshard.sources.fetch import ReadAhead, Request
+    from distshard.sources.reading.fetch import ReadAhead, Request
 
     cache = RangeCache(str(tmp_path / "c"), 1 << 30)
     stored = cache.file("https://h/a.bin", 1 << 20, '"v1"')

@@ -19,7 +19,7 @@ import pytest
 
 import distshard
 from distshard.sources import ReadOptions, jsonl, webdataset
-from distshard.sources._lru import clear_all
+from distshard.sources.transport._lru import clear_all
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import fresh_machine, write_jsonl, write_shards
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
@@ -178,7 +178,7 @@ def test_a_local_copy_with_its_stored_index_says_its_entries_are_not_used_until_
     import shutil
 
     from distshard.__main__ import main
-    from distshard.sources.jsonl import JsonlFormat
+    from distshard.sources.formats.jsonl import JsonlFormat
 
     paths, expected = write_jsonl(tmp_path / "a", files=2, lines=10)
     assert main(["index", str(tmp_path / "a" / "part-*.jsonl")]) == 0

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distshard.sources.coalesce import Coverage, Range, coalesce
-from distshard.sources.fetch import ReadAhead, Request
-from distshard.sources.index import byte_windows
-from distshard.sources.options import ReadOptions
-from distshard.sources.order import FileOrder, expansion
+from distshard.sources.formats.file_index import byte_windows
+from distshard.sources.read_options import ReadOptions
+from distshard.sources.reading.coalesce import Coverage, Range, coalesce
+from distshard.sources.reading.fetch import ReadAhead, Request
+from distshard.sources.reading.order import FileOrder, expansion
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -137,7 +137,7 @@ class FakeFile:
     window=st.integers(2, 600),
 )
 def test_read_ahead_delivers_every_request_in_order_within_its_budget(layout, data, budget, max_range, window):
-    from distshard.sources import fetch
+    from distshard.sources.reading import fetch
 
     order = data.draw(st.lists(st.sampled_from(layout), max_size=60)) if layout else []
     options = ReadOptions(
@@ -159,7 +159,7 @@ def test_read_ahead_delivers_every_request_in_order_within_its_budget(layout, da
 
 
 def test_read_ahead_stays_within_its_budget_on_a_long_run():
-    from distshard.sources import fetch
+    from distshard.sources.reading import fetch
 
     fetch.reset_stats()
     options = ReadOptions(budget=64 << 10, max_range=8 << 10, max_gap=0, window=4 << 10)
@@ -199,7 +199,7 @@ class Ready:
 def test_the_read_plan_starts_small_grows_geometrically_and_reads_each_byte_once(
     layout, data, budget, max_range, first, max_gap
 ):
-    from distshard.sources import fetch
+    from distshard.sources.reading import fetch
 
     spans = [s for s in layout if s[0] == 0]  # one file
     order = data.draw(st.permutations(spans)) if data.draw(st.booleans()) else spans  # shuffled, or in order

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 import distshard  # noqa: F401  (registers .dist_shard)
-from distshard.sources import ReadOptions, fetch, jsonl, webdataset
-from distshard.sources.fetch import ReadAhead, Request
-from distshard.sources.files import FileAccess, FileRef, file_identity, open_random
+from distshard.sources import ReadOptions, jsonl, webdataset
+from distshard.sources.reading import fetch
+from distshard.sources.reading.fetch import ReadAhead, Request
+from distshard.sources.transport.files import FileAccess, FileRef, file_identity, open_random
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 from tests.source_factories import write_tiny_tar

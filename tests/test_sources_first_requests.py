@@ -73,7 +73,7 @@ def test_first_files_far_apart_in_the_pack_take_a_range_each_and_no_entry_twice(
     ask only the entries the rank did not fetch)."""
     import json
 
-    from distshard.sources import packs
+    from distshard.sources.stored import entry_packs as packs
 
     pattern, urls, expected = indexed(tmp_path, slow_server, shards=64, per_shard=3)
     sizes = [f["len"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]]

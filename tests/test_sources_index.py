@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from distshard.sources import webdataset
-from distshard.sources.files import FileRef, file_identity
-from distshard.sources.index import cache_path
-from distshard.sources.tar import TarFormat
+from distshard.sources.formats.index_cache import cache_path
+from distshard.sources.formats.tar import TarFormat
+from distshard.sources.transport.files import FileRef, file_identity
 from distshard.verify import run_on_group
 from tests import source_factories
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
@@ -23,7 +23,7 @@ from tests.source_factories import write_jsonl, write_shards
 
 def fresh_process():
     """Forget what this process keeps (as a new worker would)."""
-    from distshard.sources._lru import clear_all
+    from distshard.sources.transport._lru import clear_all
 
     clear_all()
 
@@ -64,7 +64,7 @@ def test_count_only_reads_the_entry_header(tmp_path, builds):
     urls, _ = write_shards(tmp_path / "d", shards=1, per_shard=200)
     webdataset(urls).counts()
     size = entry(urls[0]).stat().st_size
-    from distshard.sources import index as index_module
+    from distshard.sources.formats import index_cache as index_module
 
     reads = []
     real = index_module._read_entry

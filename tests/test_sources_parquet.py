@@ -88,7 +88,7 @@ def test_missing_pyarrow_names_the_extra(monkeypatch):
 
 
 def test_shuffle_decodes_each_row_group_about_once_per_slot(tmp_path):
-    from distshard.sources.parquet import decodes
+    from distshard.sources.formats.parquet import decodes
 
     urls, expected = write_parquet_rows(tmp_path / "t", files=4, rows=100, row_group_size=10)  # 40 row groups
     source = parquet(urls, columns=["id", "text"])

@@ -48,7 +48,7 @@ def expected_keys(files: int, rows: int = 40) -> Counter:
 def test_a_cold_job_asks_one_suffix_get_per_file_for_identity_and_footer(tmp_path, server):
     """Issue 22 item 3: N remote files cost N requests before the first row (their
     identities and footers), not a HEAD and a footer range each (2N on the old path)."""
-    from distshard.sources.parquet import TAIL
+    from distshard.sources.formats.parquet import TAIL
 
     paths = write_keyed_parquet(tmp_path, files=5)
     source = parquet([server.url(p) for p in paths])
@@ -75,7 +75,7 @@ def test_the_index_command_reads_a_remote_parquet_file_with_one_request(tmp_path
 
 
 def test_a_footer_longer_than_the_suffix_costs_one_range_more(tmp_path, server):
-    from distshard.sources.parquet import TAIL
+    from distshard.sources.formats.parquet import TAIL
 
     [path] = write_keyed_parquet(tmp_path, files=1, rows=20, columns=250, row_group_size=5)
     size, need = path.stat().st_size, footer_length(path)
@@ -164,8 +164,8 @@ def test_the_index_from_the_suffix_get_is_the_one_built_from_the_file(tmp_path, 
     """Nested and dictionary columns, a footer in the suffix and one longer than it:
     the same counts, column chunk ranges, column names and footer bytes as the
     index pyarrow builds from the local file."""
-    from distshard.sources.files import FileAccess, FileRef, file_identity
-    from distshard.sources.parquet import ParquetFormat
+    from distshard.sources.formats.parquet import ParquetFormat
+    from distshard.sources.transport.files import FileAccess, FileRef, file_identity
 
     n = 30
     table = pa.table(
@@ -206,6 +206,6 @@ def test_the_index_from_the_suffix_get_is_the_one_built_from_the_file(tmp_path, 
     ],
 )
 def test_what_a_suffix_answer_holds(status, content_range, length, expected):
-    from distshard.sources.answers import suffix_answer
+    from distshard.sources.transport.responses import suffix_answer
 
     assert suffix_answer(status, content_range, length, 100) == expected

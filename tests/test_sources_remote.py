@@ -197,7 +197,7 @@ def test_a_file_rewritten_behind_weak_etags_raises(tmp_path, kind):
 
 
 def test_weak_etags_and_last_modified_are_compared():
-    from distshard.sources.remote import _http_stamp, http_change
+    from distshard.sources.transport.remote import _http_stamp, http_change
 
     lm1, lm2 = "Tue, 01 Dec 2026 10:00:00 GMT", "Tue, 01 Dec 2026 10:00:01 GMT"
     weak = _http_stamp({"ETag": 'W/"v1"', "Last-Modified": lm1})
@@ -255,7 +255,7 @@ def test_remote_jsonl(tmp_path, server):
 def test_remote_parquet_decodes_each_row_group_about_once(tmp_path, server):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from distshard.sources.parquet import decodes
+    from distshard.sources.formats.parquet import decodes
 
     table = pa.table({"i": list(range(400)), "s": [str(i) * 20 for i in range(400)]})
     path = tmp_path / "t.parquet"
@@ -277,7 +277,7 @@ def test_missing_remote_file_is_named(tmp_path, server):
 
 
 def test_missing_fsspec_names_the_extra(monkeypatch):
-    from distshard.sources import remote
+    from distshard.sources.transport import remote
 
     real_import = builtins.__import__
 
@@ -448,7 +448,7 @@ def test_threads_that_index_at_once_share_one_filesystem():
     one (with two, an S3 request asked the second, whose session did not exist)."""
     import threading
 
-    from distshard.sources.remote import Client
+    from distshard.sources.transport.remote import Client
 
     made = []
 

@@ -2,7 +2,7 @@
 stopped here), reached with ``storage_options`` (and through the environment,
 which keeps working): exact through DataLoader workers, a rewritten object
 refused, globs. Every test runs on both clients (``DISTSHARD_S3_CLIENT``: the
-direct one of ``sources/s3direct.py`` and s3fs), but those about s3fs's
+direct one of ``sources/transport/s3direct.py`` and s3fs), but those about s3fs's
 sessions."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def pytest_generate_tests(metafunc):
 def s3_client(request, monkeypatch) -> str:
     """The client every s3:// read of the test goes through (``direct`` raises
     when the direct client is not eligible, so it is really the one tested)."""
-    from distshard.sources import remote
+    from distshard.sources.transport import remote
 
     monkeypatch.setenv("DISTSHARD_S3_CLIENT", request.param)
     remote.forget_clients()
@@ -166,7 +166,7 @@ def test_the_first_request_is_timed_whatever_its_answer(tmp_path, bucket, endpoi
     """Issue 28 (5), on both clients: without a stored index the look for its
     manifest (NoSuchKey) is the first request, and the one timed (here every first
     request counts as slow), named with its answer, once."""
-    from distshard.sources import answers
+    from distshard.sources.transport import responses as answers
 
     paths, expected = write_jsonl(tmp_path / "j", files=1, lines=4)
     [url] = upload(bucket, paths, "first")
@@ -239,7 +239,7 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     a fresh machine asks no HEAD, at most 4 requests before its first sample, and
     fetches the entries of the files it reads in one range of the pack."""
     from distshard.__main__ import main
-    from distshard.sources._lru import clear_all
+    from distshard.sources.transport._lru import clear_all
 
     paths, expected = write_shards(tmp_path, shards=64, per_shard=2)
     upload(bucket, paths, "many")
@@ -296,7 +296,7 @@ def test_a_refresh_on_s3_lists_each_folder_instead_of_a_head_per_file(tmp_path, 
     deleted one is named; a store that refuses the listing gets a HEAD a file instead."""
     from distshard.__main__ import main
     from distshard.errors import DistshardError
-    from distshard.sources import indexing
+    from distshard.sources.stored import indexing
 
     paths, _ = write_shards(tmp_path / "a", shards=6, per_shard=2)
     urls = upload(bucket, paths, "two/a") + upload(
@@ -371,8 +371,8 @@ def test_a_cold_parquet_job_on_s3_asks_one_request_per_object(tmp_path, bucket, 
 def test_a_parquet_object_rewritten_after_its_suffix_get_is_refused(tmp_path, bucket, endpoint):
     """The range after the suffix GET (a footer longer than it) is checked against
     the suffix answer's ETag: an object rewritten in between raises naming it."""
-    from distshard.sources.files import FileAccess, FileRef
-    from distshard.sources.parquet import ParquetFormat
+    from distshard.sources.formats.parquet import ParquetFormat
+    from distshard.sources.transport.files import FileAccess, FileRef
 
     [wide] = _tables(bucket, tmp_path, "rewritten", files=1, columns=300, rows=14)
     fmt, access = ParquetFormat(), FileAccess(storage_options={"endpoint_url": endpoint})
@@ -430,7 +430,7 @@ def test_a_process_makes_one_session_and_fork_workers_reuse_the_ranks(tmp_path, 
     import botocore.loaders
     from torch.utils.data import DataLoader
 
-    from distshard.sources import remote
+    from distshard.sources.transport import remote
 
     _counting(monkeypatch, aiobotocore.session.AioSession, "__init__", "sessions")
     _counting(monkeypatch, aiobotocore.credentials.AioCredentialResolver, "load_credentials", "credentials")
@@ -468,7 +468,7 @@ def test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_fo
     import aiobotocore.session
     from torch.utils.data import DataLoader
 
-    from distshard.sources import remote
+    from distshard.sources.transport import remote
 
     _counting(monkeypatch, aiobotocore.session.AioSession, "__init__", "sessions")
     _MADE.clear()
@@ -500,7 +500,7 @@ def test_an_inherited_session_gets_fresh_credential_locks():
 
     from aiobotocore.credentials import AioRefreshableCredentials
 
-    from distshard.sources import remote
+    from distshard.sources.transport import remote
 
     async def refresh():
         return {"access_key": "a", "secret_key": "b", "token": None, "expiry_time": "2100-01-01T00:00:00Z"}

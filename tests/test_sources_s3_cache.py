@@ -112,7 +112,7 @@ def test_a_dataset_copied_with_its_stored_index_keeps_its_entries(tmp_path, buck
     """Issue 28, item 6: data and ``.distshard/`` copied to another prefix (the same
     ETags: S3's MD5 of the bytes): the entries are matched by size and ETag, no file
     is indexed by the job, and ``describe()`` says where the index was written for."""
-    from distshard.sources.tar import TarFormat
+    from distshard.sources.formats.tar import TarFormat
 
     paths, expected = write_shards(tmp_path / "data", shards=3, per_shard=2)
     upload(bucket, paths, "a")

@@ -1,4 +1,4 @@
-"""The direct S3 client (``distshard.sources.s3direct``): when it is chosen (each
+"""The direct S3 client (``distshard.sources.transport.s3direct``): when it is chosen (each
 reason it is not), that it addresses and signs as botocore does, that its path
 imports no botocore, aiobotocore, aiohttp nor s3fs, faults retried to an exact
 multiset through fork workers (a faulty proxy in front of moto's server on
@@ -21,8 +21,9 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 import distshard  # noqa: E402
-from distshard.sources import ReadOptions, remote  # noqa: E402
-from distshard.sources.s3direct import Config, DirectS3Client, direct_config  # noqa: E402
+from distshard.sources import ReadOptions  # noqa: E402
+from distshard.sources.transport import remote  # noqa: E402
+from distshard.sources.transport.s3direct import Config, DirectS3Client, direct_config  # noqa: E402
 from distshard.verify import free_port  # noqa: E402
 from tests.s3_proxy import S3Proxy  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
@@ -248,7 +249,7 @@ def test_the_index_command_with_the_direct_client_imports_no_s3fs(tmp_path, buck
     out = subprocess.run([*command, "--storage-options", options], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert "distshard.sources.s3direct" in imported and "pyarrow.parquet" in imported
+    assert "distshard.sources.transport.s3direct" in imported and "pyarrow.parquet" in imported
     heavy = sorted(m for m in imported if m.split(".")[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs", "boto3"))
     assert heavy == [], heavy
     keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
@@ -385,7 +386,7 @@ def test_the_index_command_streams_through_faults_with_the_direct_client(tmp_pat
     direct client (``open_stream``) through SlowDown, resets and cut bodies; the
     stored index then reads every sample once."""
     from distshard.__main__ import main
-    from distshard.sources._lru import clear_all
+    from distshard.sources.transport._lru import clear_all
 
     paths, expected = write_shards(tmp_path, shards=6, per_shard=5)
     upload(bucket, paths, "streamed")

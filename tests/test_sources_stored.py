@@ -130,7 +130,7 @@ def chunks_of(sizes: list[int], limit: int) -> int:
 def entries_in_few_ranges(tmp_path, server, monkeypatch) -> tuple[str, list[dict], int]:
     """SHARDS tars indexed, ``packs.RANGE_BYTES`` set to about 8 entries, a fresh machine:
     ``(pattern, expected samples, the ranges the entries take)``."""
-    from distshard.sources import packs
+    from distshard.sources.stored import entry_packs as packs
 
     pattern, urls, expected = indexed(tmp_path, server, shards=SHARDS, per_shard=3)
     sizes = [f["len"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]]
@@ -185,8 +185,8 @@ def test_entries_whose_request_ahead_failed_are_asked_again_when_read(tmp_path, 
     (logged for the rank's), and gets the right bytes."""
     import time
 
-    from distshard.sources import packs
-    from distshard.sources.files import FileAccess
+    from distshard.sources.stored import entry_packs as packs
+    from distshard.sources.transport.files import FileAccess
 
     pack = tmp_path / "entries.pack"
     pack.write_bytes(bytes(range(200)) * 3)
@@ -252,8 +252,8 @@ def test_local_files_find_their_stored_index_and_refuse_a_stale_one(tmp_path, mo
 
 
 def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys, monkeypatch):
-    from distshard.sources import indexing
-    from distshard.sources.indexing import build_stored_index
+    from distshard.sources.stored import indexing
+    from distshard.sources.stored.indexing import build_stored_index
 
     paths, _ = write_shards(tmp_path / "data", shards=6, per_shard=3)
     urls = [server.url(p) for p in paths]
@@ -302,10 +302,10 @@ def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys,
 def test_an_index_of_format_version_1_still_loads_and_a_newer_one_is_refused(tmp_path, server, monkeypatch):
     """A manifest written by the previous release (one entry object per file) is read
     as before; a version this distshard does not know names the refresh command."""
-    from distshard.sources.files import FileRef, file_identity
-    from distshard.sources.index import dumps
-    from distshard.sources.manifest import entry_name
-    from distshard.sources.tar import TarFormat
+    from distshard.sources.formats.index_cache import dumps
+    from distshard.sources.formats.tar import TarFormat
+    from distshard.sources.stored.manifest import entry_name
+    from distshard.sources.transport.files import FileRef, file_identity
 
     paths, expected = write_shards(tmp_path / "data", shards=3, per_shard=4)
     urls = [server.url(p) for p in paths]
@@ -378,7 +378,8 @@ def test_dataloader_workers_reuse_the_ranks_index(tmp_path, server, monkeypatch)
 
 
 def test_retries_and_a_slow_first_request_are_logged(tmp_path, caplog, monkeypatch):
-    from distshard.sources import answers, remote
+    from distshard.sources.transport import remote
+    from distshard.sources.transport import responses as answers
 
     paths, expected = write_jsonl(tmp_path / "j", files=1, lines=30)
     monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)
@@ -399,7 +400,8 @@ def test_the_first_request_is_timed_whatever_its_answer(tmp_path, caplog, monkey
     """Issue 28 (5): without a stored index a job's first request is the look for
     its manifest, answered 404; that request is the one timed (and logged when
     slow: here every first request is), named with its answer, and only once."""
-    from distshard.sources import answers, remote
+    from distshard.sources.transport import remote
+    from distshard.sources.transport import responses as answers
 
     paths, expected = write_jsonl(tmp_path / "j", files=2, lines=5)
     monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)

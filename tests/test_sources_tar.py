@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from distshard.sources import ReadOptions, expand_urls, read_shard_index, webdataset
-from distshard.sources.tar import TarFormat
+from distshard.sources.formats.tar import TarFormat
 from tests.source_factories import add_member, blob, write_shards
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 
@@ -406,7 +406,7 @@ def test_a_wrong_shard_index_count_is_refused_also_once_the_shard_was_read(tmp_p
     message = rf"shard-000000\.tar holds 6 samples but the shard index given as index= says nsamples={declared}"
     with pytest.raises(ValueError, match=message):  # the cached entry is checked when the source is built
         len(webdataset(None, index=index))
-    from distshard.sources import index as index_module
+    from distshard.sources.formats import index_cache as index_module
 
     for entry in index_module.cache_dir().glob("*.idx"):
         entry.unlink()  # no cache entry (another node): the process that reads the shard refuses

@@ -442,7 +442,7 @@ def test_on_s3_through_fork_workers_is_exact(tmp_path):
 
 @pytest.mark.parametrize("window", [1, 8, 40, 1 << 10, 1 << 20])
 def test_shuffle_windows_follow_the_byte_window_rule(tmp_path, window):
-    from distshard.sources.index import byte_windows
+    from distshard.sources.formats.file_index import byte_windows
 
     write_indexed(tmp_path / "c", sequences_for(300, "int32", seed=window), "int32")
     sequence = distshard.tokens(str(tmp_path / "c")).__distshard_sequence__()

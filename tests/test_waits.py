@@ -18,8 +18,11 @@ from pathlib import Path
 import pytest
 
 import distshard
-from distshard.sources import ReadOptions, answers, index, remote, webdataset
-from distshard.sources.files import FileRef
+from distshard.sources import ReadOptions, webdataset
+from distshard.sources.formats import index_cache as index
+from distshard.sources.transport import remote
+from distshard.sources.transport import responses as answers
+from distshard.sources.transport.files import FileRef
 from distshard.verify import run_on_group
 from distshard.waits import CollectiveTimeout, WaitTimeout
 
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HOLDER = """
 import sys, time
 from pathlib import Path
-from distshard.sources.index import _locked
+from distshard.sources.formats.index_cache import _locked
 
 with _locked(Path(sys.argv[1])):
     print("held", flush=True)
@@ -114,7 +117,9 @@ def test_a_collective_one_rank_never_joins_raises_naming_it():
 def test_a_lock_another_thread_held_at_a_fork_is_free_in_the_child():
     """A DataLoader worker forked while another thread of its rank counted a Parquet
     decode would otherwise wait forever for a lock nobody in it holds."""
-    parquet = importlib.import_module("distshard.sources.parquet")  # the module (the package exports a function)
+    parquet = importlib.import_module(
+        "distshard.sources.formats.parquet"
+    )  # the module (the package exports a function)
 
     with parquet._DECODES_LOCK:  # held at the fork, as by another thread of the parent
         pid = os.fork()

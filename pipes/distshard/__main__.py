@@ -157,7 +157,7 @@ class _IndexConsole(logging.Handler):
     for the summary."""
 
     def __init__(self, interactive: bool) -> None:
-        from .sources.answers import RETRY  # (not at the top: the command imports no torch)
+        from .sources.transport.responses import RETRY  # (not at the top: the command imports no torch)
 
         super().__init__(logging.WARNING)
         self.interactive, self.retry = interactive, RETRY
@@ -216,7 +216,7 @@ def _index_arguments(args: argparse.Namespace) -> tuple[dict | None, float | Non
     if prune_after is not None and not args.prune:
         return "--prune-after is the grace period of --prune: add --prune"
     if args.prune and prune_after is None:
-        from .sources.pruning import DEFAULT_GRACE
+        from .sources.stored.pruning import DEFAULT_GRACE
 
         prune_after = DEFAULT_GRACE
     return options, prune_after
@@ -227,7 +227,7 @@ def index(args: argparse.Namespace) -> int:
     file indexed; 1: some files could not be indexed (the data: missing, malformed,
     changed while read, still failing after their retries), the others listed;
     2: could not run (see :func:`_index_failure`)."""
-    from .sources.indexing import build_stored_index
+    from .sources.stored.indexing import build_stored_index
 
     arguments = _index_arguments(args)
     if isinstance(arguments, str):
@@ -273,7 +273,7 @@ def _index_failure(exc: Exception) -> int:
     bad arguments, no file to index, a missing bucket, a store that cannot be
     reached, access denied, a destination that cannot be written."""
     from .errors import DistshardError
-    from .sources.indexing import IndexBuildError
+    from .sources.stored.indexing import IndexBuildError
 
     if isinstance(exc, IndexBuildError) and not exc.could_not_run:
         print(str(exc), file=sys.stderr)
@@ -425,7 +425,7 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
 
 def _index_parser(sub: argparse._SubParsersAction) -> None:
     """``index``'s arguments."""
-    from .sources.pruning import DEFAULT_GRACE
+    from .sources.stored.pruning import DEFAULT_GRACE
 
     idx = sub.add_parser(
         "index",

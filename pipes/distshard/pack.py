@@ -10,7 +10,7 @@ The documents' token counts come from one pass at
 construction (or from the source itself: a source with ``distshard_token_counts()``
 gives them without reading a document, as ``distshard.tokens`` does from its
 ``.idx``), cached on disk for distshard file sources, keyed by the files' identities
-(see :mod:`distshard.sources.index`) and what the maps and the token picker compute
+(see :mod:`distshard.sources.formats.index_cache`) and what the maps and the token picker compute
 (:mod:`distshard.callkeys`; counts a block finds wrong delete their entry), so the plan
 (see :mod:`distshard.packing`) is known before the first block. A block reads only the
 documents it spans: by position when the source has random access (a list, a file

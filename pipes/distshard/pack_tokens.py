@@ -92,8 +92,9 @@ def find_counts(source: IterDataPipe, tokens: str | Picker | None, eos: bool) ->
         return Counts(counts, eos, "source")
     key = _cache_key(source, tokens)
     if key is not None:
-        from .sources.files import FileRef
-        from .sources.index import FileIndex, cache_path, obtain
+        from .sources.formats.file_index import FileIndex
+        from .sources.formats.index_cache import cache_path, obtain
+        from .sources.transport.files import FileRef
 
         def build(ref: FileRef) -> FileIndex:
             from array import array
@@ -122,8 +123,8 @@ def _cache_key(source: IterDataPipe, tokens: str | Picker | None) -> str | None:
     ETag) and what the maps and the token picker compute (:func:`.callkeys.call_key`);
     else ``None`` (counted every time): no file source, or a map or picker that
     cannot be keyed faithfully (logged at DEBUG)."""
-    from .sources.base import FileSourceIterDataPipe
-    from .sources.files import key_of
+    from .sources.pipe import FileSourceIterDataPipe
+    from .sources.transport.files import key_of
 
     plan = plan_pushdown(source, True)
     base = plan.base

@@ -24,19 +24,19 @@ from urllib.parse import urljoin
 
 from ..errors import OptionTypeError, SourceDataError, SourceMissingError
 from ..groups import data_group
-from .base import FileSourceIterDataPipe, SourceSequence
-from .files import FileAccess, key_of
-from .jsonl import JsonlFormat
-from .manifest import FOLDER, FORMAT, MANIFEST, location_of
-from .manifest import load as load_manifest
-from .manifest import parse as parse_manifest
-from .manifest import read as read_small
-from .megatron import TokensFormat, pair_prefixes, require_numpy
-from .options import ReadOptions
-from .parquet import ParquetFormat
-from .remote import RemoteReadError
-from .tar import TarFormat
-from .urls import UrlsArg, braceexpand, expand_urls, is_remote
+from .formats.jsonl import JsonlFormat
+from .formats.megatron import TokensFormat, pair_prefixes, require_numpy
+from .formats.parquet import ParquetFormat
+from .formats.tar import TarFormat
+from .pipe import FileSourceIterDataPipe, SourceSequence
+from .read_options import ReadOptions
+from .stored.manifest import FOLDER, FORMAT, MANIFEST, location_of
+from .stored.manifest import load as load_manifest
+from .stored.manifest import parse as parse_manifest
+from .stored.manifest import read as read_small
+from .transport.files import FileAccess, key_of
+from .transport.responses import RemoteReadError
+from .transport.urls import UrlsArg, braceexpand, expand_urls, is_remote
 
 __all__ = [
     "FileSourceIterDataPipe",
@@ -330,7 +330,7 @@ def parquet(
     Example:
         >>> dp = distshard.parquet("table/*.parquet", columns=["text", "label"]).dist_shard(even="drop")
     """
-    from .parquet import require_pyarrow
+    from .formats.parquet import require_pyarrow
 
     require_pyarrow()
     files, counts, stored = _files(urls, index, storage_options)

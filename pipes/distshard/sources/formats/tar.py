@@ -29,8 +29,8 @@ import tarfile
 from array import array
 from typing import Any, Iterator, Sequence
 
-from ..errors import SourceDataError
-from .files import (
+from ...errors import SourceDataError
+from ..transport.files import (
     DEFAULT_FILE_ACCESS,
     FileAccess,
     FileRef,
@@ -40,8 +40,8 @@ from .files import (
     open_stream,
     sniff_compression,
 )
-from .index import FileIndex, byte_windows
-from .remote import RemoteReadError
+from ..transport.responses import RemoteReadError
+from .file_index import FileIndex, byte_windows
 
 __all__ = ["TarFormat", "split_name"]
 

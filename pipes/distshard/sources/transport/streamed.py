@@ -23,8 +23,8 @@ import random
 import time
 from typing import Any
 
-from .answers import RETRY, RemoteReadError, Transient, looks_transient
 from .files import FileAccess, FileRef
+from .responses import RETRY, RemoteReadError, Transient, looks_transient
 
 __all__ = ["Body", "open_body", "streams"]
 

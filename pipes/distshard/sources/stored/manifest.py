@@ -41,15 +41,15 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from ..digests import blake2b_hex
-from ..errors import SourceDataError, SourceMissingError
-from .answers import MissingBucketError, index_command
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
-from .urls import is_remote
+from ...digests import blake2b_hex
+from ...errors import SourceDataError, SourceMissingError
+from ..transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
+from ..transport.responses import MissingBucketError, index_command
+from ..transport.urls import is_remote
 
 if TYPE_CHECKING:
-    from .index import FileIndex
-    from .packs import PackedEntries
+    from ..formats.file_index import FileIndex
+    from .entry_packs import PackedEntries
 
 __all__ = ["FOLDER", "MANIFEST", "Stored", "StoredFile", "default_location", "find", "load"]
 
@@ -176,7 +176,7 @@ def write(url: str, data: bytes, access: FileAccess = DEFAULT_FILE_ACCESS) -> No
         return
     from pathlib import Path
 
-    from .index import write_entry
+    from ..formats.index_cache import write_entry
 
     if not write_entry(Path(local_path(url)), data):
         raise PermissionError(f"cannot write {url}: give --out a folder you can write")
@@ -184,7 +184,7 @@ def write(url: str, data: bytes, access: FileAccess = DEFAULT_FILE_ACCESS) -> No
 
 def dumps(location: str, files: list[StoredFile]) -> bytes:
     """The manifest at ``location`` listing ``files`` (entries packed or of their own)."""
-    from .packs import entry_range
+    from .entry_packs import entry_range
 
     packs: dict[str, int] = {}
     listed = []
@@ -211,7 +211,7 @@ def dumps(location: str, files: list[StoredFile]) -> bytes:
 
 def parse(location: str, data: bytes) -> Stored:
     """The manifest's files; ``ValueError`` naming ``location`` if it is not one."""
-    from .packs import pack_entry
+    from .entry_packs import pack_entry
 
     where = join(location, MANIFEST)
     try:
@@ -322,8 +322,8 @@ def fetch_entry(
     packed one comes with its chunk (``packed``'s, less the entries kept; see
     :mod:`.packs`): fetched already, on its way, or in one range request now.
     Either way it is checked against ``ref`` when loaded."""
-    from .index import loads
-    from .packs import entry_range, fetch_packed
+    from ..formats.index_cache import loads
+    from .entry_packs import entry_range, fetch_packed
 
     assert ref.stored is not None
     kept = kept or {}

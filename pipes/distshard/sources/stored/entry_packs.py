@@ -32,10 +32,10 @@ import threading
 from collections.abc import Collection
 from typing import Any, Iterable, Sequence
 
-from ..errors import SourceDataError, SourceMissingError
-from ..forks import at_fork
-from ._lru import LRU
-from .files import FileAccess
+from ...errors import SourceDataError, SourceMissingError
+from ...forks import at_fork
+from ..transport._lru import LRU
+from ..transport.files import FileAccess
 
 __all__ = ["RANGE_BYTES", "PackedEntries", "entry_range", "fetch_ahead", "fetch_first", "fetch_packed", "pack_entry"]
 
@@ -179,7 +179,7 @@ def _ask(
 ) -> list[_Fetch]:
     """Fetch the chunks of ``entries`` not at hand nor on their way, each once: the
     requests made (their members in :data:`_PENDING` now)."""
-    from .urls import is_remote
+    from ..transport.urls import is_remote
 
     asked: list[_Fetch] = []
     for entry in entries:
@@ -267,8 +267,8 @@ def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
     """Bytes ``[start, stop)`` of the pack ``url``, asked now: remote, a request in
     flight (its ``result()``, and its ``future``); a local pack is read when its
     ``result()`` is first asked."""
-    from .fetch import deferred
-    from .urls import is_remote
+    from ..reading.fetch import deferred
+    from ..transport.urls import is_remote
 
     if is_remote(url):
         return access.client(url).submit_range(url, start, stop, None, None, access.options)
@@ -277,7 +277,7 @@ def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
 
 def _read_local(path: str, start: int, stop: int) -> bytes:
     """Bytes ``[start, stop)`` of a local pack."""
-    from .files import local_path
+    from ..transport.files import local_path
 
     try:
         with open(local_path(path), "rb") as f:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Collection, Mapping
 
-from ..errors import OptionError, OptionTypeError
-from .files import local_path
-from .urls import is_remote
+from ...errors import OptionError, OptionTypeError
+from ..transport.files import local_path
+from ..transport.urls import is_remote
 
 __all__ = ["DEFAULT_GRACE", "Pruned", "check_grace", "prune_packs"]
 
@@ -117,7 +117,7 @@ def _local_delete(location: str, names: list[str]) -> None:
 
 
 def _fs(location: str, storage_options: Mapping[str, Any] | None) -> Any:
-    from .remote import client_for
+    from ..transport.remote import client_for
 
     return client_for(location, storage_options).fs
 

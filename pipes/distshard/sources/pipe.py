@@ -40,18 +40,19 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError
 from ..forks import at_fork
 from ..groups import DataGroup, job_ranks
-from ._lru import LRU
-from .answers import READ_ONLY, index_command
-from .cache import FileCache, range_cache
-from .confirm import confirm, listable, raise_verdict
-from .fetch import ReadAhead, Request
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
-from .index import FileIndex, load_cached, obtain, summarize_files
-from .manifest import Stored
-from .options import ReadOptions
-from .order import FileOrder
-from .packs import PackedEntries, entry_range, fetch_ahead, fetch_first
-from .urls import is_remote
+from .formats.file_index import FileIndex
+from .formats.index_cache import load_cached, obtain, summarize_files
+from .read_options import ReadOptions
+from .reading.cache import FileCache, range_cache
+from .reading.confirm import confirm, listable, raise_verdict
+from .reading.fetch import ReadAhead, Request
+from .reading.order import FileOrder
+from .stored.entry_packs import PackedEntries, entry_range, fetch_ahead, fetch_first
+from .stored.manifest import Stored
+from .transport._lru import LRU
+from .transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
+from .transport.responses import READ_ONLY, index_command
+from .transport.urls import is_remote
 
 __all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "StreamFile"]
 
@@ -115,7 +116,7 @@ def _build(
     with its chunk of ``packed``: see :mod:`.packs`), else (or if the entry is not
     there) built from the file."""
     if ref.stored is not None:
-        from .manifest import fetch_entry
+        from .stored.manifest import fetch_entry
 
         index = fetch_entry(fmt.name, ref, access, packed, kept)
         if index is not None:
@@ -127,7 +128,7 @@ def _access_key(access: FileAccess) -> Any:
     """What a cached handle was opened with: a handle reads with its source's
     ``ReadOptions`` (retries, timeouts, concurrency), so a source never borrows
     another's handle to the same file made with other options."""
-    from .remote import frozen
+    from .transport.remote import frozen
 
     return access.options, frozen(access.storage_options or {})
 
@@ -525,7 +526,7 @@ class SourceSequence(Sequence):
         return handle
 
     def _shared_handle(self, f: int) -> Any:
-        from .files import open_random
+        from .transport.files import open_random
 
         ref = self._identified.get(f) or self.refs[f]
         if ref.size is None:
@@ -633,7 +634,7 @@ class FileSourceIterDataPipe(IterDataPipe):
             # dist_shard) never make collectives, so calling them on one rank cannot hang.
             self.prepare(collective=True)
         elif first_remote is not None:  # its first request comes later (dist_shard, len, iter): start the client now
-            from .remote import warm_up
+            from .transport.remote import warm_up
 
             warm_up(first_remote, storage_options)
 
@@ -678,7 +679,7 @@ class FileSourceIterDataPipe(IterDataPipe):
         the DataLoader workers, which check every response against it.
         """
         if self._summary is None:
-            from .manifest import known_files
+            from .stored.manifest import known_files
 
             declared = {key_of(url): n for url, n in self.declared.items()}
             self._stored, found = known_files(
@@ -688,7 +689,7 @@ class FileSourceIterDataPipe(IterDataPipe):
                 self.access,
             )
             if self._stored is not None and not self._stored.entries_usable():
-                from .manifest import warn_moved
+                from .stored.manifest import warn_moved
 
                 warn_moved(self._stored.location, self._stored.moved_from)
             todo = [url for url in self.urls if key_of(url) not in declared and url not in found]
@@ -732,7 +733,7 @@ class FileSourceIterDataPipe(IterDataPipe):
                 f"the stored index at {self._stored.location} lacks {self._indexed_here} of these files; "
                 f"to add them: {index_command(self._stored.location, refresh=False)}"
             )
-        from .manifest import default_location
+        from .stored.manifest import default_location
 
         where = self.stored_location or default_location(self.urls)
         if where.split("://", 1)[0].lower() in READ_ONLY:  # (nothing can be written beside the files)
@@ -746,7 +747,7 @@ class FileSourceIterDataPipe(IterDataPipe):
             return ""
         if stored.entries_usable():
             return f" (written for {stored.moved_from}: its entries matched by size and S3 ETag)"
-        from .manifest import moved_words
+        from .stored.manifest import moved_words
 
         return f", but {moved_words(stored.location, stored.moved_from)}"
 
@@ -809,7 +810,7 @@ class FileSourceIterDataPipe(IterDataPipe):
                 text += f"; index stored at {self._stored.location}{self._moved_words()}"
             first_remote = next((url for url in self.urls if is_remote(url)), None)
             if first_remote is not None:
-                from .remote import s3_client_choice
+                from .transport.remote import s3_client_choice
 
                 client = s3_client_choice(first_remote, self.access.storage_options)
                 text += f"; {client}" if client else ""

@@ -23,9 +23,9 @@ import threading
 import time
 from typing import Any, Mapping
 
-from ..errors import DistshardError, SourceChangedError, SourceMissingError, UnsupportedError
-from ..waits import WaitTimeout
-from .options import ReadOptions
+from ...errors import DistshardError, SourceChangedError, SourceMissingError, UnsupportedError
+from ...waits import WaitTimeout
+from ..read_options import ReadOptions
 
 __all__ = [
     "CONTENT_RANGE",

@@ -40,64 +40,22 @@ import tempfile
 import time
 import zlib
 from array import array
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .. import errors as _errors
-from ..digests import blake2b_hex
-from ..groups import DataGroup, job_ranks
-from ..waits import WaitTimeout
-from .files import FileRef, file_identity, key_of
+from ... import errors as _errors
+from ...digests import blake2b_hex
+from ...groups import DataGroup, job_ranks
+from ...waits import WaitTimeout
+from ..transport.files import FileRef, file_identity, key_of
+from .file_index import FileIndex
 
-__all__ = ["FileIndex", "IndexLockTimeout", "cache_dir", "cache_path", "load_cached", "obtain", "summarize_files"]
+__all__ = ["IndexLockTimeout", "cache_dir", "cache_path", "load_cached", "obtain", "summarize_files"]
 
 VERSION = 2  # 2: tar drops WebDataset's __bad__ samples, Parquet records column chunk ranges
 MAGIC = b"DSIDX\x00\x01\n"
 _PREFIX = struct.Struct("<II")
 _SHARE_LIMIT = 256 << 20  # entries larger than this in total are not exchanged between ranks
-
-
-@dataclass
-class FileIndex:
-    """What is known about one file: ``count`` samples and, unless ``complete``
-    is false (a header-only load), the format's ``arrays`` and ``strings``."""
-
-    format: str
-    key: str
-    size: int
-    stamp: str
-    count: int
-    arrays: dict[str, array] = field(default_factory=dict)
-    strings: dict[str, list[str]] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-    complete: bool = True
-    derived: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # per process, never stored
-
-    def weight(self) -> int:
-        """A memory estimate, in array items, for the per-process LRU."""
-        return 1 + sum(len(a) for a in self.arrays.values()) + 4 * sum(len(s) for s in self.strings.values())
-
-
-def byte_windows(count: int, extent: Callable[[int], tuple[int, int]], window: int) -> array:
-    """Shuffle windows over ``count`` samples whose byte extents ``extent(i)``
-    (``(start, stop)``, ``(-1, -1)`` for none) increase: the sample index where
-    each window starts, then ``count``. A window grows while its samples span at
-    most ``window`` bytes (one larger sample is a window of its own)."""
-    bounds = array("q", [0])
-    begin = None
-    for i in range(count):
-        start, stop = extent(i)
-        if start < 0:
-            continue
-        if begin is None:
-            begin = start
-        elif stop - begin > window:
-            bounds.append(i)
-            begin = start
-    if count:
-        bounds.append(count)
-    return bounds
 
 
 def cache_dir() -> Path:
@@ -344,7 +302,7 @@ def _install(fmt: str, ref: FileRef, data: bytes) -> None:
 def _threads(urls: list[str]) -> int:
     """Files indexed at once in one process: remote files wait on round trips;
     local ones are indexed one after the other (the header walk is CPU)."""
-    from .urls import is_remote
+    from ..transport.urls import is_remote
 
     return min(len(urls), 16 if any(is_remote(u) for u in urls) else 1) or 1
 
@@ -451,7 +409,7 @@ def summarize_files(
         error = (type(exc).__name__, str(exc))
     if sum(len(item[5] or b"") for item in mine) > _SHARE_LIMIT // world:
         mine = [item[:5] + (None,) for item in mine]
-    from ..context import gather_objects
+    from ...context import gather_objects
 
     gathered = gather_objects((mine, error), f"indexing {len(urls)} {fmt} files (each rank indexes its share)", group)
     for _, other_error in gathered:

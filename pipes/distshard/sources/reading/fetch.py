@@ -48,10 +48,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-from ..forks import at_fork
+from ...forks import at_fork
+from ..read_options import ReadOptions
 from .cache import BadEntry
 from .coalesce import Coverage, Range, coalesce
-from .options import ReadOptions
 
 if TYPE_CHECKING:
     from .cache import FileCache

@@ -45,8 +45,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from ..digests import crc32_of, sha256_hex
-from ..forks import at_fork
+from ...digests import crc32_of, sha256_hex
+from ...forks import at_fork
 
 __all__ = ["BadEntry", "FileCache", "RangeCache", "range_cache"]
 

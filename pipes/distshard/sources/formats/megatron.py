@@ -36,8 +36,8 @@ import struct
 from array import array
 from typing import Any, Iterable, Iterator, Sequence
 
-from ..errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError, SourceMissingError
-from .files import (
+from ...errors import OptionError, OptionTypeError, SourceChangedError, SourceDataError, SourceMissingError
+from ..transport.files import (
     DEFAULT_FILE_ACCESS,
     STREAM_BUFFER,
     FileAccess,
@@ -48,8 +48,9 @@ from .files import (
     open_random,
     open_scan,
 )
-from .index import FileIndex, byte_windows, obtain
-from .urls import is_remote
+from ..transport.urls import is_remote
+from .file_index import FileIndex, byte_windows
+from .index_cache import obtain
 
 __all__ = [
     "DTYPES",

@@ -32,9 +32,9 @@ import os
 import posixpath
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import SourceChangedError, SourceMissingError
-from .answers import changed_error
-from .files import FileAccess, FileRef, identify
+from ...errors import SourceChangedError, SourceMissingError
+from ..transport.files import FileAccess, FileRef, identify
+from ..transport.responses import changed_error
 
 __all__ = ["confirm", "listable", "raise_verdict"]
 

@@ -12,7 +12,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Generic, Hashable, TypeVar
 
-from ..forks import at_fork
+from ...forks import at_fork
 
 V = TypeVar("V")
 

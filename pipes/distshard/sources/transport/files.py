@@ -1,5 +1,5 @@
 """Opening the files of a source: local paths directly, remote URLs through
-:mod:`distshard.sources.remote` (fsspec).
+:mod:`distshard.sources.transport.remote` (fsspec).
 
 Three ways to open a file:
 
@@ -32,8 +32,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Mapping
 
-from ..errors import SourceChangedError, SourceMissingError
-from .options import ReadOptions
+from ...errors import SourceChangedError, SourceMissingError
+from ..read_options import ReadOptions
 from .pins import unpinned
 from .urls import is_remote
 
@@ -153,7 +153,7 @@ def check_identity(ref: FileRef, size: int, stamp: str, when: str = "read") -> N
     """Raise ``ValueError`` if the file is no longer the one that was indexed."""
     if ref.size is not None and (ref.size != size or ref.stamp != stamp):
         if ref.stored is not None:
-            from .answers import changed_error
+            from .responses import changed_error
 
             raise changed_error(ref.url, f"size {ref.size} -> {size}, stamp {ref.stamp} -> {stamp}", ref.stored)
         raise SourceChangedError(
@@ -201,7 +201,7 @@ class LocalRandomFile:
 
     def submit(self, start: int, stop: int) -> Any:
         """A future-like object whose ``result()`` reads the bytes (when first asked)."""
-        from .fetch import deferred
+        from ..reading.fetch import deferred
 
         return deferred(lambda: self.read_at(start, stop - start))
 

@@ -27,10 +27,10 @@ import threading
 from array import array
 from typing import Any, Iterator, Sequence
 
-from ..errors import OptionError, OptionTypeError, SourceDataError, SourceMissingError
-from ..forks import at_fork
-from ._lru import LRU
-from .files import (
+from ...errors import OptionError, OptionTypeError, SourceDataError, SourceMissingError
+from ...forks import at_fork
+from ..transport._lru import LRU
+from ..transport.files import (
     DEFAULT_FILE_ACCESS,
     FileAccess,
     FileRef,
@@ -41,8 +41,8 @@ from .files import (
     open_scan,
     open_stream,
 )
-from .index import FileIndex
-from .urls import is_remote
+from ..transport.urls import is_remote
+from .file_index import FileIndex
 
 __all__ = ["TAIL", "ParquetFormat", "decodes", "require_pyarrow"]
 

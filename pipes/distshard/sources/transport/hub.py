@@ -40,10 +40,10 @@ import time
 from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import quote
 
-from .answers import Attempts, Changed, Transient, check_content_range, check_status, exact, missing, read_only
-from .options import ReadOptions
+from ..read_options import ReadOptions
 from .pins import unpinned
 from .remote import Client, client_for
+from .responses import Attempts, Changed, Transient, check_content_range, check_status, exact, missing, read_only
 
 __all__ = ["HubClient", "pin", "unpinned"]
 
@@ -140,7 +140,7 @@ def agreed(resolve: Callable[[], str]) -> str:
     collective of the default group: every rank builds the source, in the same
     order), so ranks that build around a push still read one commit; else
     ``resolve()`` here."""
-    from ..groups import job_ranks
+    from ...groups import job_ranks
 
     if job_ranks() is None:
         return resolve()

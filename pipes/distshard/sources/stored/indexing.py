@@ -36,19 +36,19 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ..errors import DistshardError, OptionError, SourceMissingError, UnsupportedError
+from ...errors import DistshardError, OptionError, SourceMissingError, UnsupportedError
+from ..formats.index_cache import dumps, load_cached
+from ..formats.jsonl import JsonlFormat
+from ..formats.parquet import ParquetFormat, require_pyarrow
+from ..formats.tar import TarFormat
+from ..reading.confirm import confirm, listable
+from ..transport.files import FileAccess, FileRef, file_identity, identify, local_path
+from ..transport.responses import READ_ONLY, MissingBucketError, StoreUnreachable, read_only
+from ..transport.urls import expand_urls, is_remote
 from . import manifest
-from .answers import READ_ONLY, MissingBucketError, StoreUnreachable, read_only
-from .confirm import confirm, listable
-from .files import FileAccess, FileRef, file_identity, identify, local_path
-from .index import dumps, load_cached
-from .jsonl import JsonlFormat
+from .entry_packs import entry_range, pack_entry
 from .manifest import StoredFile
-from .packs import entry_range, pack_entry
-from .parquet import ParquetFormat, require_pyarrow
 from .pruning import Pruned, check_grace, prune_packs
-from .tar import TarFormat
-from .urls import expand_urls, is_remote
 
 __all__ = ["Built", "IndexBuildError", "build_stored_index", "format_named", "format_of", "named_packs"]
 
@@ -168,7 +168,7 @@ def _index_one(url: str, fmt_name: str, storage_options: Mapping[str, Any] | Non
         raise UnsupportedError(f"{url} is compressed: it is streamed whole and has no index to store")
     index = None
     if is_remote(url) and hasattr(fmt, "index_stream"):
-        from .streamed import index_streamed, streams
+        from ..transport.streamed import index_streamed, streams
 
         if streams(access.client(url)):
             ref, index = index_streamed(fmt, url, access)

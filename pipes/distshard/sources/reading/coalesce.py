@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from ..errors import OptionError
+from ...errors import OptionError
 
 __all__ = ["Coverage", "Range", "coalesce", "find_live"]
 

@@ -32,9 +32,9 @@ import bisect
 from itertools import pairwise
 from typing import Callable, Sequence
 
-from ..digests import mix_seed
-from ..errors import OptionError, SourceDataError
-from ..plan import Permutation
+from ...digests import mix_seed
+from ...errors import OptionError, SourceDataError
+from ...plan import Permutation
 
 __all__ = ["FileOrder", "expansion"]
 

@@ -50,7 +50,8 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 from urllib.parse import unquote_plus
 from xml.etree import ElementTree
 
-from .answers import (
+from ..read_options import ReadOptions
+from .responses import (
     Attempts,
     Changed,
     FirstRequest,
@@ -65,7 +66,6 @@ from .answers import (
     suffix_answer,
     wait_bound,
 )
-from .options import ReadOptions
 from .sigv4 import EMPTY_SHA256, Credentials, canonical_query, encode_key, sign
 
 __all__ = ["ENV", "Config", "DirectS3Client", "direct_config"]

@@ -13,10 +13,10 @@ import json
 from array import array
 from typing import Any, Iterator, Sequence
 
-from ..errors import SourceDataError
-from .files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream
-from .index import FileIndex, byte_windows
-from .remote import RemoteReadError
+from ...errors import SourceDataError
+from ..transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream
+from ..transport.responses import RemoteReadError
+from .file_index import FileIndex, byte_windows
 
 __all__ = ["JsonlFormat", "parse_line"]
 

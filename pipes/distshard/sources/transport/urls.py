@@ -16,7 +16,7 @@ import re
 import string
 from typing import Any, Iterable, Mapping, Sequence, Union
 
-from ..errors import OptionError, OptionTypeError
+from ...errors import OptionError, OptionTypeError
 
 __all__ = ["braceexpand", "expand_urls", "is_remote"]
 

@@ -52,10 +52,11 @@ import threading
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from ..errors import OptionError, UnsupportedError
-from ..forks import at_fork
-from .answers import CONTENT_RANGE as _CONTENT_RANGE
-from .answers import (
+from ...errors import OptionError, UnsupportedError
+from ...forks import at_fork
+from ..read_options import ReadOptions
+from .responses import CONTENT_RANGE as _CONTENT_RANGE
+from .responses import (
     RETRY_STATUS,
     Attempts,
     FirstRequest,
@@ -66,17 +67,16 @@ from .answers import (
     s3_error,
     wait_bound,
 )
-from .answers import Changed as _Changed
-from .answers import Pending as _Pending
-from .answers import Transient as _Transient
-from .answers import check_content_range as _check_content_range
-from .answers import check_status as _check_status
-from .answers import exact as _exact
-from .answers import http_stamp as _http_stamp
-from .answers import missing as _missing
-from .answers import strong_etag as _strong_etag
-from .answers import suffix_answer as _suffix_answer
-from .options import ReadOptions
+from .responses import Changed as _Changed
+from .responses import Pending as _Pending
+from .responses import Transient as _Transient
+from .responses import check_content_range as _check_content_range
+from .responses import check_status as _check_status
+from .responses import exact as _exact
+from .responses import http_stamp as _http_stamp
+from .responses import missing as _missing
+from .responses import strong_etag as _strong_etag
+from .responses import suffix_answer as _suffix_answer
 
 log = logging.getLogger("distshard")
 
