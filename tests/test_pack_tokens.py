@@ -176,6 +176,15 @@ def test_a_uint64_id_an_int64_block_cannot_hold_is_refused(kind):
         distshard.pack(IterableWrapper(docs), 4)
 
 
+@pytest.mark.parametrize("bad", [1 << 63, -(1 << 63) - 1])
+def test_a_list_id_an_int64_block_cannot_hold_is_refused_naming_it(bad):
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    pipe = distshard.pack(IterableWrapper([[1, 2], [3, bad, 4]]), 2)
+    with pytest.raises(ValueError, match=rf"token 1 of document 1 is {bad}, outside the ids an int64 block holds"):
+        list(pipe)
+
+
 def test_best_fit_over_a_token_corpus_reads_the_idx_alone_and_resumes_elastically(tmp_path, bins_opened):
     """fit="best" plans from the .idx counts (no .bin opened), keeps every sequence of at
     most a block whole, and an elastic resume gives every token once."""

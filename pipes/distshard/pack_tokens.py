@@ -277,6 +277,17 @@ def _check_int64(tokens: Any, k: int) -> None:
         )
 
 
+def _check_list_int64(tokens: Sequence[int], k: int) -> None:
+    """A list of ints that an int64 block holds, else ``ValueError`` naming the first id
+    that it does not (torch's own error names no token and no document)."""
+    for j, t in enumerate(tokens):
+        if not -_INT64_MAX - 1 <= t <= _INT64_MAX:
+            raise OptionError(
+                f"token {j} of document {k} is {t}, outside the ids an int64 block holds "
+                f"({-_INT64_MAX - 1}..{_INT64_MAX}): give token ids below 2**63"
+            )
+
+
 def as_ids(tokens: Any, k: int) -> Any:
     """A document's token ids, checked: a 1-D integer tensor or numpy array (as given,
     no copy; a list becomes a tensor)."""
@@ -287,6 +298,7 @@ def as_ids(tokens: Any, k: int) -> Any:
             out = torch.tensor(tokens)
         except (TypeError, ValueError, RuntimeError, OverflowError):
             _checked_tokens(tokens, k)  # names the value
+            _check_list_int64(tokens, k)
             raise
         if out.dtype is not torch.long or out.dim() != 1:
             _checked_tokens(tokens, k)
