@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,3 +151,18 @@ def watched(expected: float, label: str) -> Iterator[Watchdog]:
             print(
                 f"watchdog: {label} ran past its expected {expected:g}s; every process's stack: {path}", file=sys.stderr
             )
+
+
+def wait_child(pid: int, seconds: float, why: str) -> int:
+    """The exit code of the forked child ``pid``, waited for at most ``seconds``: a child
+    still running then is killed and the test fails with ``why`` (never an unbounded wait)."""
+    end = time.monotonic() + seconds
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < end:
+        time.sleep(0.02)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"the forked child did not end within {seconds:.0f} s: {why}")
+    return os.waitstatus_to_exitcode(status)

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import sys
 import threading
-import time
 import traceback
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -29,6 +27,7 @@ import pytest
 from distshard.sources.reading import cache, fetch
 from distshard.sources.transport import remote
 from distshard.sources.transport._lru import LRU
+from tests.helpers import wait_child
 
 CHILD_SECONDS = 30.0  # what a child may take; one that waits for its parent's thread never ends
 
@@ -62,19 +61,14 @@ def in_child(check: Callable[[], object], seconds: float = CHILD_SECONDS) -> Non
         finally:
             os._exit(code)
     os.close(write)
-    end = time.monotonic() + seconds
-    done, status = os.waitpid(pid, os.WNOHANG)
-    while not done and time.monotonic() < end:
-        time.sleep(0.02)
-        done, status = os.waitpid(pid, os.WNOHANG)
-    if not done:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    try:
+        code = wait_child(pid, seconds, "it waits for its parent's thread")
+    except BaseException:
         os.close(read)
-        pytest.fail(f"the forked child did not end within {seconds:.0f} s: it waits for its parent's thread")
+        raise
     with os.fdopen(read, "rb") as pipe:
         report = pipe.read().decode()
-    assert os.waitstatus_to_exitcode(status) == 0, report
+    assert code == 0, report
 
 
 @contextmanager

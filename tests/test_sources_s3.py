@@ -21,6 +21,7 @@ pytest.importorskip("moto.server")
 
 import distshard  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
+from tests.helpers import wait_child  # noqa: E402
 from tests.moto_server import start_moto  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
 from tests.source_factories import write_jsonl, write_keyed_parquet, write_shards  # noqa: E402
@@ -483,8 +484,7 @@ def test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_fo
             code = 0 if len(list(source)) == len(expected) else 2
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_child(pid, 60, "it waits for the warming thread its parent ran") == 0
     assert not any(t.is_alive() for t in remote._WARMING.values())  # the fork waited for it
     assert _MADE["sessions"] == 1, _MADE
     keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]

@@ -25,6 +25,7 @@ from distshard.sources import ReadOptions  # noqa: E402
 from distshard.sources.transport import remote  # noqa: E402
 from distshard.sources.transport.s3direct import Config, DirectS3Client, direct_config  # noqa: E402
 from distshard.verify import free_port  # noqa: E402
+from tests.helpers import wait_child  # noqa: E402
 from tests.s3_proxy import S3Proxy  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
 from tests.source_factories import write_shards  # noqa: E402
@@ -374,8 +375,7 @@ def _fork_check(tmp_path, bucket, endpoint):
             )
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_child(pid, 60, "it waits for a connection of its parent") == 0
     assert client.process is parent and client.read_range(url, 200, 300, size, stamp) == data[200:300]
     assert client.identity(url) == (size, stamp)
     assert all(parent.connections.get(k) is c for k, c in connections.items())  # the same sockets, still in use

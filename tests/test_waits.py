@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from distshard.sources.transport.files import FileRef
 from distshard.verify import run_on_group
 from distshard.waits import CollectiveTimeout, WaitTimeout
 
-from .helpers import child_env
+from .helpers import child_env, wait_child
 from .range_server import serve
 from .source_factories import write_shards
 
@@ -126,13 +125,4 @@ def test_a_lock_another_thread_held_at_a_fork_is_free_in_the_child():
         if pid == 0:  # the child: count a decode as parse does
             with parquet._DECODES_LOCK:
                 os._exit(0)
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail("the child waited for a lock held by a thread of its parent")
+    assert wait_child(pid, 60, "the child waited for a lock held by a thread of its parent") == 0
