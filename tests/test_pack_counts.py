@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 import distshard
 
+from .pack_blocks import key, oracle
 from .source_factories import isolated_cache as cache  # noqa: F401  (autouse)
-from .test_pack import key, oracle
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 2  # read by limited(): a global its code names

@@ -21,8 +21,8 @@ import pytest
 import distshard
 
 from .helpers import as_worker
+from .pack_blocks import key, oracle, tokens_of
 from .source_factories import isolated_cache as cache  # noqa: F401  (autouse)
-from .test_pack import key, oracle, tokens_of
 from .token_files import sequences_for, write_indexed
 
 
