@@ -87,7 +87,7 @@ class FileAccess:
     storage_options: Mapping[str, Any] | None = None
 
     def client(self, url: str) -> Any:
-        from .remote import client_for
+        from .clients import client_for
 
         return client_for(url, self.storage_options)
 

@@ -42,7 +42,7 @@ from urllib.parse import quote
 
 from ..read_options import ReadOptions
 from .pins import unpinned
-from .remote import Client, client_for
+from .remote import Client
 from .responses import Attempts, Changed, Transient, check_content_range, check_status, exact, missing, read_only
 
 __all__ = ["HubClient", "pin", "unpinned"]
@@ -185,8 +185,9 @@ class HubClient(Client):
     """``hf://``: listing and identities through ``HfFileSystem``, reads through
     distshard's own HTTP client on ``resolve/<commit>/...`` (see the module docstring)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any], client_for: Callable[[str], Any]) -> None:
         self.endpoint = endpoint_of(storage_options)
+        self._client_for = client_for  # this process's clients (the endpoint's HTTP one)
         super().__init__(url, "hf", {**storage_options, "endpoint": self.endpoint})
         self.kind = "hf"
         self._headers: dict[str, str] | None = None
@@ -235,7 +236,7 @@ class HubClient(Client):
         return await self._blocking(url, "metadata", lambda: self._known(url))
 
     async def _answer(self, url: str, what: str, headers: dict[str, str]) -> tuple[Any, bytes]:
-        session = await client_for(self.endpoint).fs.set_session()
+        session = await self._client_for(self.endpoint).fs.set_session()
         asked = {**self.headers(), **headers, "Accept-Encoding": "identity"}
         async with session.get(self.resolve_url(url), headers=asked, allow_redirects=True) as r:
             check_status(url, r.status, what)

@@ -416,6 +416,10 @@ class DirectS3Client:
     def shareable_session(self) -> None:
         return None
 
+    def made_filesystem(self) -> Any:
+        """The s3fs client's filesystem if it was made (see :meth:`.remote.Client.made_filesystem`)."""
+        return self._fallback.made_filesystem() if self._fallback is not None else None
+
     @property
     def fallback(self) -> Any:
         """The s3fs client (:class:`.remote.Client`) of the same options, made on first use."""

@@ -109,7 +109,7 @@ class _Cut(Exception):
 
 def open_body(url: str, access: FileAccess) -> Body:
     """The body of one GET of ``url`` (its opening retried): the client's
-    ``open_stream`` (both clients of :func:`.remote.client_for` have it)."""
+    ``open_stream`` (both clients of :func:`.clients.client_for` have it)."""
     client = access.client(url)
     stream, size, stamp = client.open_stream(url, access.options)
     return Body(url, stream, size, stamp)
