@@ -3,7 +3,7 @@
 :func:`client_for` picks and makes the client of a URL: :class:`.hub.HubClient`
 for ``hf://``, :class:`.s3direct.DirectS3Client` for ``s3://`` where its outcome is
 certain (``DISTSHARD_S3_CLIENT``: ``auto``, ``s3fs``, ``direct``), else
-:class:`.remote.Client` (fsspec).
+:class:`.remote.Client` (fsspec); each is a :class:`.contract.Transport`.
 
 **Fork safety.** Clients are per process. A child made by ``fork`` (a DataLoader
 worker) never uses, closes or garbage-collects what it inherited: closing an
@@ -32,6 +32,7 @@ from ...errors import OptionError
 from ...forks import at_fork
 from ..read_options import ReadOptions
 from . import remote
+from .contract import Transport
 
 log = logging.getLogger("distshard")
 
@@ -40,7 +41,7 @@ __all__ = ["client_for", "forget_clients", "frozen", "glob_remote", "remote_iden
 _DEFAULT = ReadOptions()
 
 _LOCK = threading.Lock()
-_CLIENTS: dict[Any, Any] = {}
+_CLIENTS: dict[Any, Transport] = {}
 _ORPHANS: list[Any] = []  # what a forked child inherited: kept alive, never closed or collected
 _INHERITED: dict[Any, Any] = {}  # a forked child: the parent's aiobotocore sessions, by client key
 _FORKING: list[Any] = []  # fsspec's cached filesystems, held from just before a fork to just after it
@@ -61,7 +62,7 @@ def frozen(value: Any) -> Any:
     return value
 
 
-def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> Transport:
     """This process's client for ``url``'s protocol and ``storage_options``: for
     ``s3://`` and ``s3a://`` the direct client (:class:`.s3direct.DirectS3Client`)
     when :func:`.s3direct.direct_config` finds it eligible, unless the environment
@@ -95,7 +96,7 @@ def s3_client_choice(url: str, storage_options: Mapping[str, Any] | None = None)
     return "S3 read directly (http.client, no s3fs)"
 
 
-def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: Any) -> Any:
+def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: Any) -> Transport:
     """The direct S3 client (:mod:`.s3direct`) where it is eligible and
     ``DISTSHARD_S3_CLIENT`` allows it, else fsspec's."""
     if protocol == "hf":
