@@ -197,7 +197,8 @@ def test_a_file_rewritten_behind_weak_etags_raises(tmp_path, kind):
 
 
 def test_weak_etags_and_last_modified_are_compared():
-    from distshard.sources.transport.remote import _http_stamp, http_change
+    from distshard.sources.transport.responses import http_change
+    from distshard.sources.transport.responses import http_stamp as _http_stamp
 
     lm1, lm2 = "Tue, 01 Dec 2026 10:00:00 GMT", "Tue, 01 Dec 2026 10:00:01 GMT"
     weak = _http_stamp({"ETag": 'W/"v1"', "Last-Modified": lm1})

@@ -23,7 +23,8 @@ pytest.importorskip("moto.server")
 import distshard  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
 from distshard.sources.transport import clients  # noqa: E402
-from distshard.sources.transport.s3direct import Config, DirectS3Client, direct_config  # noqa: E402
+from distshard.sources.transport.s3config import Config, direct_config  # noqa: E402
+from distshard.sources.transport.s3direct import DirectS3Client  # noqa: E402
 from distshard.verify import free_port  # noqa: E402
 from tests.s3_proxy import S3Proxy  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)

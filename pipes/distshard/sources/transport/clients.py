@@ -65,7 +65,7 @@ def frozen(value: Any) -> Any:
 def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> Transport:
     """This process's client for ``url``'s protocol and ``storage_options``: for
     ``s3://`` and ``s3a://`` the direct client (:class:`.s3direct.DirectS3Client`)
-    when :func:`.s3direct.direct_config` finds it eligible, unless the environment
+    when :func:`.s3config.direct_config` finds it eligible, unless the environment
     variable ``DISTSHARD_S3_CLIENT`` is ``s3fs`` (``direct``: raise naming the
     reason when it is not eligible; ``auto``, the default: s3fs then); else
     :class:`.remote.Client` (fsspec)."""
@@ -86,7 +86,7 @@ def s3_client_choice(url: str, storage_options: Mapping[str, Any] | None = None)
     protocol = url.split("://", 1)[0].lower()
     if protocol not in ("s3", "s3a"):
         return None
-    from .s3direct import ENV, direct_config
+    from .s3config import ENV, direct_config
 
     if (os.environ.get(ENV) or "auto").strip().lower() == "s3fs":
         return f"S3 through s3fs ({ENV}=s3fs)"
@@ -104,7 +104,8 @@ def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: An
 
         return HubClient(url, options, client_for)
     if protocol in ("s3", "s3a"):
-        from .s3direct import ENV, DirectS3Client, direct_config
+        from .s3config import ENV, direct_config
+        from .s3direct import DirectS3Client
 
         choice = (os.environ.get(ENV) or "auto").strip().lower()
         if choice not in ("auto", "s3fs", "direct"):
