@@ -399,7 +399,7 @@ class DirectS3Client(Ranged):
     ) -> concurrent.futures.Future[tuple[bool, Any]]:
         def run() -> tuple[bool, Any]:
             try:
-                return True, self._retried(url, what, attempt, options, stored)
+                return True, retried(Attempts(url, what, options, stored, self._first), attempt)
             except Exception as exc:  # noqa: BLE001 - raised by Pending.result
                 return False, exc
 
