@@ -171,7 +171,10 @@ ROOMS: dict[str, set[str]] = {
 }
 SOURCES_OUTSIDE_ROOMS = {"distshard.sources", "distshard.sources.pipe", "distshard.sources.read_options"}
 #: transport's clients: a format names byte spans and parses bytes, it opens files through transport/files.py
-CLIENTS = {f"distshard.sources.transport.{name}" for name in ("clients", "remote", "s3direct", "sigv4", "streamed")}
+CLIENTS = {
+    f"distshard.sources.transport.{name}"
+    for name in ("clients", "ranged", "remote", "over_http", "s3direct", "s3config", "sigv4", "streamed")
+}
 #: imports against the floors, each with why it is still there (the list may shrink, never grow)
 UPWARD = {
     ("distshard.sources.transport.files", "distshard.sources.reading.fetch"): (
