@@ -262,7 +262,7 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
     forgotten before and after (they were made for another endpoint)."""
     from huggingface_hub import constants
 
-    from distshard.sources.transport.remote import forget_clients
+    from distshard.sources.transport.clients import forget_clients
 
     server = HubServer().start()
     monkeypatch.setenv("HF_ENDPOINT", server.endpoint)

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import pytest
 
 from distshard.sources.reading import cache, fetch
-from distshard.sources.transport import remote
+from distshard.sources.transport import clients
 from distshard.sources.transport._lru import LRU
 from tests.helpers import wait_child
 
@@ -93,7 +93,7 @@ def held_by_another_thread(lock: object) -> Iterator[None]:
 
 
 def test_a_fork_waits_for_a_client_a_thread_is_starting():
-    """``remote._before_fork``: a source starts its client in a thread (``warm_up``:
+    """``clients._before_fork``: a source starts its client in a thread (``warm_up``:
     the filesystem's imports, its session); a fork made while that thread is still
     importing the filesystem's module would leave the child a module lock held by a
     thread it does not have, and the child's first client would wait for it forever."""
@@ -106,27 +106,27 @@ def test_a_fork_waits_for_a_client_a_thread_is_starting():
     FORKING.clear()
     _ARMED.append(True)
     try:
-        remote.warm_up(url)
+        clients.warm_up(url)
         assert IMPORTING.wait(30)  # the thread is inside the module's import now
-        in_child(lambda: remote.client_for(url).fs)
+        in_child(lambda: clients.client_for(url).fs)
     finally:
         _ARMED.clear()
         FORKING.set()  # (the import goes on, if the fork did not wait for it)
-        for thread in list(remote._WARMING.values()):
+        for thread in list(clients._WARMING.values()):
             thread.join(30)
-        with remote._LOCK:
-            remote._CLIENTS.pop(("slowimport", ()), None)
+        with clients._LOCK:
+            clients._CLIENTS.pop(("slowimport", ()), None)
         registry = importlib.import_module("fsspec.registry")  # (fsspec.registry is its mapping)
         registry.known_implementations.pop("slowimport", None)
         registry._registry.pop("slowimport", None)
 
 
 def test_the_clients_lock_held_at_a_fork_is_free_in_the_child():
-    """``remote._after_fork_in_child``: another thread of the parent making a client
+    """``clients._after_fork_in_child``: another thread of the parent making a client
     at the fork (the index's threads, a read-ahead) holds the clients' lock."""
     pytest.importorskip("fsspec")
-    with held_by_another_thread(remote._LOCK):
-        in_child(lambda: remote.client_for("memory://fork/file"))
+    with held_by_another_thread(clients._LOCK):
+        in_child(lambda: clients.client_for("memory://fork/file"))
 
 
 def test_a_child_fetches_a_stored_entry_its_parent_had_on_its_way(tmp_path):

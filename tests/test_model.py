@@ -770,7 +770,7 @@ def test_the_s3_model_source_reads_through_the_direct_client_and_its_faults():
     """The history test above is not vacuous: the source's client is the direct
     one, and its proxy injects every kind of fault while a pipe reads."""
     pytest.importorskip("moto.server")
-    from distshard.sources.transport import remote
+    from distshard.sources.transport import clients
     from distshard.sources.transport.s3direct import DirectS3Client
     from tests import model_factories
 
@@ -779,7 +779,7 @@ def test_the_s3_model_source_reads_through_the_direct_client_and_its_faults():
     assert sorted(pipe.dist_shard(rank=0, world_size=1)) == sorted(f"e{i}" for i in range(150))
     assert set(model_factories._S3[2].faulted) == {"slowdown", "reset", "short"}
     assert model_factories._S3[2].requests["HEAD"] == 0
-    remote.forget_clients()
+    clients.forget_clients()
 
 
 @settings(MODEL_SETTINGS, max_examples=20)

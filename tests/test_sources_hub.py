@@ -11,7 +11,7 @@ import pytest
 
 from distshard.errors import SourceChangedError, SourceMissingError
 from distshard.sources import ReadOptions, RemoteReadError, jsonl, parquet
-from distshard.sources.transport.remote import forget_clients
+from distshard.sources.transport.clients import forget_clients
 from tests.hub_server import hub  # noqa: F401  (a fixture)
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 

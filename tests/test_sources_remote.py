@@ -197,7 +197,8 @@ def test_a_file_rewritten_behind_weak_etags_raises(tmp_path, kind):
 
 
 def test_weak_etags_and_last_modified_are_compared():
-    from distshard.sources.transport.remote import _http_stamp, http_change
+    from distshard.sources.transport.responses import http_change
+    from distshard.sources.transport.responses import http_stamp as _http_stamp
 
     lm1, lm2 = "Tue, 01 Dec 2026 10:00:00 GMT", "Tue, 01 Dec 2026 10:00:01 GMT"
     weak = _http_stamp({"ETag": 'W/"v1"', "Last-Modified": lm1})
@@ -277,7 +278,7 @@ def test_missing_remote_file_is_named(tmp_path, server):
 
 
 def test_missing_fsspec_names_the_extra(monkeypatch):
-    from distshard.sources.transport import remote
+    from distshard.sources.transport import clients
 
     real_import = builtins.__import__
 
@@ -289,7 +290,7 @@ def test_missing_fsspec_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_fsspec)
     for name in [m for m in sys.modules if m == "fsspec" or m.startswith("fsspec.")]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(remote, "_CLIENTS", {})
+    monkeypatch.setattr(clients, "_CLIENTS", {})
     with pytest.raises(ImportError, match=r"pip install distshard\[remote\]"):
         webdataset("s3://bucket/shard-000000.tar").counts()
 
@@ -299,7 +300,7 @@ def test_missing_fsspec_names_the_extra(monkeypatch):
 # for both): a child that closes an inherited aiohttp connection (its garbage collection, or the
 # finalizers its exit runs) removes the parent's socket from the parent's epoll set, or, over TLS,
 # sends the server a close_notify on it, and the parent's next request on that pooled connection
-# never gets its answer. ``remote._after_fork_in_child`` keeps what the child inherited alive and
+# never gets its answer. ``clients._after_fork_in_child`` keeps what the child inherited alive and
 # detaches those finalizers. The parent's requests after the forks are made with no retry, so
 # that a connection a child spoilt fails them (within ``timeout``) instead of being retried away.
 FORK_SCRIPT = r"""

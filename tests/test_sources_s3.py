@@ -55,10 +55,10 @@ def pytest_generate_tests(metafunc):
 def s3_client(request, monkeypatch) -> str:
     """The client every s3:// read of the test goes through (``direct`` raises
     when the direct client is not eligible, so it is really the one tested)."""
-    from distshard.sources.transport import remote
+    from distshard.sources.transport import clients
 
     monkeypatch.setenv("DISTSHARD_S3_CLIENT", request.param)
-    remote.forget_clients()
+    clients.forget_clients()
     return request.param
 
 
@@ -431,13 +431,13 @@ def test_a_process_makes_one_session_and_fork_workers_reuse_the_ranks(tmp_path, 
     import botocore.loaders
     from torch.utils.data import DataLoader
 
-    from distshard.sources.transport import remote
+    from distshard.sources.transport import clients
 
     _counting(monkeypatch, aiobotocore.session.AioSession, "__init__", "sessions")
     _counting(monkeypatch, aiobotocore.credentials.AioCredentialResolver, "load_credentials", "credentials")
     _counting(monkeypatch, botocore.loaders.JSONFileLoader, "load_file", "model files")
     _MADE.clear()
-    remote.forget_clients()  # this process's first client from here on
+    clients.forget_clients()  # this process's first client from here on
     paths, expected = write_shards(tmp_path, shards=6, per_shard=5)
     urls = upload(bucket, paths, "reuse")
     keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]
@@ -469,11 +469,11 @@ def test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_fo
     import aiobotocore.session
     from torch.utils.data import DataLoader
 
-    from distshard.sources.transport import remote
+    from distshard.sources.transport import clients
 
     _counting(monkeypatch, aiobotocore.session.AioSession, "__init__", "sessions")
     _MADE.clear()
-    remote.forget_clients()
+    clients.forget_clients()
     paths, expected = write_shards(tmp_path, shards=3, per_shard=4)
     urls = upload(bucket, paths, "warm")
     source = distshard.webdataset(urls, storage_options={"endpoint_url": endpoint})
@@ -485,7 +485,7 @@ def test_a_remote_source_starts_its_client_in_the_background_and_a_fork_waits_fo
         finally:
             os._exit(code)
     assert wait_child(pid, 60, "it waits for the warming thread its parent ran") == 0
-    assert not any(t.is_alive() for t in remote._WARMING.values())  # the fork waited for it
+    assert not any(t.is_alive() for t in clients._WARMING.values())  # the fork waited for it
     assert _MADE["sessions"] == 1, _MADE
     keyed = [f"{urls[paths.index(s['__url__'])]}#{s['__key__']}" for s in expected]
     loader = DataLoader(source.dist_shard().map(key_of), batch_size=None, num_workers=2, multiprocessing_context="fork")

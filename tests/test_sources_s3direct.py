@@ -22,8 +22,9 @@ pytest.importorskip("moto.server")
 
 import distshard  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
-from distshard.sources.transport import remote  # noqa: E402
-from distshard.sources.transport.s3direct import Config, DirectS3Client, direct_config  # noqa: E402
+from distshard.sources.transport import clients  # noqa: E402
+from distshard.sources.transport.s3config import Config, direct_config  # noqa: E402
+from distshard.sources.transport.s3direct import DirectS3Client  # noqa: E402
 from distshard.verify import free_port  # noqa: E402
 from tests.helpers import wait_child  # noqa: E402
 from tests.s3_proxy import S3Proxy  # noqa: E402
@@ -37,9 +38,9 @@ CREDS = {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"}
 @pytest.fixture(autouse=True)
 def fresh_clients(monkeypatch):
     monkeypatch.delenv("DISTSHARD_S3_CLIENT", raising=False)
-    remote.forget_clients()
+    clients.forget_clients()
     yield
-    remote.forget_clients()
+    clients.forget_clients()
 
 
 @pytest.fixture
@@ -181,11 +182,11 @@ def test_the_url_and_signing_region_are_botocores(endpoint_url, region, bucket_n
 def test_identity_is_the_one_s3fs_reports(tmp_path, bucket, endpoint, monkeypatch):
     paths, _ = write_shards(tmp_path, shards=1, per_shard=3)
     [url] = upload(bucket, paths, "ident")
-    direct = remote.client_for(url, {"endpoint_url": endpoint})
+    direct = clients.client_for(url, {"endpoint_url": endpoint})
     assert isinstance(direct, DirectS3Client)
     monkeypatch.setenv("DISTSHARD_S3_CLIENT", "s3fs")
-    remote.forget_clients()
-    via_s3fs = remote.client_for(url, {"endpoint_url": endpoint})
+    clients.forget_clients()
+    via_s3fs = clients.client_for(url, {"endpoint_url": endpoint})
     assert not isinstance(via_s3fs, DirectS3Client)
     assert direct.identity(url) == via_s3fs.identity(url) and direct.identity(url)[1].startswith('"')
     assert direct.fetch(url) == via_s3fs.fetch(url) == Path(paths[0]).read_bytes()
@@ -202,13 +203,13 @@ def test_the_switch(bucket, endpoint, monkeypatch):
     url = f"s3://{BUCKET}/x"
     monkeypatch.setenv("DISTSHARD_S3_CLIENT", "direct")
     with pytest.raises(ValueError, match="cannot be read directly: the storage option 'profile'"):
-        remote.client_for(url, {"endpoint_url": endpoint, "profile": "p"})
+        clients.client_for(url, {"endpoint_url": endpoint, "profile": "p"})
     monkeypatch.setenv("DISTSHARD_S3_CLIENT", "fast")
     with pytest.raises(ValueError, match="DISTSHARD_S3_CLIENT='fast'"):
-        remote.client_for(url, {"endpoint_url": endpoint, "x": 1})
+        clients.client_for(url, {"endpoint_url": endpoint, "x": 1})
     monkeypatch.setenv("DISTSHARD_S3_CLIENT", "auto")
-    assert not isinstance(remote.client_for(url, {"endpoint_url": endpoint, "use_ssl": False}), DirectS3Client)
-    assert isinstance(remote.client_for(url, {"endpoint_url": endpoint}), DirectS3Client)
+    assert not isinstance(clients.client_for(url, {"endpoint_url": endpoint, "use_ssl": False}), DirectS3Client)
+    assert isinstance(clients.client_for(url, {"endpoint_url": endpoint}), DirectS3Client)
 
 
 def test_the_direct_path_imports_no_botocore_aiohttp_or_s3fs(tmp_path, bucket, endpoint):
@@ -255,7 +256,7 @@ def test_the_index_command_with_the_direct_client_imports_no_s3fs(tmp_path, buck
     assert heavy == [], heavy
     keys = {o["Key"] for o in bucket.list_objects_v2(Bucket=BUCKET)["Contents"]}
     assert "written/.distshard/manifest.json" in keys and sum(k.endswith(".pack") for k in keys) == 1, keys
-    remote.forget_clients()
+    clients.forget_clients()
     source = distshard.webdataset(pattern, storage_options={"endpoint_url": endpoint})
     got = list(source.dist_shard(rank=0, world_size=1))
     assert source._stored is not None and source._indexed_here == 0
@@ -300,7 +301,7 @@ def test_faults_are_retried_to_an_exact_multiset_through_fork_workers(tmp_path, 
         budget=8 << 10, max_range=4 << 10, first_range=2 << 10, max_gap=512, window=2 << 10, retry_seconds=30
     )
     source = distshard.webdataset(urls, storage_options={"endpoint_url": proxy.endpoint}, read_options=small)
-    assert isinstance(remote.client_for(urls[0], {"endpoint_url": proxy.endpoint}), DirectS3Client)
+    assert isinstance(clients.client_for(urls[0], {"endpoint_url": proxy.endpoint}), DirectS3Client)
     got = [k for rank in range(2) for k in loader_keys(source.dist_shard(rank=rank, world_size=2).map(key_of))]
     assert Counter(got) == Counter(keyed)
     assert set(proxy.faulted) == {"slowdown", "reset", "short"}, proxy.faulted
@@ -347,7 +348,7 @@ def test_a_forked_child_makes_its_own_connections_and_leaves_the_parents(tmp_pat
 def _fork_check(tmp_path, bucket, endpoint):
     paths, _ = write_shards(tmp_path, shards=1, per_shard=3)
     [url] = upload(bucket, paths, "forked")
-    client = remote.client_for(url, {"endpoint_url": endpoint})
+    client = clients.client_for(url, {"endpoint_url": endpoint})
     assert isinstance(client, DirectS3Client)
     size, stamp = client.identity(url)
     data = Path(paths[0]).read_bytes()
@@ -462,11 +463,11 @@ def test_globs_find_what_s3fs_finds(bucket, endpoint, monkeypatch):
     for key in GLOB_KEYS:
         bucket.put_object(Bucket=BUCKET, Key=key, Body=b"x")
     options = {"endpoint_url": endpoint}
-    direct = remote.client_for(f"s3://{BUCKET}/", options)
+    direct = clients.client_for(f"s3://{BUCKET}/", options)
     assert isinstance(direct, DirectS3Client)
     monkeypatch.setenv("DISTSHARD_S3_CLIENT", "s3fs")
-    remote.forget_clients()
-    via_s3fs = remote.client_for(f"s3://{BUCKET}/", options)
+    clients.forget_clients()
+    via_s3fs = clients.client_for(f"s3://{BUCKET}/", options)
     found = {}
     for glob in GLOBS + DELEGATED:
         pattern = f"s3://{BUCKET}/{glob}"

@@ -378,12 +378,12 @@ def test_dataloader_workers_reuse_the_ranks_index(tmp_path, server, monkeypatch)
 
 
 def test_retries_and_a_slow_first_request_are_logged(tmp_path, caplog, monkeypatch):
-    from distshard.sources.transport import remote
+    from distshard.sources.transport import clients
     from distshard.sources.transport import responses as answers
 
     paths, expected = write_jsonl(tmp_path / "j", files=1, lines=30)
     monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)
-    remote.forget_clients()  # a client whose first answer is still to come
+    clients.forget_clients()  # a client whose first answer is still to come
     caplog.set_level(logging.INFO, logger="distshard")
     with serve(tmp_path, fault_every=2, faults=("503",)) as server:
         source = jsonl([server.url(p) for p in paths], read_options=ReadOptions(retry_seconds=20))
@@ -400,12 +400,12 @@ def test_the_first_request_is_timed_whatever_its_answer(tmp_path, caplog, monkey
     """Issue 28 (5): without a stored index a job's first request is the look for
     its manifest, answered 404; that request is the one timed (and logged when
     slow: here every first request is), named with its answer, and only once."""
-    from distshard.sources.transport import remote
+    from distshard.sources.transport import clients
     from distshard.sources.transport import responses as answers
 
     paths, expected = write_jsonl(tmp_path / "j", files=2, lines=5)
     monkeypatch.setattr(answers, "SLOW_FIRST_REQUEST", 0.0)
-    remote.forget_clients()  # a client whose first answer is still to come
+    clients.forget_clients()  # a client whose first answer is still to come
     caplog.set_level(logging.WARNING, logger="distshard")
     with serve(tmp_path) as server:
         source = jsonl([server.url(p) for p in paths])

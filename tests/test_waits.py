@@ -19,7 +19,7 @@ import pytest
 import distshard
 from distshard.sources import ReadOptions, webdataset
 from distshard.sources.formats import index_cache as index
-from distshard.sources.transport import remote
+from distshard.sources.transport import clients, remote
 from distshard.sources.transport import responses as answers
 from distshard.sources.transport.files import FileRef
 from distshard.verify import run_on_group
@@ -76,7 +76,7 @@ def test_a_read_whose_event_loop_never_answers_raises_naming_the_url_and_range(t
         options = ReadOptions(timeout=1, retry_seconds=0, retries=0)
         sequence = webdataset(urls, read_options=options).__distshard_sequence__()  # indexed: the loop works
         monkeypatch.setattr(answers, "QUEUE_SLACK", 0.5)  # the bound every client waits by
-        client = remote.client_for(urls[0])
+        client = clients.client_for(urls[0])
         release = threading.Event()
         client.loop.call_soon_threadsafe(release.wait, 120)  # the client's event loop is stuck
         try:

@@ -128,7 +128,7 @@ def _access_key(access: FileAccess) -> Any:
     """What a cached handle was opened with: a handle reads with its source's
     ``ReadOptions`` (retries, timeouts, concurrency), so a source never borrows
     another's handle to the same file made with other options."""
-    from .transport.remote import frozen
+    from .transport.clients import frozen
 
     return access.options, frozen(access.storage_options or {})
 
@@ -634,7 +634,7 @@ class FileSourceIterDataPipe(IterDataPipe):
             # dist_shard) never make collectives, so calling them on one rank cannot hang.
             self.prepare(collective=True)
         elif first_remote is not None:  # its first request comes later (dist_shard, len, iter): start the client now
-            from .transport.remote import warm_up
+            from .transport.clients import warm_up
 
             warm_up(first_remote, storage_options)
 
@@ -810,7 +810,7 @@ class FileSourceIterDataPipe(IterDataPipe):
                 text += f"; index stored at {self._stored.location}{self._moved_words()}"
             first_remote = next((url for url in self.urls if is_remote(url)), None)
             if first_remote is not None:
-                from .transport.remote import s3_client_choice
+                from .transport.clients import s3_client_choice
 
                 client = s3_client_choice(first_remote, self.access.storage_options)
                 text += f"; {client}" if client else ""

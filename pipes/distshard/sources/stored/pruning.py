@@ -9,7 +9,7 @@ fetches its entries from the packs that manifest named, and a build running at t
 time into the same folder writes its packs before the manifest naming them.
 
 A local folder is listed and cleaned with ``os``; a URL through this process's fsspec
-filesystem for it (:func:`.remote.client_for`), one listing and one ``rm`` of the packs
+filesystem for it (:func:`.clients.client_for`), one listing and one ``rm`` of the packs
 to delete. Only ``entries-*.pack`` objects are ever deleted.
 """
 
@@ -117,7 +117,7 @@ def _local_delete(location: str, names: list[str]) -> None:
 
 
 def _fs(location: str, storage_options: Mapping[str, Any] | None) -> Any:
-    from ..transport.remote import client_for
+    from ..transport.clients import client_for
 
     return client_for(location, storage_options).fs
 

@@ -34,6 +34,7 @@ from typing import Any, BinaryIO, Mapping
 
 from ...errors import SourceChangedError, SourceMissingError
 from ..read_options import ReadOptions
+from .contract import Transport
 from .pins import unpinned
 from .urls import is_remote
 
@@ -86,8 +87,8 @@ class FileAccess:
     options: ReadOptions = field(default_factory=ReadOptions)
     storage_options: Mapping[str, Any] | None = None
 
-    def client(self, url: str) -> Any:
-        from .remote import client_for
+    def client(self, url: str) -> Transport:
+        from .clients import client_for
 
         return client_for(url, self.storage_options)
 

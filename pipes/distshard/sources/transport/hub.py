@@ -42,7 +42,8 @@ from urllib.parse import quote
 
 from ..read_options import ReadOptions
 from .pins import unpinned
-from .remote import Client, client_for
+from .ranged import range_header
+from .remote import Client
 from .responses import Attempts, Changed, Transient, check_content_range, check_status, exact, missing, read_only
 
 __all__ = ["HubClient", "pin", "unpinned"]
@@ -185,8 +186,9 @@ class HubClient(Client):
     """``hf://``: listing and identities through ``HfFileSystem``, reads through
     distshard's own HTTP client on ``resolve/<commit>/...`` (see the module docstring)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any], client_for: Callable[[str], Any]) -> None:
         self.endpoint = endpoint_of(storage_options)
+        self._client_for = client_for  # this process's clients (the endpoint's HTTP one)
         super().__init__(url, "hf", {**storage_options, "endpoint": self.endpoint})
         self.kind = "hf"
         self._headers: dict[str, str] | None = None
@@ -229,13 +231,13 @@ class HubClient(Client):
         info: dict[str, Any] = await self._blocking(url, "metadata", lambda: fs.info(self.path_of(url)))
         return info
 
-    async def _identity(self, url: str) -> tuple[int, str]:
+    async def _identity(self, url: str, options: ReadOptions) -> tuple[int, str]:
         if _parsed(url).type not in _PREFIX:  # a bucket: what HfFileSystem says of it
             return stamp_of(url, await self._generic_info(url))
         return await self._blocking(url, "metadata", lambda: self._known(url))
 
     async def _answer(self, url: str, what: str, headers: dict[str, str]) -> tuple[Any, bytes]:
-        session = await client_for(self.endpoint).fs.set_session()
+        session = await self._client_for(self.endpoint).fs.set_session()
         asked = {**self.headers(), **headers, "Accept-Encoding": "identity"}
         async with session.get(self.resolve_url(url), headers=asked, allow_redirects=True) as r:
             check_status(url, r.status, what)
@@ -244,11 +246,11 @@ class HubClient(Client):
             except Exception as exc:  # noqa: BLE001 - a cut body: retried
                 raise Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
 
-    async def _get(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
-        if stop <= start:
-            return b""
+    async def _get(
+        self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions
+    ) -> bytes:
         what = f"bytes [{start}, {stop})"
-        r, data = await self._answer(url, what, {"Range": f"bytes={start}-{stop - 1}"})
+        r, data = await self._answer(url, what, {"Range": range_header(start, stop)})
         seen = answer_stamp(r.history, r.headers)
         if stamp and seen and seen != stamp:
             raise Changed(f"stamp {stamp} -> {seen}")
@@ -258,7 +260,7 @@ class HubClient(Client):
             raise Transient(f"HTTP {r.status} without Content-Range for {what}")
         return exact(url, data, start, stop)
 
-    async def _fetch(self, url: str) -> bytes:
+    async def _fetch(self, url: str, options: ReadOptions) -> bytes:
         return (await self._answer(url, "the whole file", {}))[1]
 
     def glob(self, pattern: str) -> list[str]:

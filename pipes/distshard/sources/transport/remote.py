@@ -6,8 +6,9 @@ it brings aiohttp) or ``distshard[s3]`` (s3fs), ``gcsfs`` for ``gs://``.
 environment (``AWS_*``, ...) keeps working as it does for fsspec. An ``s3://``
 client is :mod:`.s3direct`'s (``http.client``, no s3fs on the path) when its
 outcome is certainly s3fs's (``DISTSHARD_S3_CLIENT``: ``auto``, ``s3fs``,
-``direct``; see :func:`client_for`); what answers mean and the retries are
-shared with it in :mod:`.answers`.
+``direct``; see :func:`.clients.client_for`, which makes each process's clients); what answers mean
+(:mod:`.responses`), the retries and what the clients share (:mod:`.ranged`) are written once for both.
+HTTP(S) requests are :mod:`.over_http`'s (aiohttp, through fsspec's session).
 
 What this module adds to fsspec:
 
@@ -25,20 +26,13 @@ What this module adds to fsspec:
   a timeout) are retried with exponential backoff, bounded in count and time
   (``ReadOptions.retries`` / ``retry_seconds`` / ``timeout``), then raise
   :class:`RemoteReadError` naming the URL and the byte range.
-* **Fork safety.** Clients are per process. A child made by ``fork`` (a
-  DataLoader worker) never uses, closes or garbage-collects what it inherited:
-  closing an inherited aiohttp connection in the child removes the parent's
-  socket from the parent's epoll set (the same kernel object), and the parent
-  then waits forever for its next response (over TLS it tells the server
-  ``close_notify``, which ends the parent's connection). So the child keeps every
-  inherited fsspec filesystem alive (those in fsspec's instance caches included,
-  held from just before the fork: fsspec's own fork hook empties its caches in
-  the child, first when fsspec was imported before this module), detaches their
-  close-on-collect finalizers (which also run at a child's normal exit), and
-  makes its own. What the parent learnt that holds no connection nor event loop is
-  reused: an ``s3://`` client in the child is made from the parent's aiobotocore
-  session (its resolved credentials and the parsed service model, endpoint rules
-  and partitions: about 0.4 s of CPU per process otherwise), with fresh locks.
+* **Fork safety.** Clients are per process (:mod:`.clients`: a forked child
+  never uses, closes or garbage-collects what it inherited). What the parent
+  learnt that holds no connection nor event loop is reused: an ``s3://`` client
+  in the child is made from the parent's aiobotocore session
+  (:meth:`Client.shareable_session`: its resolved credentials and the parsed
+  service model, endpoint rules and partitions: about 0.4 s of CPU per process
+  otherwise), with fresh locks.
 """
 
 from __future__ import annotations
@@ -47,50 +41,32 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import re
 import threading
-import weakref
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from ...errors import OptionError, UnsupportedError
-from ...forks import at_fork
+from ...errors import UnsupportedError
 from ..read_options import ReadOptions
-from .responses import CONTENT_RANGE as _CONTENT_RANGE
+from .over_http import http_identity, http_open, http_range, http_suffix, http_whole
+from .ranged import Ranged, check_range_answer, range_header, retried_async, s3_stamp
 from .responses import (
-    RETRY_STATUS,
     Attempts,
+    Changed,
     FirstRequest,
     RemoteReadError,
     RemoteReadTimeout,
-    http_change,
+    Transient,
+    exact,
+    missing,
     read_only,
     s3_error,
+    strong_etag,
+    suffix_answer,
     wait_bound,
 )
-from .responses import Changed as _Changed
-from .responses import Pending as _Pending
-from .responses import Transient as _Transient
-from .responses import check_content_range as _check_content_range
-from .responses import check_status as _check_status
-from .responses import exact as _exact
-from .responses import http_stamp as _http_stamp
-from .responses import missing as _missing
-from .responses import strong_etag as _strong_etag
-from .responses import suffix_answer as _suffix_answer
 
 log = logging.getLogger("distshard")
 
-__all__ = [
-    "STATS",
-    "Client",
-    "RemoteReadError",
-    "RemoteReadTimeout",
-    "client_for",
-    "forget_clients",
-    "glob_remote",
-    "remote_identity",
-    "warm_up",
-]
+__all__ = ["STATS", "Client", "RemoteReadError", "RemoteReadTimeout", "exact_cat", "reset_stats"]
 
 T = TypeVar("T")
 
@@ -106,27 +82,6 @@ def _import_fsspec(url: str) -> Any:
             "(distshard[s3] for s3://; gcsfs for gs://)"
         ) from None
     return fsspec
-
-
-def frozen(value: Any) -> Any:
-    """A hashable stand-in for storage options (dicts, lists, objects by id)."""
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), frozen(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(frozen(v) for v in value)
-    try:
-        hash(value)
-    except TypeError:
-        return ("id", id(value))
-    return value
-
-
-# -- per-process clients --------------------------------------------------------------------
-_LOCK = threading.Lock()
-_CLIENTS: dict[Any, Any] = {}  # Client, or s3direct.DirectS3Client
-_ORPHANS: list[Any] = []  # what a forked child inherited: kept alive, never closed or collected
-_INHERITED: dict[Any, Any] = {}  # a forked child: the parent's aiobotocore sessions, by client key
-_FORKING: list[Any] = []  # fsspec's cached filesystems, held from just before a fork to just after it
 
 
 class ClientStats:
@@ -147,127 +102,10 @@ class ClientStats:
 STATS = ClientStats()
 
 
-def client_for(url: str, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """This process's client for ``url``'s protocol and ``storage_options``: for
-    ``s3://`` and ``s3a://`` the direct client (:class:`.s3direct.DirectS3Client`)
-    when :func:`.s3direct.direct_config` finds it eligible, unless the environment
-    variable ``DISTSHARD_S3_CLIENT`` is ``s3fs`` (``direct``: raise naming the
-    reason when it is not eligible; ``auto``, the default: s3fs then); else
-    :class:`Client` (fsspec)."""
-    protocol = url.split("://", 1)[0].lower()
-    key = (protocol, frozen(storage_options or {}))
-    client = _CLIENTS.get(key)
-    if client is None:
-        with _LOCK:
-            client = _CLIENTS.get(key)
-            if client is None:
-                client = _CLIENTS[key] = _make_client(url, protocol, dict(storage_options or {}), _INHERITED.get(key))
-    return client
-
-
-def s3_client_choice(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
-    """For ``explain()``: which client reads an ``s3://`` URL and, for s3fs, why
-    (``None`` for other URLs); makes no client."""
-    protocol = url.split("://", 1)[0].lower()
-    if protocol not in ("s3", "s3a"):
-        return None
-    from .s3direct import ENV, direct_config
-
-    if (os.environ.get(ENV) or "auto").strip().lower() == "s3fs":
-        return f"S3 through s3fs ({ENV}=s3fs)"
-    config = direct_config(storage_options)
-    if isinstance(config, str):
-        return f"S3 through s3fs (not read directly: {config})"
-    return "S3 read directly (http.client, no s3fs)"
-
-
-def _make_client(url: str, protocol: str, options: dict[str, Any], inherited: Any) -> Any:
-    """The direct S3 client (:mod:`.s3direct`) where it is eligible and
-    ``DISTSHARD_S3_CLIENT`` allows it, else fsspec's."""
-    if protocol == "hf":
-        from .hub import HubClient
-
-        return HubClient(url, options)
-    if protocol in ("s3", "s3a"):
-        from .s3direct import ENV, DirectS3Client, direct_config
-
-        choice = (os.environ.get(ENV) or "auto").strip().lower()
-        if choice not in ("auto", "s3fs", "direct"):
-            raise OptionError(f"{ENV}={os.environ.get(ENV)!r}: use auto (the default), s3fs or direct")
-        if choice != "s3fs":
-            config = direct_config(options)
-            if not isinstance(config, str):
-                return DirectS3Client(protocol, options, config, lambda: Client(url, protocol, options))
-            if choice == "direct":
-                raise OptionError(
-                    f"{ENV}=direct, but {protocol}:// with these storage options cannot be read directly: {config}; "
-                    f"unset {ENV} (or set it to s3fs) to read through s3fs"
-                )
-            log.debug("%s:// goes through s3fs, not the direct client: %s", protocol, config)
-    return Client(url, protocol, options, inherited)
-
-
-_WARMING: dict[Any, threading.Thread] = {}  # clients being started in the background, by key (see warm_up)
-WARM_UP_JOIN = 60.0  # seconds a fork waits for a client started in the background
-
-
-def warm_up(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Begin this process's client for ``url`` in a background thread: the
-    filesystem's imports (``import s3fs``: aiobotocore, botocore, aiohttp), its
-    session and credentials, overlapped with whatever the caller does until its
-    first request, which then waits for them only if they are still under way. A
-    failure here is left for that first request to raise. A fork waits for the
-    thread first (a child must not inherit an import or a lock half done)."""
-    protocol = url.split("://", 1)[0].lower()
-    key = (protocol, frozen(storage_options or {}))
-    started = _WARMING.get(key)
-    if key in _CLIENTS or (started is not None and started.is_alive()):
-        return
-    options = dict(storage_options or {})
-
-    def start() -> None:
-        try:
-            client_for(url, options).warm()
-        except Exception as exc:  # noqa: BLE001 - the first request raises it again
-            log.debug("starting the %s:// client in the background failed: %s: %s", protocol, type(exc).__name__, exc)
-
-    thread = threading.Thread(target=start, name=f"distshard-{protocol}-client", daemon=True)  # (no options: secrets)
-    for done in [k for k, t in _WARMING.items() if not t.is_alive()]:
-        del _WARMING[done]
-    _WARMING[key] = thread
-    thread.start()
-
-
-def _before_fork() -> None:
-    for thread in list(_WARMING.values()):
-        if thread is not threading.current_thread():
-            thread.join(WARM_UP_JOIN)
-    _FORKING[:] = _cached_filesystems()
-
-
-def _after_fork_in_parent() -> None:
-    _FORKING.clear()
-
-
-def forget_clients() -> None:
-    """Drop this process's clients without closing them (what a forked child does)."""
-    with _LOCK:
-        _ORPHANS.extend(_CLIENTS.values())
-        _CLIENTS.clear()
-
-
-def _after_fork_in_child() -> None:
-    global _LOCK, STATS
-    _LOCK = threading.Lock()
+def reset_stats() -> None:
+    """A forked child starts at 0 (see :data:`STATS`)."""
+    global STATS
     STATS = ClientStats()
-    _WARMING.clear()
-    for key, client in _CLIENTS.items():
-        session = client.shareable_session()
-        if session is not None:
-            _INHERITED[key] = session
-    _ORPHANS.extend(_CLIENTS.values())
-    _CLIENTS.clear()
-    _keep_inherited_filesystems()
 
 
 def _fresh_locks(session: Any) -> Any:
@@ -281,53 +119,6 @@ def _fresh_locks(session: Any) -> Any:
     return session
 
 
-def _cached_filesystems() -> list[Any]:
-    """The filesystems in fsspec's instance caches (none if fsspec is not imported)."""
-    import sys
-
-    spec = sys.modules.get("fsspec.spec")
-    if spec is None:
-        return []
-    found: list[Any] = []
-    todo = [spec.AbstractFileSystem]
-    seen: set[int] = set()
-    while todo:
-        cls = todo.pop()
-        if id(cls) in seen:
-            continue
-        seen.add(id(cls))
-        todo.extend(cls.__subclasses__())
-        cache = cls.__dict__.get("_cache")
-        if isinstance(cache, dict):
-            found.extend(cache.values())
-    return found
-
-
-def _keep_inherited_filesystems() -> None:
-    """Keep every fsspec filesystem this child inherited alive and detach the
-    finalizers that would close its sessions (see the module docstring): fsspec
-    empties its instance caches in a new process, which would collect them. Its own
-    fork hook may have emptied them before this one runs (when fsspec was imported
-    before this module), so the filesystems cached at the fork were held across it
-    (``_FORKING``, filled by ``_before_fork``)."""
-    inherited: list[Any] = list(_FORKING)
-    _FORKING.clear()
-    for client in _ORPHANS:
-        client = getattr(client, "_fallback", None) or client  # a direct S3 client's s3fs one
-        if isinstance(client, Client) and client._fs is not None:
-            inherited.append(client._fs)
-    _ORPHANS.extend(inherited)
-    ids = {id(obj) for obj in inherited}
-    registry = getattr(weakref.finalize, "_registry", {})
-    for finalizer, info in list(registry.items()):
-        target = info.weakref() if getattr(info, "weakref", None) is not None else None
-        if target is not None and id(target) in ids:
-            finalizer.detach()
-
-
-at_fork(_after_fork_in_child, before=_before_fork, after_in_parent=_after_fork_in_parent)
-
-
 # -- the client -----------------------------------------------------------------------------
 
 
@@ -337,10 +128,10 @@ async def _read_body(body: Any) -> bytes:
         data: bytes = await body.read()
         return data
     except Exception as exc:  # noqa: BLE001 - whatever the transport raised
-        raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+        raise Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
 
 
-class Client:
+class Client(Ranged):
     """fsspec's filesystem for one protocol and set of storage options, in one process.
 
     ``kind`` is ``http`` (``HTTPFileSystem``), ``s3`` (``s3fs``) or ``generic``
@@ -407,6 +198,10 @@ class Client:
             return None
         return getattr(fs, "session", None)
 
+    def made_filesystem(self) -> Any:
+        """The filesystem if it was made (what a forked child keeps alive, never closing it), else ``None``."""
+        return self._fs
+
     def path_of(self, url: str) -> str:
         return url if self.kind == "http" else self.fs._strip_protocol(url)
 
@@ -437,93 +232,54 @@ class Client:
                 f"{what}: no answer within {bound:g} s (the client's event loop is stuck)"
             ) from None
 
-    # -- identity ------------------------------------------------------------------------------
-    def identity(self, url: str, options: ReadOptions = _DEFAULT) -> tuple[int, str]:
-        """``(size, stamp)`` of ``url`` now: one metadata request (retried)."""
-        return self.run(
-            self._retrying(url, "metadata", lambda: self._identity(url), options), f"{url}: metadata", options
-        )
+    def _retrying(
+        self, url: str, what: str, attempt: Callable[[], Awaitable[T]], options: ReadOptions, stored: str | None = None
+    ) -> Awaitable[T]:
+        return retried_async(Attempts(url, what, options, stored, self._first), attempt, options.timeout)
 
-    async def _identity(self, url: str) -> tuple[int, str]:
+    def _retried(
+        self, url: str, what: str, attempt: Callable[[], Any], options: ReadOptions, stored: str | None = None
+    ) -> Any:
+        return self.run(self._retrying(url, what, attempt, options, stored), f"{url}: {what}", options)
+
+    def _in_background(
+        self, url: str, what: str, attempt: Callable[[], Any], options: ReadOptions, stored: str | None
+    ) -> concurrent.futures.Future[tuple[bool, Any]]:
+        async def limited() -> tuple[bool, Any]:
+            # a failure is returned, not raised: a read the caller no longer waits for
+            # (cancelled after an earlier error) must not make asyncio print its error
+            try:
+                async with self._semaphore(options.concurrency):
+                    return True, await self._retrying(url, what, attempt, options, stored)
+            except Exception as exc:  # noqa: BLE001 - raised by Pending.result
+                return False, exc
+
+        return self.submit(limited())
+
+    def _semaphore(self, limit: int) -> asyncio.Semaphore:
+        semaphore = self._semaphores.get(limit)
+        if semaphore is None:
+            semaphore = self._semaphores[limit] = asyncio.Semaphore(limit)
+        return semaphore
+
+    def suffix_host(self, url: str) -> str | None:
+        """HTTP(S) and S3 are asked suffix ranges (see :meth:`.ranged.Ranged.tail`), other stores not."""
+        return super().suffix_host(url) if self.kind in ("http", "s3") else None
+
+    # -- one attempt of each request ------------------------------------------------------------
+    async def _identity(self, url: str, options: ReadOptions) -> tuple[int, str]:
         if self.kind == "http":
-            session = await self.fs.set_session()
-            kw = dict(self.fs.kwargs)
-            headers = dict(kw.pop("headers", None) or {})
-            headers["Accept-Encoding"] = "identity"
-            kw.setdefault("allow_redirects", True)
-            async with session.head(self.fs.encode_url(url), headers=headers, **kw) as r:
-                if r.status not in (403, 405):  # some signed URLs allow GET only: ask with a 1-byte range
-                    _check_status(url, r.status, "metadata")
-                    size = r.headers.get("Content-Length")
-                    if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-                        raise UnsupportedError(
-                            f"{url}: the server does not report the file's size; random access needs it"
-                        )
-                    return int(size), _http_stamp(r.headers)
-            headers["Range"] = "bytes=0-0"
-            async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
-                match = _CONTENT_RANGE.match(r.headers.get("Content-Range", "")) or re.match(
-                    r"bytes \*/(\d+)", r.headers.get("Content-Range", "")
-                )
-                if r.status not in (206, 416) or match is None or not match.groups()[-1].isdigit():
-                    _check_status(url, r.status, "metadata")
-                    raise UnsupportedError(
-                        f"{url}: the server reports no size (no Content-Range); random access needs it"
-                    )
-                await r.read()
-                return int(match.groups()[-1]), _http_stamp(r.headers)
+            return await http_identity(self.fs, url)
         if self.kind == "s3":
-            head = await self.s3_object(url, "head_object", "metadata")
-            return int(head["ContentLength"]), str(head.get("ETag") or head.get("VersionId") or "")
-        info = await self._generic_info(url)
-        return _identity_of(url, info)
+            return s3_stamp_of(await self.s3_object(url, "head_object", "metadata"))
+        return _identity_of(url, await self._generic_info(url))
 
-    # -- identity and the file's last bytes, in one request ------------------------------------
-    def tail(self, url: str, n: int, options: ReadOptions = _DEFAULT) -> tuple[int, str, bytes]:
-        """``(size, stamp, last bytes)`` of ``url`` from one suffix GET (``Range:
-        bytes=-n``, retried): the identity from the answer's headers, exactly as a
-        HEAD gives it (the size from ``Content-Range``'s total), and the file's last
-        ``min(n, size)`` bytes from its body. A store that ignores or refuses suffix
-        ranges (remembered per host), and stores other than HTTP(S) and S3, are asked
-        the identity the old way (:meth:`identity`), and the bytes are ``b""``."""
-        host = url.split("://", 1)[-1].split("/", 1)[0]
-        if self.kind in ("http", "s3") and host not in self._no_suffix:
-            what = f"the last {n} bytes"
-            found = self.run(self._retrying(url, what, lambda: self._tail(url, n), options), f"{url}: {what}", options)
-            if found is not None:
-                return found
-            self._no_suffix.add(host)
-            log.debug("%s answered no suffix range: its files' identities are asked with a HEAD", host)
-        return (*self.identity(url, options), b"")
-
-    async def _tail(self, url: str, n: int) -> tuple[int, str, bytes] | None:
-        what = f"the last {n} bytes"
+    async def _suffix(self, url: str, n: int, what: str, options: ReadOptions) -> tuple[int, str, bytes] | None:
         if self.kind == "http":
-            fs = self.fs
-            session = await fs.set_session()
-            kw = dict(fs.kwargs)
-            headers = dict(kw.pop("headers", None) or {})
-            headers["Range"] = f"bytes=-{n}"
-            headers["Accept-Encoding"] = "identity"
-            kw.setdefault("allow_redirects", True)
-            async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
-                if r.status in (401, 403, 404) or r.status in RETRY_STATUS or r.status >= 500 and r.status != 501:
-                    _check_status(url, r.status, what)
-                found = None
-                if r.headers.get("Content-Encoding", "identity") in ("identity", ""):
-                    found = _suffix_answer(r.status, r.headers.get("Content-Range"), r.headers.get("Content-Length"), n)
-                if found is None:
-                    r.close()  # its body (maybe the whole file) is not wanted
-                    return None
-                try:
-                    data = await r.read()
-                except Exception as exc:  # noqa: BLE001 - a cut body: retried
-                    raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
-                first, size = found
-                return size, _http_stamp(r.headers), _exact(url, data, first, size)
+            return await http_suffix(self.fs, url, n, what)
         try:
             response = await self.s3_object(url, "get_object", what, Range=f"bytes=-{n}")
-        except _Changed:  # InvalidRange: an empty object, or a store without suffix ranges
+        except Changed:  # InvalidRange: an empty object, or a store without suffix ranges
             return None
         except Exception as exc:
             meta = (getattr(exc, "response", None) or {}).get("ResponseMetadata") or {}
@@ -534,142 +290,42 @@ class Client:
         try:
             status = int((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 200)
             length = response.get("ContentLength")
-            found = _suffix_answer(status, response.get("ContentRange"), None if length is None else str(length), n)
+            found = suffix_answer(status, response.get("ContentRange"), None if length is None else str(length), n)
             if found is None:
                 return None
             data = await _read_body(body)
         finally:
             body.close()
         first, size = found
-        return size, str(response.get("ETag") or response.get("VersionId") or ""), _exact(url, data, first, size)
+        return size, s3_stamp(response), exact(url, data, first, size)
 
-    async def _generic_info(self, url: str) -> dict[str, Any]:
-        fs = self.fs
-        try:
-            if getattr(fs, "async_impl", False):
-                return await fs._info(self.path_of(url))
-            return await asyncio.get_running_loop().run_in_executor(None, fs.info, self.path_of(url))
-        except FileNotFoundError:
-            raise _missing(url) from None
-
-    async def _s3(self, bucket: str) -> Any:
-        fs = self.fs
-        await fs.set_session()
-        return await fs.get_s3(bucket)
-
-    async def s3_object(self, url: str, method: str, what: str, **extra: Any) -> Any:
-        """One S3 call (``head_object`` / ``get_object``) on ``url``'s object, of the
-        version the URL names if it names one; ``what`` names it in errors."""
-        bucket, key, version = self.fs.split_path(self.path_of(url))
-        call = getattr(await self._s3(bucket), method)
-        if version:
-            extra["VersionId"] = version
-        kw = self.fs._get_s3_method_kwargs(call, Bucket=bucket, Key=key, **extra)
-        return await _s3_call(url, what, call(**kw))
-
-    # -- range reads ----------------------------------------------------------------------------
-    def submit_range(
-        self,
-        url: str,
-        start: int,
-        stop: int,
-        size: int | None,
-        stamp: str | None,
-        options: ReadOptions = _DEFAULT,
-        stored: str | None = None,
-    ) -> "_Pending":
-        """Bytes ``[start, stop)`` of ``url``, checked against ``(size, stamp)``
-        (the indexed identity; ``None`` skips the check; ``stored``: the stored
-        index it came from, named when it is stale), retried; a future-like
-        object (``result()``, ``cancel()``)."""
-        what = f"bytes [{start}, {stop})"
-
-        async def limited() -> tuple[bool, Any]:
-            # a failure is returned, not raised: a read the caller no longer waits for
-            # (cancelled after an earlier error) must not make asyncio print its error
-            try:
-                async with self._semaphore(options.concurrency):
-                    return True, await self._retrying(
-                        url, what, lambda: self._get(url, start, stop, size, stamp), options, stored
-                    )
-            except Exception as exc:  # noqa: BLE001 - raised by _Pending.result
-                return False, exc
-
-        return _Pending(self.submit(limited()), f"{url}: {what}", wait_bound(options))
-
-    def read_range(
-        self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions = _DEFAULT
+    async def _get(
+        self, url: str, start: int, stop: int, size: int | None, stamp: str | None, options: ReadOptions
     ) -> bytes:
-        return self.submit_range(url, start, stop, size, stamp, options).result()
-
-    def _semaphore(self, limit: int) -> asyncio.Semaphore:
-        semaphore = self._semaphores.get(limit)
-        if semaphore is None:
-            semaphore = self._semaphores[limit] = asyncio.Semaphore(limit)
-        return semaphore
-
-    async def _get(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
-        if stop <= start:
-            return b""
         if self.kind == "http":
-            return await self._get_http(url, start, stop, size, stamp)
+            return await http_range(self.fs, url, start, stop, size, stamp)
         if self.kind == "s3":
             return await self._get_s3(url, start, stop, size, stamp)
         return await self._get_generic(url, start, stop, size, stamp)
 
-    async def _get_http(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
-        session = await self.fs.set_session()
-        kw = dict(self.fs.kwargs)
-        headers = dict(kw.pop("headers", None) or {})
-        headers["Range"] = f"bytes={start}-{stop - 1}"
-        headers["Accept-Encoding"] = "identity"
-        etag = _strong_etag(stamp)
-        if etag is not None:
-            headers["If-Match"] = etag
-        what = f"bytes [{start}, {stop})"
-        async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
-            if r.status == 412:
-                raise _Changed(f"the server's version no longer matches ETag {stamp}")
-            _check_status(url, r.status, what)
-            change = http_change(stamp, r.headers)
-            if change is not None:
-                raise _Changed(change)
-            if r.status == 206:
-                _check_content_range(url, r.headers.get("Content-Range"), start, stop, size)
-            elif not (r.status == 200 and start == 0 and size is not None and stop == size):
-                raise UnsupportedError(
-                    f"{url}: asked for {what} and the server sent status {r.status} without "
-                    "Content-Range: it does not serve range requests, which random access needs"
-                )
-            try:
-                data = await r.read()
-            except Exception as exc:  # noqa: BLE001 - a cut body: the aiohttp error is retried below
-                raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
-        return _exact(url, data, start, stop)
-
     async def _get_s3(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
-        extra: dict[str, Any] = {}
-        etag = _strong_etag(stamp)
-        if etag is not None:
-            extra["IfMatch"] = etag
+        etag = strong_etag(stamp)
+        extra: dict[str, Any] = {"IfMatch": etag} if etag is not None else {}
         what = f"bytes [{start}, {stop})"
-        response = await self.s3_object(url, "get_object", what, Range=f"bytes={start}-{stop - 1}", **extra)
+        response = await self.s3_object(url, "get_object", what, Range=range_header(start, stop), **extra)
         body = response["Body"]
         try:
-            seen = response.get("ETag")
-            if etag is not None and seen and seen != etag:
-                raise _Changed(f"ETag {stamp} -> {seen}")
-            _check_content_range(url, response.get("ContentRange"), start, stop, size)
+            check_range_answer(url, start, stop, size, stamp, response.get("ETag"), response.get("ContentRange"))
             data = await _read_body(body)
         finally:
             body.close()
-        return _exact(url, data, start, stop)
+        return exact(url, data, start, stop)
 
     async def _get_generic(self, url: str, start: int, stop: int, size: int | None, stamp: str | None) -> bytes:
         if size is not None and url not in self._checked:  # once per process and file
             now = _identity_of(url, await self._generic_info(url))
             if now != (size, stamp):
-                raise _Changed(f"size {size} -> {now[0]}, stamp {stamp} -> {now[1]}")
+                raise Changed(f"size {size} -> {now[0]}, stamp {stamp} -> {now[1]}")
             self._checked[url] = now
         fs = self.fs
         try:
@@ -680,36 +336,14 @@ class Client:
                     None, lambda: exact_cat(fs, self.path_of(url), start, stop, size)
                 )
         except FileNotFoundError:
-            raise _missing(url) from None
+            raise missing(url) from None
         except (ConnectionError, TimeoutError, asyncio.TimeoutError) as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from None
-        return _exact(url, data, start, stop)
+            raise Transient(f"{type(exc).__name__}: {exc}") from None
+        return exact(url, data, start, stop)
 
-    # -- whole small files and globs ----------------------------------------------------------------
-    def cat(self, url: str, options: ReadOptions = _DEFAULT) -> bytes:
-        size, stamp = self.identity(url, options)
-        return self.read_range(url, 0, size, size, stamp, options) if size else b""
-
-    def fetch(self, url: str, options: ReadOptions = _DEFAULT) -> bytes:
-        """The whole object in one request (no metadata request first), retried;
-        ``FileNotFoundError`` if there is none. For small files named by
-        convention (a stored index's manifest and entries)."""
-        return self.run(
-            self._retrying(url, "the whole file", lambda: self._fetch(url), options), f"{url}: the whole file", options
-        )
-
-    async def _fetch(self, url: str) -> bytes:
+    async def _fetch(self, url: str, options: ReadOptions) -> bytes:
         if self.kind == "http":
-            session = await self.fs.set_session()
-            kw = dict(self.fs.kwargs)
-            headers = dict(kw.pop("headers", None) or {})
-            headers["Accept-Encoding"] = "identity"
-            async with session.get(self.fs.encode_url(url), headers=headers, **kw) as r:
-                _check_status(url, r.status, "the whole file")
-                try:
-                    return bytes(await r.read())
-                except Exception as exc:  # noqa: BLE001 - retried
-                    raise _Transient(f"the body was cut: {type(exc).__name__}: {exc}") from None
+            return await http_whole(self.fs, url)
         if self.kind == "s3":
             response = await self.s3_object(url, "get_object", "the whole file")
             body = response["Body"]
@@ -723,70 +357,17 @@ class Client:
                 return bytes(await fs._cat_file(self.path_of(url)))
             return bytes(await asyncio.get_running_loop().run_in_executor(None, fs.cat_file, self.path_of(url)))
         except FileNotFoundError:
-            raise _missing(url) from None
+            raise missing(url) from None
 
-    # -- one streamed GET (the index command) ------------------------------------------------------
-    def open_stream(self, url: str, options: ReadOptions = _DEFAULT) -> tuple["_LoopStream", int, str]:
-        """One GET of the whole object, its opening retried: ``(stream, size,
-        stamp)``, the identity from the response (as a HEAD would give it) and a
-        stream whose ``read(n)`` returns up to ``n`` bytes of the body (fewer only
-        at its end) and ``close(whole)`` releases it (HTTP(S) and S3 only)."""
-        if self.kind not in ("http", "s3"):
-            raise UnsupportedError(f"{url}: no streamed GET for {self.protocol}:// (index it by ranges)")
-        response, size, stamp = self.run(
-            self._retrying(url, "the whole file", lambda: self._open_whole(url), options),
-            f"{url}: the whole file",
-            options,
-        )
+    async def _open(self, url: str, options: ReadOptions) -> tuple[_LoopStream, int, str]:
+        if self.kind == "http":
+            response, size, stamp = await http_open(self.fs, url)
+        else:
+            response = await self.s3_object(url, "get_object", "the whole file")
+            size, stamp = s3_stamp_of(response)
         return _LoopStream(self, response, options.timeout), size, stamp
 
-    async def _open_whole(self, url: str) -> tuple[Any, int, str]:
-        if self.kind == "http":
-            fs = self.fs
-            session = await fs.set_session()
-            kw = dict(fs.kwargs)
-            headers = dict(kw.pop("headers", None) or {})
-            headers["Accept-Encoding"] = "identity"
-            kw.setdefault("allow_redirects", True)
-            r = await session.get(fs.encode_url(url), headers=headers, **kw)
-            try:
-                _check_status(url, r.status, "the whole file")
-                size = r.headers.get("Content-Length")
-                if size is None or r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-                    raise UnsupportedError(f"{url}: the server does not report the file's size; random access needs it")
-                return r, int(size), _http_stamp(r.headers)
-            except BaseException:
-                r.close()
-                raise
-        response = await self.s3_object(url, "get_object", "the whole file")
-        stamp = str(response.get("ETag") or response.get("VersionId") or "")
-        return response, int(response["ContentLength"]), stamp
-
-    def put(self, url: str, data: bytes) -> None:
-        """Write a whole object (a stored index's entry or manifest)."""
-        if self.kind == "http":
-            raise read_only(url)
-        try:
-            self.fs.pipe_file(self.path_of(url), data)
-        except FileNotFoundError as exc:
-            raise _bucket_missing(url, exc) from None
-
-    def list_identities(
-        self, folder: str, prefix: str, last: str, options: ReadOptions = _DEFAULT
-    ) -> dict[str, tuple[int, str]]:
-        """``{name: (size, ETag)}`` of the objects of the S3 folder URL ``folder``
-        whose names (after the folder's ``/``) start with ``prefix``, up to the name
-        ``last``: ListObjectsV2 pages of 1,000 objects, the ETag as ``head_object``
-        gives it (S3 only)."""
-        if self.kind != "s3":
-            raise UnsupportedError(f"{folder}: no listing of identities for {self.protocol}://")
-        return self.run(
-            self._retrying(folder, "a listing", lambda: self._list_identities(folder, prefix, last), options),
-            f"{folder}: a listing",
-            options,
-        )
-
-    async def _list_identities(self, folder: str, prefix: str, last: str) -> dict[str, tuple[int, str]]:
+    async def _listing(self, folder: str, prefix: str, last: str, options: ReadOptions) -> dict[str, tuple[int, str]]:
         bucket, key, _ = self.fs.split_path(self.path_of(folder.rstrip("/") + "/x"))
         key = key[:-1]  # the folder's key prefix, with its "/"
         s3 = await self._s3(bucket)
@@ -803,6 +384,55 @@ class Client:
             if not page.get("IsTruncated") or not token or (objects and objects[-1]["Key"] >= key + last):
                 return found
 
+    # -- the store's own calls --------------------------------------------------------------------
+    async def _generic_info(self, url: str) -> dict[str, Any]:
+        fs = self.fs
+        try:
+            if getattr(fs, "async_impl", False):
+                return await fs._info(self.path_of(url))
+            return await asyncio.get_running_loop().run_in_executor(None, fs.info, self.path_of(url))
+        except FileNotFoundError:
+            raise missing(url) from None
+
+    async def _s3(self, bucket: str) -> Any:
+        fs = self.fs
+        await fs.set_session()
+        return await fs.get_s3(bucket)
+
+    async def s3_object(self, url: str, method: str, what: str, **extra: Any) -> Any:
+        """One S3 call (``head_object`` / ``get_object``) on ``url``'s object, of the
+        version the URL names if it names one; ``what`` names it in errors."""
+        bucket, key, version = self.fs.split_path(self.path_of(url))
+        call = getattr(await self._s3(bucket), method)
+        if version:
+            extra["VersionId"] = version
+        kw = self.fs._get_s3_method_kwargs(call, Bucket=bucket, Key=key, **extra)
+        return await _s3_call(url, what, call(**kw))
+
+    # -- what only some stores do -----------------------------------------------------------------
+    def open_stream(self, url: str, options: ReadOptions = _DEFAULT) -> tuple[_LoopStream, int, str]:
+        """One GET of the whole object (HTTP(S) and S3 only): see :meth:`.ranged.Ranged.open_stream`."""
+        if self.kind not in ("http", "s3"):
+            raise UnsupportedError(f"{url}: no streamed GET for {self.protocol}:// (index it by ranges)")
+        return super().open_stream(url, options)
+
+    def list_identities(
+        self, folder: str, prefix: str, last: str, options: ReadOptions = _DEFAULT
+    ) -> dict[str, tuple[int, str]]:
+        """See :meth:`.ranged.Ranged.list_identities` (S3 only)."""
+        if self.kind != "s3":
+            raise UnsupportedError(f"{folder}: no listing of identities for {self.protocol}://")
+        return super().list_identities(folder, prefix, last, options)
+
+    def put(self, url: str, data: bytes) -> None:
+        """Write a whole object (a stored index's entry or manifest)."""
+        if self.kind == "http":
+            raise read_only(url)
+        try:
+            self.fs.pipe_file(self.path_of(url), data)
+        except FileNotFoundError as exc:
+            raise _bucket_missing(url, exc) from None
+
     def glob(self, pattern: str) -> list[str]:
         fs = self.fs
         try:
@@ -811,28 +441,10 @@ class Client:
             raise _bucket_missing(pattern, exc) from None
         return sorted(fs.unstrip_protocol(p) if self.kind != "http" else p for p in found)
 
-    # -- retries ------------------------------------------------------------------------------------
-    async def _retrying(
-        self,
-        url: str,
-        what: str,
-        attempt: Callable[[], Awaitable[T]],
-        options: ReadOptions,
-        stored: str | None = None,
-    ) -> T:
-        attempts = Attempts(url, what, options, stored, self._first)
-        while True:
-            try:
-                value = await asyncio.wait_for(attempt(), options.timeout)
-                attempts.answered()
-                return value
-            except asyncio.TimeoutError:
-                wait = attempts.failed(TimeoutError())
-            except Exception as exc:  # noqa: BLE001 - classified (and raised when not transient) by Attempts
-                wait = attempts.failed(exc)
-            if wait is None:
-                raise attempts.error()
-            await asyncio.sleep(wait)
+
+def s3_stamp_of(head: Mapping[str, Any]) -> tuple[int, str]:
+    """``(size, stamp)`` of a botocore answer (``head_object``, ``get_object``)."""
+    return int(head["ContentLength"]), s3_stamp(head)
 
 
 class _LoopStream:
@@ -896,7 +508,7 @@ def _bucket_missing(url: str, exc: FileNotFoundError) -> FileNotFoundError:
     it was made from (its cause) says ``NoSuchBucket``, else ``exc`` itself."""
     response = getattr(exc.__cause__, "response", None)
     code = str(((response or {}).get("Error") or {}).get("Code", "")) if isinstance(response, dict) else ""
-    return _missing(url, code) if code == "NoSuchBucket" else exc
+    return missing(url, code) if code == "NoSuchBucket" else exc
 
 
 def _identity_of(url: str, info: Mapping[str, Any]) -> tuple[int, str]:
@@ -938,15 +550,3 @@ def exact_cat(fs: Any, path: str, start: int, stop: int, size: int | None) -> by
     with fs.open(path, "rb", cache_type="none", **extra) as f:
         f.seek(start)
         return bytes(f.read(stop - start))
-
-
-def remote_identity(
-    url: str, storage_options: Mapping[str, Any] | None = None, options: ReadOptions = _DEFAULT
-) -> tuple[int, str]:
-    """``(size, stamp)`` of a remote file: one metadata request."""
-    return client_for(url, storage_options).identity(url, options)
-
-
-def glob_remote(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """The URLs matching a remote glob, sorted."""
-    return client_for(pattern, storage_options).glob(pattern)

@@ -23,6 +23,7 @@ import random
 import time
 from typing import Any
 
+from .contract import Transport
 from .files import FileAccess, FileRef
 from .responses import RETRY, RemoteReadError, Transient, looks_transient
 
@@ -33,7 +34,7 @@ log = logging.getLogger("distshard")
 CHUNK = 1 << 20  # the most bytes one read of a body hands over
 
 
-def streams(client: Any) -> bool:
+def streams(client: Transport) -> bool:
     """Whether ``client``'s store is read here with one streamed GET per file."""
     return client.kind in ("http", "s3")
 
@@ -109,7 +110,7 @@ class _Cut(Exception):
 
 def open_body(url: str, access: FileAccess) -> Body:
     """The body of one GET of ``url`` (its opening retried): the client's
-    ``open_stream`` (both clients of :func:`.remote.client_for` have it)."""
+    ``open_stream`` (both clients of :func:`.clients.client_for` have it)."""
     client = access.client(url)
     stream, size, stamp = client.open_stream(url, access.options)
     return Body(url, stream, size, stamp)

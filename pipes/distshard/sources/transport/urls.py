@@ -159,7 +159,7 @@ def _char_range(first: str, last: str, step: str | None) -> str:
 
 def _glob_one(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     if is_remote(pattern):
-        from .remote import glob_remote
+        from .clients import glob_remote
 
         return glob_remote(pattern, storage_options)
     path = pattern[len("file://") :] if pattern.startswith("file://") else pattern
