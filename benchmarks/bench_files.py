@@ -11,7 +11,10 @@ incompressible bytes, an end marker) and its label (``.cls``). Mosaic and litdat
 read their own formats: the same samples converted once to MDS and by
 ``litdata.optimize`` (chunks of about the tars' mean size), in setup (conversion
 times reported, outside the measured window). litdata's row reads through its
-``StreamingDataset`` and ``StreamingDataLoader``, as its users do.
+``StreamingDataset`` and ``StreamingDataLoader``, as its users do. The unit-mode row
+is ``IterableWrapper(urls).dist_shard(expand=IndexedTar, sizes=counts)``: the shards'
+sample counts given (as a shard index's ``nsamples``), each shard's headers walked
+with ``tarfile`` by the worker that reads it, each sample's members read by ``pread``.
 
 What runs
 ---------
@@ -74,7 +77,6 @@ unit mode's ratio beside it::
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import io
 import json
@@ -112,7 +114,7 @@ def generate(folder: Path, shards: int, low: int, high: int, seed: int = 0) -> d
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    urls, keys = [], []
+    urls, keys, counts = [], [], []
     for s in range(shards):
         path = folder / f"shard-{s:06d}.tar"
         with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
@@ -124,8 +126,9 @@ def generate(folder: Path, shards: int, low: int, high: int, seed: int = 0) -> d
                     info.size, info.mtime = len(data), 1_700_000_000
                     tf.addfile(info, io.BytesIO(data))
                 keys.append(key)
+            counts.append(i + 1)
         urls.append(str(path))
-    manifest = {"urls": urls, "keys": keys, "bytes": sum(os.path.getsize(u) for u in urls),
+    manifest = {"urls": urls, "keys": keys, "counts": counts, "bytes": sum(os.path.getsize(u) for u in urls),
                 "pattern": str(folder / f"shard-{{000000..{shards - 1:06d}}}.tar")}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return manifest
@@ -232,7 +235,7 @@ _READER_LINES = 13 + 6  # read_tar + TarSamples, as a user writes them
 
 
 class IndexedTar:  # the unit mode's expand: a tar's samples by position, from its headers
-    def __init__(self, url):
+    def __init__(self, url):  # (in the worker that reads the shard)
         parts = {}
         with tarfile.open(url) as tf:  # seeks from header to header
             for member in tf:
@@ -250,14 +253,7 @@ class IndexedTar:  # the unit mode's expand: a tar's samples by position, from i
         return {"__key__": key, **{ext: os.pread(self.fd, size, at) for ext, at, size in parts}}
 
 
-indexed_tar = functools.cache(IndexedTar)  # sizes= and expand= share one index a shard
-
-
-def tar_size(url):
-    return len(indexed_tar(url))
-
-
-_INDEXED_TAR_LINES = 18 + 3  # IndexedTar, indexed_tar, tar_size
+_INDEXED_TAR_LINES = 18  # IndexedTar; its sizes are the shards' counts (a shard index's nsamples)
 
 
 @dataclass(frozen=True)
@@ -305,7 +301,7 @@ VARIANTS = [
             "loader = StreamingDataLoader(ds, batch_size=32, num_workers=2)",
             extra_lines=1),  # the optimize() conversion, at least one more line
     Variant("unit_tar", "distshard unit mode, indexed-tar expand", "dev",
-            'dp = IterableWrapper(urls).dist_shard(expand=indexed_tar, sizes=tar_size, even="drop").map(decode)',
+            'dp = IterableWrapper(urls).dist_shard(expand=IndexedTar, sizes=counts, even="drop").map(decode)',
             extra_lines=_INDEXED_TAR_LINES, distshard=True),
     Variant("distshard", "distshard.webdataset", "dev",
             'dp = distshard.webdataset(urls).dist_shard(even="drop").map(decode)', distshard=True),
@@ -386,7 +382,7 @@ def build(key: str, manifest: dict[str, Any], decode: Decode, rank: int, copy: s
 
         import distshard  # noqa: F401  (dist_shard on every IterDataPipe)
 
-        return IterableWrapper(urls).dist_shard(expand=indexed_tar, sizes=tar_size, even="drop").map(decode)
+        return IterableWrapper(urls).dist_shard(expand=IndexedTar, sizes=manifest["counts"], even="drop").map(decode)
     if key in ("distshard", "distshard_shuffle"):
         import distshard
         import distshard.sources
