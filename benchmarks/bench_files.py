@@ -1,14 +1,20 @@
-"""Real sharded files: ``distshard.webdataset`` against torch's ``sharding_filter``
-and the real peers (webdataset, Hugging Face ``datasets``, MosaicML Streaming),
-in one run, on the same generated data, 4 gloo ranks × 2 DataLoader workers.
+"""Real sharded files: ``distshard.webdataset`` against torch's ``sharding_filter``,
+distshard's unit mode with an indexed-tar ``expand`` and the real peers (webdataset,
+Hugging Face ``datasets``, MosaicML Streaming, litdata), in one run, on the same
+generated data, 4 gloo ranks × 2 DataLoader workers.
 
 The data
 --------
 64 WebDataset-style tar shards (``--shards``) of 201–492 samples each (seeded),
 each sample a JPEG-like blob (``.jpg``: a JPEG start marker, 1–4 KiB of
-incompressible bytes, an end marker) and its label (``.cls``). Mosaic reads its
-own format: the same samples converted once to MDS (conversion time reported,
-outside the measured window).
+incompressible bytes, an end marker) and its label (``.cls``). Mosaic and litdata
+read their own formats: the same samples converted once to MDS and by
+``litdata.optimize`` (chunks of about the tars' mean size), in setup (conversion
+times reported, outside the measured window). litdata's row reads through its
+``StreamingDataset`` and ``StreamingDataLoader``, as its users do. The unit-mode row
+is ``IterableWrapper(urls).dist_shard(expand=IndexedTar, sizes=counts)``: the shards'
+sample counts given (as a shard index's ``nsamples``), each shard's headers walked
+with ``tarfile`` by the worker that reads it, each sample's members read by ``pread``.
 
 What runs
 ---------
@@ -31,7 +37,8 @@ per-slot counts
     its worker), min–max over the 8 slots.
 exactly-once
     the multiset of every key the 4 ranks received against the N keys of the
-    data: ✓, or the duplicates / missing; ``even="drop"`` may drop ``N mod 8``.
+    data: ✓, or the duplicates / missing; ``even="drop"`` may drop ``N mod 8``,
+    litdata (its ``drop_last``, on in a distributed run) ``N mod (8 × 32)``.
 decodes / N
     decode calls summed over all processes, divided by N.
 read / data
@@ -60,16 +67,19 @@ How to run
     .venv/bin/python benchmarks/bench_files.py --only distshard,webdataset --json files.json
 
 Without the peers' venv their rows say so; nothing else needs more than the dev venv.
+With the ``litdata`` row, the output ends with issue 32's target: ``distshard.webdataset``'s
+CPU ≤ 0.9× litdata's, from each round's ratio (the rows of a round run side by side), the
+unit mode's ratio beside it::
+
+    .venv/bin/python benchmarks/bench_files.py --only distshard,unit_tar,litdata
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
-import random
 import shutil
 import sys
 import tarfile
@@ -83,76 +93,15 @@ from typing import Any
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 
 import harness
+from files_data import convert, convert_litdata, fake_jpeg, generate, import_streaming, read_tar
 from harness import Col
+
+# re-exported: convert, convert_litdata are called in a child by name (harness.launch); bench_remote uses fake_jpeg
+__all__ = ["convert", "convert_litdata", "fake_jpeg"]
 
 WORLD_SIZE, NUM_WORKERS, BATCH = 4, 2, 32
 NUM_SLOTS = WORLD_SIZE * NUM_WORKERS
 DECODE_TARGET_S = 0.25e-3
-
-
-# -- the data ------------------------------------------------------------------------------
-def fake_jpeg(rng: random.Random, size: int) -> bytes:
-    """JPEG-looking bytes: SOI + APP0 marker, incompressible payload, EOI."""
-    head = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
-    return head + rng.randbytes(max(0, size - len(head) - 2)) + b"\xff\xd9"
-
-
-def generate(folder: Path, shards: int, low: int, high: int, seed: int = 0) -> dict[str, Any]:
-    """Write the shards; returns the manifest (urls, keys, bytes)."""
-    folder = folder.resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    urls, keys = [], []
-    for s in range(shards):
-        path = folder / f"shard-{s:06d}.tar"
-        with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
-            for i in range(rng.randint(low, high)):
-                key = f"s{s:04d}_{i:04d}"
-                for ext, data in (("jpg", fake_jpeg(rng, rng.randint(1024, 4096))),
-                                  ("cls", str(rng.randrange(1000)).encode())):
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size, info.mtime = len(data), 1_700_000_000
-                    tf.addfile(info, io.BytesIO(data))
-                keys.append(key)
-        urls.append(str(path))
-    manifest = {"urls": urls, "keys": keys, "bytes": sum(os.path.getsize(u) for u in urls),
-                "pattern": str(folder / f"shard-{{000000..{shards - 1:06d}}}.tar")}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    return manifest
-
-
-def import_streaming() -> Any:
-    """``import streaming`` (MosaicML), without its vision datasets: they import
-    torchvision, whose PyPI wheel is a CUDA build that cannot load next to the
-    local CPU torch ("libc10_cuda.so: cannot open shared object file"), and this
-    benchmark uses none of them (``StreamingDataset`` and ``MDSWriter`` need no
-    torchvision)."""
-    import types
-
-    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
-    import streaming
-
-    return streaming
-
-
-def convert_to_mds(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Mosaic's own format, written once (peers venv)."""
-    MDSWriter = import_streaming().MDSWriter
-
-    started = time.perf_counter()
-    shutil.rmtree(out, ignore_errors=True)
-    with MDSWriter(out=str(out), columns={"__key__": "str", "jpg": "bytes", "cls": "bytes"},
-                   size_limit=1 << 22) as writer:
-        for url in manifest["urls"]:
-            for sample in read_tar(url):
-                writer.write({"__key__": sample["__key__"], "jpg": sample["jpg"], "cls": sample["cls"]})
-    return {"seconds": time.perf_counter() - started,
-            "bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
-
-
-def convert(data: str, out: str) -> dict[str, Any]:
-    """``convert_to_mds`` in a child (the peers' venv): the data's manifest into ``out``."""
-    return convert_to_mds(json.loads((Path(data) / "manifest.json").read_text()), Path(out))
 
 
 # -- decode: counted, the same everywhere ------------------------------------------------------
@@ -173,22 +122,6 @@ class Decode(harness.Decode):
 
 
 # -- the variants ----------------------------------------------------------------------------------
-def read_tar(url):  # the tar reader a torch user writes (torchdata 0.11 has none)
-    with tarfile.open(url, "r|") as tf:
-        sample = None
-        for member in tf:
-            if not member.isfile():
-                continue
-            key, ext = member.name.split(".", 1)
-            if sample is None or sample["__key__"] != key:
-                if sample is not None:
-                    yield sample
-                sample = {"__key__": key}
-            sample[ext] = tf.extractfile(member).read()
-        if sample is not None:
-            yield sample
-
-
 class TarSamples(IterDataPipe):  # ... and the pipe around it
     def __init__(self, urls):
         self.urls = urls
@@ -199,6 +132,28 @@ class TarSamples(IterDataPipe):  # ... and the pipe around it
 
 
 _READER_LINES = 13 + 6  # read_tar + TarSamples, as a user writes them
+
+
+class IndexedTar:  # the unit mode's expand: a tar's samples by position, from its headers
+    def __init__(self, url):  # (in the worker that reads the shard)
+        parts = {}
+        with tarfile.open(url) as tf:  # seeks from header to header
+            for member in tf:
+                if member.isfile():
+                    key, ext = member.name.split(".", 1)
+                    parts.setdefault(key, []).append((ext, member.offset_data, member.size))
+        self.samples = list(parts.items())
+        self.fd = os.open(url, os.O_RDONLY)  # pread: no shared offset across forked workers
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        key, parts = self.samples[i]
+        return {"__key__": key, **{ext: os.pread(self.fd, size, at) for ext, at, size in parts}}
+
+
+_INDEXED_TAR_LINES = 18  # IndexedTar; its sizes are the shards' counts (a shard index's nsamples)
 
 
 @dataclass(frozen=True)
@@ -238,6 +193,16 @@ VARIANTS = [
             "        return decode(super().__getitem__(i))\n"
             "ds = Decoded(local=mds_dir, shuffle=False, batch_size=32)",
             extra_lines=1),  # MDSWriter conversion, at least one more line
+    Variant("litdata", "litdata 0.2.76 (`optimize()` copy)", "peers",
+            "class Decoded(StreamingDataset):\n"
+            "    def __getitem__(self, i):\n"
+            "        return decode(super().__getitem__(i))\n"
+            "ds = Decoded(litdata_dir)\n"
+            "loader = StreamingDataLoader(ds, batch_size=32, num_workers=2)",
+            extra_lines=1),  # the optimize() conversion, at least one more line
+    Variant("unit_tar", "distshard unit mode, indexed-tar expand", "dev",
+            'dp = IterableWrapper(urls).dist_shard(expand=IndexedTar, sizes=counts, even="drop").map(decode)',
+            extra_lines=_INDEXED_TAR_LINES, distshard=True),
     Variant("distshard", "distshard.webdataset", "dev",
             'dp = distshard.webdataset(urls).dist_shard(even="drop").map(decode)', distshard=True),
     Variant("distshard_shuffle", "distshard.webdataset, shuffle=True", "dev",
@@ -267,11 +232,14 @@ def import_libraries(key: str, urls: list[str]) -> None:
         next(iter(ds.cast_column("jpg", Image(decode=False))))
     elif key == "mosaic":
         import_streaming()
-    elif key.startswith("distshard"):
+    elif key == "litdata":
+        import litdata  # noqa: F401
+    elif key.startswith("distshard") or key == "unit_tar":
         import distshard.sources  # noqa: F401
 
 
-def build(key: str, manifest: dict[str, Any], decode: Decode, rank: int, mds: str | None) -> Any:
+def build(key: str, manifest: dict[str, Any], decode: Decode, rank: int, copy: str | None) -> Any:
+    """Variant ``key``'s pipeline on ``rank``; ``copy``: the converted copy it reads (Mosaic, litdata)."""
     urls = manifest["urls"]
     if key in ("sf_files", "sf_samples"):
         from torch.utils.data.datapipes.iter import IterableWrapper
@@ -300,7 +268,21 @@ def build(key: str, manifest: dict[str, Any], decode: Decode, rank: int, mds: st
             def __getitem__(self, i: int) -> Any:
                 return decode(super().__getitem__(i))
 
-        return Decoded(local=mds, shuffle=False, batch_size=BATCH)
+        return Decoded(local=copy, shuffle=False, batch_size=BATCH)
+    if key == "litdata":
+        from litdata import StreamingDataset
+
+        class Decoded(harness.SelfReporting, StreamingDataset):  # SelfReporting: the workers' reports
+            def __getitem__(self, i: Any) -> Any:
+                return decode(super().__getitem__(i))
+
+        return Decoded(copy)
+    if key == "unit_tar":
+        from torch.utils.data.datapipes.iter import IterableWrapper
+
+        import distshard  # noqa: F401  (dist_shard on every IterDataPipe)
+
+        return IterableWrapper(urls).dist_shard(expand=IndexedTar, sizes=manifest["counts"], even="drop").map(decode)
     if key in ("distshard", "distshard_shuffle"):
         import distshard
         import distshard.sources
@@ -325,7 +307,7 @@ class FilesJob(harness.Job):
     key: str = ""
     manifest: dict[str, Any] = field(default_factory=dict)
     iters: int = 0
-    mds: str | None = None
+    copy: str | None = None  # the converted copy Mosaic or litdata reads
     batch_size: int | None = BATCH
     worker_init: bool = True
     torchrun_env: bool = True
@@ -334,7 +316,22 @@ class FilesJob(harness.Job):
         import_libraries(self.key, self.manifest["urls"])
 
     def build(self, rank: int) -> Any:
-        return build(self.key, self.manifest, Decode(self.iters), rank, self.mds)
+        return build(self.key, self.manifest, Decode(self.iters), rank, self.copy)
+
+    def loader(self, pipe: Any) -> Any:
+        if self.key != "litdata":
+            return super().loader(pipe)
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(pipe, batch_size=self.batch_size, num_workers=self.num_workers,
+                                   multiprocessing_context="fork", timeout=self.timeout,
+                                   worker_init_fn=harness.worker_init)
+
+    def close(self, iterator: Any) -> None:
+        if iterator is not None and not hasattr(iterator, "_shutdown_workers") and hasattr(iterator, "close"):
+            iterator.close()  # StreamingDataLoader's generator: its DataLoader iterator joins the workers
+            return
+        super().close(iterator)
 
     def describe(self, pipe: Any) -> str:
         """For distshard rows: does dist_shard read the source at random (the file
@@ -346,11 +343,11 @@ class FilesJob(harness.Job):
         values.extend(batch["__key__"] if isinstance(batch, dict) else batch)
 
 
-def run_variant(key: str, data: str, iters: int, mds: str | None, timeout: float) -> dict[str, Any]:
+def run_variant(key: str, data: str, iters: int, copy: str | None, timeout: float) -> dict[str, Any]:
     """In a child process: one gloo group, one variant; a summary."""
     manifest = json.loads((Path(data) / "manifest.json").read_text())
     variant = BY_KEY[key]
-    run = harness.run_job(FilesJob(key=key, manifest=manifest, iters=iters, mds=mds, timeout=timeout,
+    run = harness.run_job(FilesJob(key=key, manifest=manifest, iters=iters, copy=copy, timeout=timeout,
                                    epochs=variant.epochs, world_size=WORLD_SIZE, num_workers=NUM_WORKERS))
     got, workers = Counter(run.values()), run.workers
     expected: Any = manifest["keys"]
@@ -361,7 +358,9 @@ def run_variant(key: str, data: str, iters: int, mds: str | None, timeout: float
                                            even="carry" if key == "distshard_carry_epochs" else "drop",
                                            unit=NUM_SLOTS * BATCH, slots=NUM_SLOTS)
         expected = Counter({k: variant.epochs for k in manifest["keys"]})
-    once = harness.exactly_once(got, expected, even="drop" if variant.distshard else None, slots=NUM_SLOTS)
+    # litdata drops a distributed epoch's tail (its drop_last, on by default there) in whole batches
+    even, unit = ("drop", NUM_SLOTS * BATCH) if key == "litdata" else ("drop" if variant.distshard else None, NUM_SLOTS)
+    once = harness.exactly_once(got, expected, even=even, slots=unit)
     return {
         **epochs_part,
         "errors": run.errors,
@@ -472,6 +471,72 @@ def main(argv: list[str] | None = None) -> int:
     return orchestrate(args, harness.choose(args.only, BY_KEY, parser))
 
 
+# the converted copies a peer reads, made once before the rounds (outside the measured window)
+COPIES = {"mosaic": ("convert", "MDS conversion for Mosaic"), "litdata": ("convert_litdata", "litdata.optimize()")}
+
+
+def make_copies(chosen: list[Variant], data: Path, workdir: Path, timeout: float) -> dict[str, dict[str, Any]]:
+    """Every chosen peer's converted copy: ``{key: {"path", "bytes", "seconds"}}``, or
+    ``{key: {"error"}}`` when its conversion failed (no entry without the peers' venv)."""
+    copies: dict[str, dict[str, Any]] = {}
+    for key, (func, _) in COPIES.items():
+        if not any(v.key == key for v in chosen) or not harness.peers_python():
+            continue
+        out = workdir / key
+        done = harness.launch(__file__, func, {"data": str(data), "out": str(out)}, peers=True, timeout=timeout,
+                              grace=0)
+        copies[key] = ({"path": str(out), "bytes": done["bytes"], "seconds": done["seconds"]} if "bytes" in done
+                       else {"error": f"the {COPIES[key][1]} conversion failed"})
+    return copies
+
+
+def run_rounds(args: argparse.Namespace, chosen: list[Variant], data: Path, iters: int, rounds: int,
+               copies: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every variant once a round, in the rounds' rotating order; each one's runs."""
+    results: dict[str, list[dict[str, Any]]] = {v.key: [] for v in chosen}
+    for r, order in harness.rounds(chosen, rounds):
+        for variant in order:
+            copy = copies.get(variant.key, {})
+            if "error" in copy:
+                results[variant.key].append({"errors": [copy["error"]], "complete": False})
+                continue
+            started = time.perf_counter()
+            done = harness.launch(
+                __file__, "run_variant", {"key": variant.key, "data": str(data), "iters": iters,
+                                          "copy": copy.get("path"), "timeout": args.timeout},
+                peers=variant.venv == "peers", timeout=args.timeout, expected=args.expected)
+            results[variant.key].append(done)
+            stacks = "; stacks: " + ", ".join(done["stacks"]) if done.get("stacks") else ""
+            if done.get("errors"):
+                stacks += "; failed: " + harness.error_line(done["errors"][0])[:200]
+            print(f"#   round {r + 1}/{rounds}: {variant.key} done in {time.perf_counter() - started:.0f}s{stacks}",
+                  file=sys.stderr, flush=True)
+    return results
+
+
+def round_ratios(results: dict[str, list[dict[str, Any]]], key: str, base: str) -> list[float]:
+    """``key``'s CPU over ``base``'s in every round both ran cleanly (side by side)."""
+    return [a["cpu_s"] / b["cpu_s"] for a, b in zip(results.get(key, []), results.get(base, []), strict=False)
+            if a.get("cpu_s") and b.get("cpu_s") and not a.get("errors") and not b.get("errors")]
+
+
+def against_litdata(results: dict[str, list[dict[str, Any]]]) -> str | None:
+    """Issue 32's target: the file source's CPU ≤ 0.9× litdata's, from the rounds'
+    ratios (the rows of one round ran side by side), and the unit mode's beside it."""
+    lines, verdict = [], ""
+    for key in ("distshard", "unit_tar"):
+        ratios = round_ratios(results, key, "litdata")
+        if ratios:
+            ratio = harness.median(ratios)
+            verdict = verdict or (("met" if ratio <= 0.9 else "MISSED") if key == "distshard" else "")
+            lines.append(f"{BY_KEY[key].label}: CPU {ratio:.3f}× litdata's (median of the rounds' ratios: "
+                         f"{', '.join(f'{x:.3f}' for x in ratios)})")
+    if not lines:
+        return None
+    return f"Target (issue 32): distshard.webdataset's CPU ≤ 0.9× litdata's: {verdict or 'not measured'}.\n" + \
+        "\n".join(lines)
+
+
 def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
     session = harness.Session()
     shards, low, high, rounds = (12, 40, 90, 1) if args.quick else (args.shards, 201, 492, args.rounds)
@@ -481,66 +546,54 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
         manifest = generate(data, shards, low, high)
         n, total = len(manifest["keys"]), manifest["bytes"]
         iters, cost = harness.calibrate(DECODE_TARGET_S)
-        mds, mds_bytes, conversion = None, 0, ""
-        if any(v.key == "mosaic" for v in chosen) and harness.peers_python():
-            mds = workdir / "mds"
-            done = harness.launch(__file__, "convert", {"data": str(data), "out": str(mds)}, peers=True,
-                                  timeout=args.timeout, grace=0)
-            if "bytes" in done:
-                mds_bytes = done["bytes"]
-                conversion = (f"MDS conversion for Mosaic: {done['seconds']:.1f} s, {mds_bytes / 2**20:.1f} MiB "
-                              "(outside the measured window)")
-            else:
-                mds = None
-        results: dict[str, list[dict[str, Any]]] = {v.key: [] for v in chosen}
-        for r, order in harness.rounds(chosen, rounds):
-            for variant in order:
-                if variant.key == "mosaic" and mds is None and harness.peers_python():
-                    results[variant.key].append({"errors": ["the MDS conversion failed"], "complete": False})
-                    continue
-                started = time.perf_counter()
-                done = harness.launch(
-                    __file__, "run_variant", {"key": variant.key, "data": str(data), "iters": iters,
-                                              "mds": None if mds is None else str(mds), "timeout": args.timeout},
-                    peers=variant.venv == "peers", timeout=args.timeout, expected=args.expected)
-                results[variant.key].append(done)
-                stacks = "; stacks: " + ", ".join(done["stacks"]) if done.get("stacks") else ""
-                if done.get("errors"):
-                    stacks += "; failed: " + harness.error_line(done["errors"][0])[:200]
-                print(f"#   round {r + 1}/{rounds}: {variant.key} done in {time.perf_counter() - started:.0f}s{stacks}",
-                      file=sys.stderr, flush=True)
+        copies = make_copies(chosen, data, workdir, args.timeout)
+        conversions = [f"{COPIES[key][1]}: {c['seconds']:.1f} s, {c['bytes'] / 2**20:.1f} MiB (outside the measured "
+                       "window)" for key, c in copies.items() if "bytes" in c]
+        results = run_rounds(args, chosen, data, iters, rounds, copies)
         rows = [summarize(v, results[v.key], manifest) for v in chosen]
         print(session.header(f"{shards} shards, {n:,} samples, {total / 2**20:.1f} MiB; decode {cost * 1e3:.2f} ms; "
                              f"{WORLD_SIZE} ranks x {NUM_WORKERS} workers, batch {BATCH}; {rounds} round(s), medians",
-                             conversion))
+                             *conversions))
         print()
-        one_epoch = [row for row in rows if BY_KEY[row["key"]].epochs == 1]
-        several = [row for row in rows if BY_KEY[row["key"]].epochs > 1]
-        if one_epoch:
-            print(table(one_epoch))
-        if several:
-            print(f"\n{BY_KEY[several[0]['key']].epochs} epochs, batch {BATCH}, multiple_of={BATCH} (rounds of "
-                  f"{NUM_SLOTS * BATCH} samples), {n:,} samples an epoch:\n")
-            print(epochs_table(several))
-            print("\ndropped: samples of the epochs' streams never delivered (under carry not counting the last "
-                  "epoch's tail, which opens the next epoch); padded: deliveries beyond one a sample an epoch; "
-                  "exact: the delivered multiset is the concatenated streams' prefix (carry) or every epoch but its "
-                  "last N mod 256 (drop), with equal counts on the 8 slots every epoch. Target: carry's CPU ≤ "
-                  "1.05× drop's, equal slots, 0 dropped, 0 padded.")
-        mosaic = next((row for row in rows if row["key"] == "mosaic" and "read_ratio" in row), None)
-        own = (f" (its MDS copy, {mds_bytes / 2**20:.1f} MiB: {mosaic['read_ratio'] * total / mds_bytes:.2f}× of it; "
-               "Mosaic repeats a few samples so that ranks have equal counts)") if mosaic and mds_bytes else ""
-        if one_epoch:
-            print(f"\nread / data: rchar over the dataset's {total / 2**20:.1f} MiB of tar files; Mosaic reads "
-                  f"its own format{own}. distshard builds its index cold in the measured job. Targets for "
-                  "distshard: read ≤ 1.10×, CPU ≤ webdataset's, shuffle=True CPU ≤ 1.2× the unshuffled run, "
-                  "equal per-slot counts, one user line.")
+        print_tables(rows, n, total, copies)
+        verdict = against_litdata(results)
+        if verdict:
+            print("\n" + verdict)
         harness.print_left_out(rows, lambda row: BY_KEY[row["key"]].label)
-        session.dump(args.json, samples=n, bytes=total, mds_bytes=mds_bytes, decode_s=cost, rows=rows)
+        session.dump(args.json, samples=n, bytes=total, copies=copies, decode_s=cost, rows=rows)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
+
+def print_tables(rows: list[dict[str, Any]], n: int, total: int, copies: dict[str, dict[str, Any]]) -> None:
+    """The one-epoch table and the epochs table, each with its notes."""
+    one_epoch = [row for row in rows if BY_KEY[row["key"]].epochs == 1]
+    several = [row for row in rows if BY_KEY[row["key"]].epochs > 1]
+    if one_epoch:
+        print(table(one_epoch))
+    if several:
+        print(f"\n{BY_KEY[several[0]['key']].epochs} epochs, batch {BATCH}, multiple_of={BATCH} (rounds of "
+              f"{NUM_SLOTS * BATCH} samples), {n:,} samples an epoch:\n")
+        print(epochs_table(several))
+        print("\ndropped: samples of the epochs' streams never delivered (under carry not counting the last "
+              "epoch's tail, which opens the next epoch); padded: deliveries beyond one a sample an epoch; "
+              "exact: the delivered multiset is the concatenated streams' prefix (carry) or every epoch but its "
+              "last N mod 256 (drop), with equal counts on the 8 slots every epoch. Target: carry's CPU ≤ "
+              "1.05× drop's, equal slots, 0 dropped, 0 padded.")
+    if not one_epoch:
+        return
+    owns = []
+    for key, what in (("mosaic", "Mosaic its MDS copy"), ("litdata", "litdata its optimize() chunks")):
+        row = next((r for r in rows if r["key"] == key and "read_ratio" in r), None)
+        size = copies.get(key, {}).get("bytes")
+        if row and size:
+            owns.append(f"{what} ({size / 2**20:.1f} MiB: {row['read_ratio'] * total / size:.2f}× of it)")
+    own = f" ({'; '.join(owns)}; Mosaic repeats a few samples so that ranks have equal counts)" if owns else ""
+    print(f"\nread / data: rchar over the dataset's {total / 2**20:.1f} MiB of tar files; Mosaic and litdata read "
+          f"their own formats{own}. distshard builds its index cold in the measured job. Targets for "
+          "distshard: read ≤ 1.10×, CPU ≤ webdataset's, shuffle=True CPU ≤ 1.2× the unshuffled run, "
+          "equal per-slot counts, one user line.")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -194,8 +194,37 @@ class ReportDataset(_Reporting, IterableDataset):
     """For the peers' iterable datasets."""
 
 
+class SelfReporting:
+    """A mixin for a dataset whose loader must get it as itself (litdata's
+    ``StreamingDataLoader`` refuses any other dataset): ``reporting`` leaves it
+    unwrapped and hands it the stage, which its ``__iter__`` then goes through."""
+
+    report_stage: _Reporting | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        items = super().__iter__()  # type: ignore[misc]
+        if self.report_stage is None:
+            return items
+        self.report_stage.inner = _stepping(items)
+        return iter(self.report_stage)
+
+
+def _stepping(items: Iterator[Any]) -> Iterator[Any]:
+    """``items`` by ``next`` alone (litdata's dataset is its own iterator: ``iter()``
+    on it would come back to ``SelfReporting.__iter__``)."""
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield item
+
+
 def reporting(inner: Any, outdir: str, rank: int, extra: Callable[[], dict] | None = None) -> Any:
-    """``inner`` with the reporting stage after it."""
+    """``inner`` with the reporting stage after it (inside it, for a ``SelfReporting`` dataset)."""
+    if isinstance(inner, SelfReporting):
+        inner.report_stage = _Reporting(None, outdir, rank, extra)
+        return inner
     return (ReportPipe if isinstance(inner, IterDataPipe) else ReportDataset)(inner, outdir, rank, extra)
 
 

@@ -362,10 +362,15 @@ class SourceSequence(Sequence):
 
     def _read_each(self, positions: Iterable[int]) -> Iterator[Any]:
         last: tuple[int, list[tuple[int, int]], list[memoryview]] | None = None
+        lo = hi = 0  # the positions of the file read last: its index and handle are at hand
         for position in positions:
-            f, j = self._locate(position)
-            ref, index = self.file_index(f)
-            handle = self._handle(f)
+            if type(position) is int and lo <= position < hi:
+                j = position - lo
+            else:
+                f, j = self._locate(position)
+                ref, index = self.file_index(f)
+                handle = self._handle(f)
+                lo, hi = self._starts[f], self._starts[f] + self.counts[f]
             spans = self.fmt.spans(index, j)
             if last is not None and last[0] == f and last[1] == spans:
                 views = last[2]

@@ -187,8 +187,10 @@ class LocalRandomFile:
         return self.fd
 
     def read_at(self, offset: int, size: int, checked: bool = True) -> bytes:
-        if checked:
-            self.check()
+        if checked:  # check() inlined for its common outcome (it runs once a sample read)
+            ref, st = self.ref, os.fstat(self.fd)
+            if ref.size is not None and (st.st_size != ref.size or str(st.st_mtime_ns) != ref.stamp):
+                check_identity(ref, st.st_size, str(st.st_mtime_ns))
         data = os.pread(self.fd, size, offset)
         while len(data) < size:
             more = os.pread(self.fd, size - len(data), offset + len(data))
