@@ -42,7 +42,7 @@ reports).
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,8 +50,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, S
 
 from ...forks import at_fork
 from ..read_options import ReadOptions
+from . import extents
 from .cache import BadEntry
-from .coalesce import Coverage, Range, coalesce
+from .coalesce import Live, Range, coalesce
+from .extents import Upcoming
 
 if TYPE_CHECKING:
     from .cache import FileCache
@@ -180,46 +182,50 @@ class ReadAhead:
         try:
             while True:
                 state.fill()
-                if not state.pending:
+                if not state.ready:
                     return
-                request, uses = state.pending.popleft()
-                views = state.deliver(uses)
+                request, views = state.next()
                 state.delivered = True
                 yield request.payload, views
         finally:
             state.close()
 
-    @staticmethod
-    def _live(
-        live: dict[int, list[_Held]], starts: dict[int, list[int]], file: int, start: int, stop: int
-    ) -> _Held | None:
-        items = live.get(file)
-        if not items:
-            return None
-        at = bisect.bisect_right(starts[file], start) - 1
-        return items[at] if at >= 0 and items[at].range.covers(start, stop) else None
+
+class _Entry:
+    """A request pulled ahead: where each span's bytes come from (``None``: not
+    known yet), how many are not, its spans' bytes and those found in the local cache."""
+
+    __slots__ = ("request", "uses", "missing", "size", "hits")
+
+    def __init__(self, request: Request, uses: list[_Use | None], missing: int, size: int) -> None:
+        self.request, self.uses, self.missing, self.size = request, uses, missing, size
+        self.hits: dict[int, _Held] | None = None  # span index -> its bytes from the local cache
+
+
+_Use = tuple["_Held | None", int, int]  # (held range, from, to); None: an empty span
 
 
 class _Run:
-    """One :meth:`ReadAhead.run`: the requests pulled and planned, the ranges held,
-    and the window (slow start) that bounds them."""
+    """One :meth:`ReadAhead.run`: the requests pulled ahead (the lookahead), the
+    ranges held, and the window (slow start) that bounds them."""
 
     def __init__(self, ahead: ReadAhead, source: Iterator[Request]) -> None:
         self.ahead = ahead
         self.source = source
-        self.pending: deque[tuple[Request, list[tuple[_Held | None, int, int]]]] = deque()  # None: an empty span
-        self.live: dict[int, list[_Held]] = {}
-        self.starts: dict[int, list[int]] = {}
+        self.entries: deque[_Entry] = deque()  # pulled, in order; the first ``ready`` have every span
+        self.ready = 0
+        self.looked = 0  # span bytes of the entries past the ready ones
+        self.live: Live[_Held] = Live()
         self.held = 0
         self.released = 0  # bytes of ranges delivered and let go: the window grows by them
-        self.cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
+        self.cached = 0  # bytes of spans from the local cache admitted, not delivered: they count as held
         self.plans = 0  # plans that submitted something: the batch doubles with each
         self.delivered = False  # a request was delivered (until then nothing is planned after the first plan)
-        self.waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
-        self.local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
+        self.waiting: Request | None = None  # pulled before the first plan, of a file past the first
         self.exhausted = False
         self.caches: dict[int, FileCache | None] = {}
         self.confirmed: set[int] = set()  # files whose identity ``confirm`` accepted before their first hit
+        self.hits: dict[tuple[int, int, int], _Held] = {}  # spans from the local cache, shared by their entries
 
     # -- the window ---------------------------------------------------------------------
     def limit(self) -> int:
@@ -233,22 +239,80 @@ class _Run:
 
     def fill(self) -> None:
         """Plan ahead while the window has room (enough for half a plan,
-        unless fewer than two requests are left to deliver)."""
-        if not self.pending:
-            self.plan(min(self.cap(), self.limit()))  # nothing is held
+        unless fewer than two requests are ready to deliver)."""
+        self.look()
+        if self.ready == 0 and self.entries:  # nothing to deliver: plan for the next request, whatever it costs
+            self.plan(min(self.cap(), self.limit() - self.held - self.cached))
         # after the first plan (the first file's first bytes) nothing more until the first delivery
-        while (
-            (self.delivered or self.plans == 0)
-            and (self.waiting or not self.exhausted)
-            and len(self.pending) < self.ahead.MAX_PENDING
-        ):
+        while (self.delivered or self.plans == 0) and self.ready < len(self.entries):
             room = self.limit() - self.held - self.cached
-            if room <= 0 or (room < max(1, min(self.cap(), self.limit()) // 2) and len(self.pending) >= 2):
+            if room <= 0 or (room < max(1, min(self.cap(), self.limit()) // 2) and self.ready >= 2):
                 break
-            before = len(self.pending)
-            self.plan(min(room, self.cap()))
-            if len(self.pending) == before:
+            if not self.plan(min(room, self.cap())):
                 break
+            self.look()
+
+    # -- the lookahead ------------------------------------------------------------------
+    def look(self) -> None:
+        """Pull requests ahead while their spans are within twice a plan's bytes (the
+        first plan: of the first file only; then nothing until the first delivery)."""
+        if self.plans and not self.delivered:
+            return
+        horizon = min(self.ahead.options.budget, 2 * self.cap())
+        while len(self.entries) < self.ahead.MAX_PENDING and (
+            self.looked < horizon or self.ready == len(self.entries)
+        ):
+            request = self.pull()
+            if request is None:
+                break
+            if self.plans == 0 and self.entries and request.file != self.entries[0].request.file:
+                # the first plan ends with the first file: the first sample waits for its own
+                # range only (nor for the next files' indexes, a request each when they are
+                # stored entries)
+                self.waiting = request
+                break
+            self.entries.append(self.entry(request))
+        self.advance()
+
+    def pull(self) -> Request | None:
+        if self.waiting is not None:
+            request, self.waiting = self.waiting, None
+            return request
+        if self.exhausted:
+            return None
+        try:
+            return next(self.source)
+        except StopIteration:
+            self.exhausted = True
+            return None
+
+    def entry(self, request: Request) -> _Entry:
+        uses: list[_Use | None] = []
+        missing = size = 0
+        hits: dict[int, _Held] = {}
+        for i, (start, stop) in enumerate(request.spans):
+            if stop <= start:
+                uses.append((None, 0, 0))
+                continue
+            uses.append(None)
+            missing += 1
+            size += stop - start
+            if self.ahead.caches is not None:
+                key = (request.file, start, stop)
+                hit = self.hits.get(key) or self.stored(*key)
+                if hit is not None:
+                    hits[i] = self.hits[key] = hit
+        self.looked += size
+        entry = _Entry(request, uses, missing, size)
+        entry.hits = hits or None
+        return entry
+
+    def advance(self) -> None:
+        """Count the entries whose every span is known as ready, in order."""
+        entries = self.entries
+        while self.ready < len(entries) and entries[self.ready].missing == 0:
+            self.looked -= entries[self.ready].size
+            self.ready += 1
 
     # -- the local cache ----------------------------------------------------------------
     def cache_of(self, file: int) -> FileCache | None:
@@ -283,114 +347,88 @@ class _Run:
 
         return _Held(Range(file, start, stop), _Deferred(read), live=False)
 
-    # -- admitting requests ---------------------------------------------------------------
-    def pull(self) -> Request | None:
-        if self.waiting:
-            return self.waiting.pop()
-        if self.exhausted:
-            return None
-        try:
-            return next(self.source)
-        except StopIteration:
-            self.exhausted = True
-            return None
+    # -- planning -------------------------------------------------------------------------
+    def gap(self, file: int) -> int:
+        gaps = self.ahead.gaps
+        return self.ahead.options.max_gap if gaps is None else gaps[file]
 
-    def plan(self, room: int) -> None:
-        """Admit the next requests while the ranges they need (the gaps read
-        through included, bounded by :class:`.coalesce.Coverage`) fit in
-        ``room`` bytes, and submit those ranges. With nothing held the next
-        request is admitted whatever its size: alone, its spans exactly."""
-        batch, alone = self.admit(room)
-        if batch:
-            self.submit(self.ranges(batch, alone), batch)
-
-    def admit(self, room: int) -> tuple[list[Request], bool]:
-        """``(the requests admitted, whether the one admitted is alone and too large)``."""
-        batch: list[Request] = []
-        coverage = Coverage()
-        hits = 0  # bytes of the batch's spans found in the local cache
-        while len(self.pending) + len(batch) < self.ahead.MAX_PENDING:
-            request = self.pull()
-            if request is None:
-                break
-            if self.plans == 0 and batch and request.file != batch[0].file:
-                # the first plan ends with the first file: the first sample waits for its
-                # own range only (nor for the next files' indexes, a request each when
-                # they are stored entries)
-                self.waiting.append(request)
-                break
-            mark = coverage.mark()
-            more = self.cover(request, coverage)
-            if coverage.total + hits + more <= room:
-                batch.append(request)
-                hits += more
+    def upcoming(self, entry: _Entry) -> Upcoming:
+        """What ``entry`` still needs: its spans in no live range, and its cached bytes."""
+        spans: list[tuple[int, int, int]] = []
+        extra, file, hits = 0, entry.request.file, entry.hits
+        for i, (span, use) in enumerate(zip(entry.request.spans, entry.uses, strict=True)):
+            if use is not None:
                 continue
-            coverage.undo(mark)
-            if not batch and self.held == 0:
-                return [request], True
-            self.waiting.append(request)
-            break
-        return batch, False
+            if hits is not None and i in hits:
+                extra += span[1] - span[0]
+            elif self.live.find(file, *span) is None:
+                spans.append((file, *span))
+        return Upcoming(spans, extra)
 
-    def cover(self, request: Request, coverage: Coverage) -> int:
-        """Add to ``coverage`` what ``request`` needs fetched; the bytes of its spans
-        found in the local cache (noted in ``local``)."""
-        ahead, local = self.ahead, self.local
-        options, gaps = ahead.options, ahead.gaps
-        hits = 0
-        gap = options.max_gap if gaps is None else gaps[request.file]
-        for start, stop in request.spans:
-            if (
-                stop > start
-                and ahead._live(self.live, self.starts, request.file, start, stop) is None
-                and (ahead.caches is None or (request.file, start, stop) not in local)
-            ):
-                if ahead.caches is not None and (hit := self.stored(request.file, start, stop)) is not None:
-                    local[(request.file, start, stop)] = hit
-                    hits += stop - start
-                    continue
-                coverage.add(request.file, start, stop, gap)
-            elif stop > start and ahead.caches is not None and (request.file, start, stop) in local:
-                hits += stop - start
-        return hits
+    def plan(self, room: int) -> bool:
+        """Admit the next requests while the ranges they need fit in ``room`` bytes
+        (:func:`.extents.plan`), submit those ranges and note where each admitted
+        request's bytes come from. Reading through a later request's bytes (the
+        hull of a file's admitted spans) only while what is held then leaves the
+        budget room for any request of the lookahead alone, so that the ranges kept
+        for later requests never stop the next one. With nothing ready the next
+        request is admitted whatever its size: alone, its spans exactly."""
+        options = self.ahead.options
+        entries = list(itertools.islice(self.entries, self.ready, None))
+        if not entries:
+            return False
+        upcoming = [self.upcoming(entry) for entry in entries]
+        keep = options.budget - self.held - self.cached - max(entry.size for entry in entries)
+        admitted, ranges, through = 0, [], keep > 0
+        if through:
+            admitted, ranges = extents.plan(upcoming, min(room, keep), self.gap, self.live.of, options.max_range, True)
+            through = admitted > 0
+        if not admitted:
+            admitted, ranges = extents.plan(upcoming, room, self.gap, self.live.of, options.max_range, False)
+        if not admitted:
+            if self.ready:
+                return False
+            admitted, ranges = 1, coalesce(upcoming[0].spans, options.max_range, 0)
+        self.plans += 1
+        for rng in ranges:
+            self.hold(rng)
+        for entry in entries[:admitted]:
+            self.admit(entry)
+        if through:  # the later requests whose bytes were read through keep them
+            for entry in entries[admitted:]:
+                self.resolve(entry)
+        self.advance()
+        return True
 
-    def ranges(self, batch: list[Request], alone: bool) -> list[Range]:
-        """The ranges to fetch for ``batch``: its spans not in the local cache,
-        coalesced by the gap of their file (none for a request admitted alone)."""
-        options, gaps = self.ahead.options, self.ahead.gaps
-        by_gap: dict[int, list[tuple[int, int, int]]] = {}
-        for request in batch:
-            gap = 0 if alone else options.max_gap if gaps is None else gaps[request.file]
-            for start, stop in request.spans:
-                if stop > start and (request.file, start, stop) not in self.local:
-                    by_gap.setdefault(gap, []).append((request.file, start, stop))
-        ranges: list[Range] = []
-        for gap, spans in by_gap.items():
-            ranges.extend(
-                coalesce(
-                    spans,
-                    options.max_range,
-                    gap,
-                    {f: [h.range for h in self.live[f]] for f in {s[0] for s in spans} if f in self.live},
-                )
-            )
-        return ranges
+    def admit(self, entry: _Entry) -> None:
+        """Note where every span of an admitted ``entry`` comes from."""
+        if entry.hits is not None:
+            for i, hit in entry.hits.items():
+                start, stop = entry.request.spans[i]
+                hit.users += 1
+                self.cached += stop - start
+                entry.uses[i] = (hit, 0, stop - start)
+                entry.missing -= 1
+            entry.hits = None
+        self.resolve(entry)
+        assert entry.missing == 0, entry.request.spans
+
+    def resolve(self, entry: _Entry) -> None:
+        """Note the spans of ``entry`` that live ranges hold (not those from the cache)."""
+        file, hits = entry.request.file, entry.hits
+        for i, (start, stop) in enumerate(entry.request.spans):
+            if entry.uses[i] is not None or (hits is not None and i in hits):
+                continue
+            found = self.live.find(file, start, stop)
+            if found is not None:
+                found.users += 1
+                entry.uses[i] = (found, start - found.range.start, stop - found.range.start)
+                entry.missing -= 1
 
     # -- holding and delivering ---------------------------------------------------------------
-    def submit(self, ranges: list[Range], batch: list[Request]) -> None:
-        """Ask for ``ranges`` (the next delivery's first) and queue ``batch``."""
-        self.plans += 1
-        for rng in sorted(ranges, key=_first_use(batch)):
-            self.hold(rng)
-        for request in batch:
-            self.pending.append((request, self.uses(request)))
-        self.local.clear()  # (a request left waiting looks its spans up again)
-
     def hold(self, rng: Range) -> None:
         item = _Held(rng, self.ahead.open(rng.file).submit(rng.start, rng.stop), self.cache_of(rng.file))
-        at = bisect.bisect_left(self.starts.setdefault(rng.file, []), rng.start)
-        self.starts[rng.file].insert(at, rng.start)
-        self.live.setdefault(rng.file, []).insert(at, item)
+        self.live.add(rng, item)
         self.held += rng.size
         with STATS.lock:
             STATS.ranges += 1
@@ -398,30 +436,15 @@ class _Run:
             STATS.held += rng.size
             STATS.peak_held = max(STATS.peak_held, STATS.held)
 
-    def uses(self, request: Request) -> list[tuple[_Held | None, int, int]]:
-        """Where each span of ``request`` comes from: ``(held range, from, to)``."""
-        uses: list[tuple[_Held | None, int, int]] = []
-        for start, stop in request.spans:
-            if stop <= start:
-                uses.append((None, 0, 0))
-                continue
-            hit = self.local.get((request.file, start, stop)) if self.local else None
-            if hit is not None:
-                hit.users += 1
-                self.cached += stop - start
-                uses.append((hit, 0, stop - start))
-                continue
-            found = self.ahead._live(self.live, self.starts, request.file, start, stop)
-            assert found is not None, (request.file, start, stop)
-            found.users += 1
-            uses.append((found, start - found.range.start, stop - found.range.start))
-        return uses
-
-    def deliver(self, uses: list[tuple[_Held | None, int, int]]) -> list[memoryview]:
-        """The bytes of a request's spans; the ranges it held are let go."""
+    def next(self) -> tuple[Request, list[memoryview]]:
+        """The first ready request and its bytes; the ranges it held are let go."""
+        entry = self.entries.popleft()
+        self.ready -= 1
+        uses = entry.uses
         views: list[memoryview] = []
         try:
-            for item, lo, hi in uses:
+            for use in uses:
+                item, lo, hi = use  # type: ignore[misc]
                 if item is None:
                     views.append(memoryview(b""))
                     continue
@@ -431,7 +454,8 @@ class _Run:
                     cache.store(item.range.start, item.range.stop, data)
                 views.append(memoryview(data)[lo:hi])
         finally:
-            for item, _, _ in uses:
+            for use in uses:
+                item = use[0]  # type: ignore[index]
                 if item is None:
                     continue
                 if item.live:
@@ -439,42 +463,22 @@ class _Run:
                 else:
                     self.cached -= item.range.size
                     self.released += item.range.size
-        return views
+                    item.users -= 1
+                    if item.users == 0:
+                        self.hits.pop((item.range.file, item.range.start, item.range.stop), None)
+        return entry.request, views
 
     def release(self, item: _Held) -> None:
         item.users -= 1
         if item.users == 0:
-            rng = item.range
-            index = bisect.bisect_left(self.starts[rng.file], rng.start)
-            del self.live[rng.file][index], self.starts[rng.file][index]
-            self.held -= rng.size
-            self.released += rng.size
+            self.live.remove(item.range)
+            self.held -= item.range.size
+            self.released += item.range.size
             with STATS.lock:
-                STATS.held -= rng.size
+                STATS.held -= item.range.size
 
     def close(self) -> None:
-        for items in self.live.values():
-            for item in items:
-                item.future.cancel()
+        for item in self.live.values():
+            item.future.cancel()
         with STATS.lock:
             STATS.held -= self.held
-
-
-def _first_use(batch: list[Request]) -> Callable[[Range], int]:
-    """Order ranges by the first request that needs them, so that the next
-    delivery's bytes are asked for first."""
-    firsts: list[tuple[int, int, int]] = []
-    for order, request in enumerate(batch):
-        for start, _ in request.spans:
-            firsts.append((request.file, start, order))
-    firsts.sort()
-
-    def key(rng: Range) -> int:
-        at = bisect.bisect_left(firsts, (rng.file, rng.start, -1))
-        best = len(batch)
-        while at < len(firsts) and firsts[at][0] == rng.file and firsts[at][1] < rng.stop:
-            best = min(best, firsts[at][2])
-            at += 1
-        return best
-
-    return key
