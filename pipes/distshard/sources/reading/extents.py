@@ -105,18 +105,62 @@ def _through(
             lo, hi = trial.get(extent) or hulls.get(extent) or span[1:]
             trial[extent] = (min(lo, span[1]), max(hi, span[2]))
         grown = sum(hi - lo - _size(hulls.get(extent)) for extent, (lo, hi) in trial.items())
-        if cost + item.extra + grown > room:
+        if cost + item.extra + grown > room or (admitted and _partial(trial, hulls, runs, live, room - cost)):
             break
         hulls.update(trial)
         cost += item.extra + grown
         admitted += 1
     ranges: list[Range] = []
+    left = room - cost
     for (file, at), (lo, hi) in hulls.items():
         run = runs[file][at]
+        if left > 0:  # the room left widens the hull over the extent's next spans, then its previous ones
+            lo, hi, left = _widen(run, lo, hi, left)
         inside = run[bisect.bisect_left(run, (lo, -1)) :]
         spans = [(file, a, b) for a, b in inside if b <= hi]
         ranges.extend(coalesce(spans, max_range, gap(file)))
     return admitted, ranges
+
+
+def _widen(run: list[tuple[int, int]], lo: int, hi: int, left: int) -> tuple[int, int, int]:
+    """Hull ``[lo, hi)`` of an extent's spans ``run`` widened by whole spans while
+    its growth stays within ``left`` bytes: towards the nearer end of the extent
+    first (a small hole left beside a fetched range would cost a request of its own)."""
+    up_first = max(stop for _, stop in run) - hi <= lo - run[0][0]
+    for up in (up_first, not up_first):
+        if up:
+            at = bisect.bisect_left(run, (hi, -1))
+            while at < len(run) and max(hi, run[at][1]) - hi <= left:
+                left -= max(hi, run[at][1]) - hi
+                hi = max(hi, run[at][1])
+                at += 1
+        else:
+            at = bisect.bisect_left(run, (lo, -1)) - 1
+            while at >= 0 and lo - run[at][0] <= left:
+                left -= lo - min(lo, run[at][0])
+                lo = min(lo, run[at][0])
+                at -= 1
+    return lo, hi, left
+
+
+def _partial(
+    trial: dict[Extent, tuple[int, int]],
+    hulls: dict[Extent, tuple[int, int]],
+    runs: dict[int, list[list[tuple[int, int]]]],
+    live: Callable[[int], Sequence[Range]],
+    left: int,
+) -> bool:
+    """Whether a request would start a file nothing of which is held or planned yet
+    with less room left than its extent: the next plan is better off starting it
+    (a hull begun at a plan's end, in the middle of a shuffled file, leaves bytes
+    on both sides of it, a range each)."""
+    planned = {file for file, _ in hulls}
+    for file, at in trial:
+        if file not in planned and not live(file):
+            run = runs[file][at]
+            if max(stop for _, stop in run) - run[0][0] > left:
+                return True
+    return False
 
 
 def _size(hull: tuple[int, int] | None) -> int:

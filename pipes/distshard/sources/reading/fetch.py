@@ -79,10 +79,11 @@ class Request:
 
 
 class _Held:
-    __slots__ = ("range", "future", "users", "cache", "live")
+    __slots__ = ("range", "future", "users", "cache", "live", "credited")
 
     def __init__(self, rng: Range, future: Any, cache: FileCache | None = None, live: bool = True) -> None:
         self.range, self.future, self.users = rng, future, 0
+        self.credited = 0  # its bytes delivered so far (the window grew by them)
         self.cache = cache  # where its bytes are stored once they are there
         self.live = live  # False: a span read from the local cache (not held, not coalesced)
 
@@ -217,7 +218,8 @@ class _Run:
         self.looked = 0  # span bytes of the entries past the ready ones
         self.live: Live[_Held] = Live()
         self.held = 0
-        self.released = 0  # bytes of ranges delivered and let go: the window grows by them
+        self.credited = 0  # bytes of the held ranges delivered already
+        self.released = 0  # bytes delivered (and gaps of ranges let go): the window grows by them
         self.cached = 0  # bytes of spans from the local cache admitted, not delivered: they count as held
         self.plans = 0  # plans that submitted something: the batch doubles with each
         self.delivered = False  # a request was delivered (until then nothing is planned after the first plan)
@@ -233,6 +235,11 @@ class _Run:
         delivered (slow start), within the budget."""
         return min(self.ahead.options.budget, 2 * self.ahead.first + self.released)
 
+    def room(self) -> int:
+        """What the next plan may add: the bytes not delivered yet (held, and cached
+        ones admitted) within the window; every byte held within the budget."""
+        return min(self.limit() - self.held + self.credited, self.ahead.options.budget - self.held) - self.cached
+
     def cap(self) -> int:
         """The most bytes the next plan admits: ``first``, doubling per plan."""
         return min(self.ahead.batch, self.ahead.first << min(self.plans, 62))
@@ -242,11 +249,11 @@ class _Run:
         unless fewer than two requests are ready to deliver)."""
         self.look()
         if self.ready == 0 and self.entries:  # nothing to deliver: plan for the next request, whatever it costs
-            self.plan(min(self.cap(), self.limit() - self.held - self.cached))
+            self.plan(min(self.cap(), self.room()))
         # after the first plan (the first file's first bytes) nothing more until the first delivery
         while (self.delivered or self.plans == 0) and self.ready < len(self.entries):
-            room = self.limit() - self.held - self.cached
-            if room <= 0 or (room < max(1, min(self.cap(), self.limit()) // 2) and self.ready >= 2):
+            room = self.room()
+            if room <= 0 or (room < max(1, min(self.cap(), self.limit())) and self.ready >= 2):
                 break
             if not self.plan(min(room, self.cap())):
                 break
@@ -258,7 +265,7 @@ class _Run:
         first plan: of the first file only; then nothing until the first delivery)."""
         if self.plans and not self.delivered:
             return
-        horizon = min(self.ahead.options.budget, 2 * self.cap())
+        horizon = min(self.ahead.options.budget, 8 * self.cap())
         while len(self.entries) < self.ahead.MAX_PENDING and (
             self.looked < horizon or self.ready == len(self.entries)
         ):
@@ -459,6 +466,10 @@ class _Run:
                 if item is None:
                     continue
                 if item.live:
+                    gain = min(use[2] - use[1], item.range.size - item.credited)  # type: ignore[index]
+                    item.credited += gain
+                    self.credited += gain
+                    self.released += gain
                     self.release(item)
                 else:
                     self.cached -= item.range.size
@@ -473,7 +484,8 @@ class _Run:
         if item.users == 0:
             self.live.remove(item.range)
             self.held -= item.range.size
-            self.released += item.range.size
+            self.released += item.range.size - item.credited  # the gaps it read through
+            self.credited -= item.credited
             with STATS.lock:
                 STATS.held -= item.range.size
 
