@@ -6,6 +6,8 @@ file extent it touches (unless ``max_range`` splits it)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,9 +73,9 @@ def test_a_plan_covers_what_it_admits_within_its_room_and_reads_only_upcoming_by
             assert rng.size <= max_range
         # only upcoming bytes and gaps of at most max_gap between them are read
         own = [s for s in everything if s[0] == rng.file and rng.start <= s[1] and s[2] <= rng.stop]
-        for (_, _, stop), (_, start, _) in zip(own, own[1:]):
+        for (_, _, stop), (_, start, _) in pairwise(own):
             assert start - stop <= max_gap
-    for x, y in zip(sorted(ranges), sorted(ranges)[1:]):  # disjoint
+    for x, y in pairwise(sorted(ranges)):  # disjoint
         assert x.file != y.file or x.stop <= y.start
 
 

@@ -4,12 +4,17 @@ ahead of use, under a byte budget, delivered in the order asked.
 The formats never read: they name the byte spans a sample needs
 (``Format.spans``) and parse the bytes they are handed (``Format.parse``).
 :class:`ReadAhead` sits between: it pulls requests from the slot's positions
-(pure arithmetic, so looking ahead is free), coalesces the spans of the next
-batch of them into ranges (:func:`.coalesce.coalesce`), submits those ranges to
-the file's opener (remote: concurrent requests on the client's event loop; a
-local file among remote ones: a ``pread`` when first needed) and hands each
-request its bytes, in order, as soon as they are there. Sources of local files
-only do not use it (``SourceSequence.distshard_read`` reads them exactly).
+(pure arithmetic, so looking ahead is free) up to eight plans' bytes ahead (the
+*lookahead*), and plans ranges for them with :func:`.extents.plan`, the one
+planner of the bytes a slot reads ahead: per file, one range per plan over the
+slot's upcoming spans there (in order or in the shuffled order it visits them),
+reading through the windows between the ones it admits (the same slot's later
+bytes, kept for the requests that need them) instead of a range per window. It
+submits those ranges to the file's opener (remote: concurrent requests on the
+client's event loop; a local file among remote ones: a ``pread`` when first
+needed) and hands each request its bytes, in order, as soon as they are there.
+Sources of local files only do not use it (``SourceSequence.distshard_read``
+reads them exactly).
 
 Ramp: a run starts small, as TCP's slow start does. Its first plan admits
 ``ReadOptions.first_range`` bytes of the first file only (the first request's
@@ -18,10 +23,12 @@ a slot's whole share of a shared link), and nothing more is asked until its
 first request is delivered (the first sample waits for its own round trip alone,
 and a job's requests before its first sample stay one per reading slot); each
 later plan admits twice as much, up to ``max_range``
-(more when ``4 * window`` is larger); and the bytes held, in flight or not, stay
-within a window of ``2 * first_range`` widened by every byte delivered (so it
-about doubles per round trip while the link is the bottleneck), up to the
-budget. Ranges are submitted in the order of the first request that needs them.
+(more when ``4 * window`` is larger), and is made once the window has room for
+it (or fewer than two requests are ready); the bytes not delivered yet, in
+flight or not, stay within a window of ``2 * first_range`` widened by every byte
+delivered (so it about doubles per round trip while the link is the
+bottleneck), and every byte held within the budget. Ranges are submitted in the
+order of the first request that needs them.
 
 Local cache: with ``ReadOptions.cache_dir`` every span of a remote file is
 first looked up in :mod:`.cache`; one inside a stored range is read from local
@@ -31,11 +38,14 @@ does not pull the slot's whole share of requests ahead), and every range
 fetched from the store is stored once its bytes are there.
 
 Memory: the bytes of submitted ranges not yet released (a range is released
-once every request it serves was delivered), the gaps they read through
-included, stay within ``ReadOptions.budget``: a request is admitted only when a
-bound of the ranges it adds (:class:`.coalesce.Coverage`) fits. The one
-exception is a request whose own bytes exceed the budget: it is read whole,
-alone (its spans exactly), once nothing else is held. The peak is
+once every request it serves was delivered, the later ones it was read through
+for included), the gaps they read through included, stay within
+``ReadOptions.budget``: a plan adds only what fits. A plan reads through later
+requests' bytes only while what is then held leaves the budget room for any
+request of the lookahead alone, so the ranges kept for later never stop the next
+request (else it coalesces its own spans only, as :func:`.coalesce.coalesce`
+does). The one exception is a request whose own bytes exceed the budget: it is
+read whole, alone (its spans exactly), once nothing ready is held. The peak is
 recorded per process in :data:`STATS` (what ``benchmarks/bench_remote.py``
 reports).
 """
@@ -266,9 +276,7 @@ class _Run:
         if self.plans and not self.delivered:
             return
         horizon = min(self.ahead.options.budget, 8 * self.cap())
-        while len(self.entries) < self.ahead.MAX_PENDING and (
-            self.looked < horizon or self.ready == len(self.entries)
-        ):
+        while len(self.entries) < self.ahead.MAX_PENDING and (self.looked < horizon or self.ready == len(self.entries)):
             request = self.pull()
             if request is None:
                 break
@@ -386,7 +394,8 @@ class _Run:
             return False
         upcoming = [self.upcoming(entry) for entry in entries]
         keep = options.budget - self.held - self.cached - max(entry.size for entry in entries)
-        admitted, ranges, through = 0, [], keep > 0
+        ranges: list[Range] = []
+        admitted, through = 0, keep > 0
         if through:
             admitted, ranges = extents.plan(upcoming, min(room, keep), self.gap, self.live.of, options.max_range, True)
             through = admitted > 0
