@@ -49,6 +49,12 @@ class Upcoming(NamedTuple):
     extra: int = 0
 
 
+class _Limits(NamedTuple):
+    gap: Callable[[int], int]  # a file's max_gap
+    live: Callable[[int], Sequence[Range]]  # a file's live ranges
+    max_range: int
+
+
 def plan(
     upcoming: Sequence[Upcoming],
     room: int,
@@ -60,7 +66,7 @@ def plan(
     """``(how many of the first requests of upcoming are admitted, the ranges to
     fetch for them)``, in the order of the first admitted request that needs
     each (see the module docstring)."""
-    admitted, ranges = (_through if through else _exact)(upcoming, room, gap, live, max_range)
+    admitted, ranges = (_through if through else _exact)(upcoming, room, _Limits(gap, live, max_range))
     return admitted, sorted(ranges, key=first_use(upcoming[:admitted]))
 
 
@@ -88,13 +94,8 @@ def _extents(
     return where, runs
 
 
-def _through(
-    upcoming: Sequence[Upcoming],
-    room: int,
-    gap: Callable[[int], int],
-    live: Callable[[int], Sequence[Range]],
-    max_range: int,
-) -> tuple[int, list[Range]]:
+def _through(upcoming: Sequence[Upcoming], room: int, limits: _Limits) -> tuple[int, list[Range]]:
+    gap, live, max_range = limits
     where, runs = _extents(upcoming, gap, live)
     hulls: dict[Extent, tuple[int, int]] = {}
     cost = admitted = 0
@@ -167,13 +168,8 @@ def _size(hull: tuple[int, int] | None) -> int:
     return 0 if hull is None else hull[1] - hull[0]
 
 
-def _exact(
-    upcoming: Sequence[Upcoming],
-    room: int,
-    gap: Callable[[int], int],
-    live: Callable[[int], Sequence[Range]],
-    max_range: int,
-) -> tuple[int, list[Range]]:
+def _exact(upcoming: Sequence[Upcoming], room: int, limits: _Limits) -> tuple[int, list[Range]]:
+    gap, live, max_range = limits
     coverage = Coverage()
     extra = admitted = 0
     for item in upcoming:
