@@ -271,11 +271,11 @@ class _Run:
 
     # -- the lookahead ------------------------------------------------------------------
     def look(self) -> None:
-        """Pull requests ahead while their spans are within twice a plan's bytes (the
-        first plan: of the first file only; then nothing until the first delivery)."""
+        """Pull requests ahead while their spans are within eight plans' bytes (the
+        first plan: two, of the first file only; then nothing until the first delivery)."""
         if self.plans and not self.delivered:
             return
-        horizon = min(self.ahead.options.budget, 8 * self.cap())
+        horizon = min(self.ahead.options.budget, (8 if self.plans else 2) * self.cap())
         while len(self.entries) < self.ahead.MAX_PENDING and (self.looked < horizon or self.ready == len(self.entries)):
             request = self.pull()
             if request is None:
