@@ -103,7 +103,7 @@ def test_prune_after_alone_or_negative_is_refused_before_anything_is_built(tmp_p
 
 S3 = all(importlib.util.find_spec(name) is not None for name in ("s3fs", "moto", "boto3"))
 if S3:
-    from tests.test_sources_s3 import BUCKET, bucket, endpoint, no_real_aws  # noqa: F401  (fixtures)
+    from tests.s3_fixtures import BUCKET, bucket, endpoint, no_real_aws  # noqa: F401  (fixtures)
 
 
 @pytest.mark.skipif(not S3, reason="needs s3fs and moto")

@@ -12,7 +12,6 @@ import logging
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -22,21 +21,10 @@ pytest.importorskip("moto.server")
 import distshard  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
 from tests.helpers import wait_child  # noqa: E402
-from tests.moto_server import start_moto  # noqa: E402
+from tests.s3_fixtures import BUCKET, Requests, bucket, endpoint, key_of, loader_keys, no_real_aws, upload  # noqa: E402,F401
+from tests.s3_fixtures import s3_client as s3_client  # noqa: E402,F401  (autouse)
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
 from tests.source_factories import write_jsonl, write_keyed_parquet, write_shards  # noqa: E402
-
-BUCKET = "shards"
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server, url = start_moto()
-    try:
-        yield url
-    finally:
-        server.stop()
-
 
 S3FS_ONLY = {  # about aiobotocore's sessions, which the direct client does not have
     "test_a_process_makes_one_session_and_fork_workers_reuse_the_ranks",
@@ -49,64 +37,6 @@ def pytest_generate_tests(metafunc):
     if "s3_client" in metafunc.fixturenames:
         kinds = ["s3fs"] if metafunc.function.__name__ in S3FS_ONLY else ["direct", "s3fs"]
         metafunc.parametrize("s3_client", kinds, indirect=True)
-
-
-@pytest.fixture(autouse=True)
-def s3_client(request, monkeypatch) -> str:
-    """The client every s3:// read of the test goes through (``direct`` raises
-    when the direct client is not eligible, so it is really the one tested)."""
-    from distshard.sources.transport import clients
-
-    monkeypatch.setenv("DISTSHARD_S3_CLIENT", request.param)
-    clients.forget_clients()
-    return request.param
-
-
-@pytest.fixture(autouse=True)
-def no_real_aws(monkeypatch):
-    """Credentials and a region for the fake store, nothing that reaches AWS."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def bucket(endpoint) -> Iterator:
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    try:
-        yield client
-    finally:
-        for item in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
-            client.delete_object(Bucket=BUCKET, Key=item["Key"])
-        client.delete_bucket(Bucket=BUCKET)
-
-
-def upload(client, paths: list[str], prefix: str) -> list[str]:
-    urls = []
-    for path in paths:
-        key = f"{prefix}/{Path(path).name}"
-        client.put_object(Bucket=BUCKET, Key=key, Body=Path(path).read_bytes())
-        urls.append(f"s3://{BUCKET}/{key}")
-    return urls
-
-
-def loader_keys(pipe) -> list[str]:
-    from torch.utils.data import DataLoader
-
-    return list(DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60))
-
-
-def key_of(sample: dict) -> str:
-    return f"{sample['__url__']}#{sample['__key__']}"
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffle"])
@@ -204,36 +134,6 @@ def test_the_index_command_names_a_missing_bucket_and_could_not_run(tmp_path, bu
     assert not (tmp_path / "index").exists()
 
 
-class _Requests(logging.Handler):
-    """moto's server logs every request through werkzeug: ``"GET /bucket/key HTTP/1.1" 206``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def kinds(self) -> Counter:
-        out: Counter = Counter()
-        for line in self.lines:
-            found = re.search(r'"(GET|HEAD|PUT|POST|DELETE) (\S+)', re.sub(r"\x1b\[[0-9;]*m", "", line))
-            if found is None:
-                continue
-            method, path = found.groups()
-            kind = (
-                "listing"
-                if "list-type=2" in path
-                else "manifest"
-                if path.endswith("manifest.json")
-                else "entry"
-                if path.endswith((".idx", ".pack"))
-                else "data"
-            )
-            out[method if method != "GET" else kind] += 1
-        return out
-
-
 def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp_path, bucket, endpoint, monkeypatch):
     """Issue 22: 64 shards indexed once with the command (one GET a shard, the index
     stored in the bucket beside them: one pack of entries and the manifest); a job on
@@ -246,7 +146,7 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     upload(bucket, paths, "many")
     options = {"endpoint_url": endpoint}
     pattern = f"s3://{BUCKET}/many/shard-{{000000..000063}}.tar"
-    counted = _Requests()
+    counted = Requests()
     werkzeug = logging.getLogger("werkzeug")
     werkzeug.addHandler(counted)
     werkzeug.setLevel(logging.INFO)
@@ -265,7 +165,7 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     assert "many/.distshard/manifest.json" in keys and sum(k.endswith(".pack") for k in keys) == 1
     monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "fresh"))
     clear_all()
-    counted = _Requests()
+    counted = Requests()
     werkzeug.addHandler(counted)
     werkzeug.setLevel(logging.INFO)
     small = ReadOptions(budget=2 << 10, max_range=2 << 10, max_gap=512, window=1 << 10)
@@ -338,7 +238,7 @@ def _tables(bucket, tmp_path: Path, prefix: str, files: int, columns: int = 1, r
 
 def _counted(run):
     """What ``run()`` returns and the requests moto saw meanwhile, by kind."""
-    counted = _Requests()
+    counted = Requests()
     werkzeug = logging.getLogger("werkzeug")
     werkzeug.addHandler(counted)
     werkzeug.setLevel(logging.INFO)

@@ -19,12 +19,12 @@ pytest.importorskip("moto.server")
 import distshard  # noqa: E402
 from distshard.__main__ import main  # noqa: E402
 from distshard.sources import ReadOptions  # noqa: E402
+from tests.s3_fixtures import BUCKET, Requests, bucket, endpoint, no_real_aws, upload  # noqa: E402,F401
+from tests.s3_fixtures import s3_client as s3_client  # noqa: E402,F401  (autouse)
 from tests.source_factories import (
     fresh_machine,  # noqa: E402
     write_shards,  # noqa: E402
 )
-from tests.test_sources_s3 import BUCKET, _Requests, bucket, endpoint, no_real_aws, upload  # noqa: E402,F401
-from tests.test_sources_s3 import s3_client as s3_client  # noqa: E402,F401  (autouse)
 
 
 def pytest_generate_tests(metafunc):
@@ -32,9 +32,9 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("s3_client", ["direct", "s3fs"], indirect=True)
 
 
-class Counted(_Requests):
+class Counted(Requests):
     """moto's requests by kind, a listing (``?list-type=2``) a kind of its own
-    (``_Requests`` counts it so)."""
+    (``Requests`` counts it so)."""
 
 
 def counting() -> Counted:

@@ -27,10 +27,10 @@ from distshard.sources.transport.s3config import Config, direct_config  # noqa: 
 from distshard.sources.transport.s3direct import DirectS3Client  # noqa: E402
 from distshard.verify import free_port  # noqa: E402
 from tests.helpers import wait_child  # noqa: E402
+from tests.s3_fixtures import BUCKET, bucket, endpoint, key_of, loader_keys, no_real_aws, upload  # noqa: E402,F401
 from tests.s3_proxy import S3Proxy  # noqa: E402
 from tests.source_factories import isolated_cache as cache  # noqa: E402,F401  (autouse)
 from tests.source_factories import write_shards  # noqa: E402
-from tests.test_sources_s3 import BUCKET, bucket, endpoint, key_of, loader_keys, no_real_aws, upload  # noqa: E402,F401
 
 CREDS = {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK"}
 
