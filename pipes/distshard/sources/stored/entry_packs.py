@@ -37,7 +37,16 @@ from ...forks import at_fork
 from ..transport._lru import LRU
 from ..transport.files import FileAccess
 
-__all__ = ["RANGE_BYTES", "PackedEntries", "entry_range", "fetch_ahead", "fetch_first", "fetch_packed", "pack_entry"]
+__all__ = [
+    "RANGE_BYTES",
+    "PackedEntries",
+    "entry_range",
+    "fetch_ahead",
+    "fetch_first",
+    "fetch_packed",
+    "pack_entry",
+    "read_range",
+]
 
 #: the most bytes of one pack fetched in one request (a chunk's range; one entry larger than this alone)
 RANGE_BYTES = 1 << 20
@@ -273,6 +282,12 @@ def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
     if is_remote(url):
         return access.client(url).submit_range(url, start, stop, None, None, access.options)
     return deferred(lambda: _read_local(url, start, stop))
+
+
+def read_range(url: str, start: int, stop: int, access: FileAccess) -> bytes:
+    """Bytes ``[start, stop)`` of an object of the stored index, in one request now
+    (a page of a version 3 manifest, :mod:`.paged`)."""
+    return bytes(_submit_range(url, start, stop, access).result())
 
 
 def _read_local(path: str, start: int, stop: int) -> bytes:
