@@ -47,7 +47,7 @@ from .reading.cache import FileCache, range_cache
 from .reading.confirm import confirm, listable, raise_verdict
 from .reading.fetch import ReadAhead, Request
 from .reading.order import FileOrder
-from .stored.entry_packs import PackedEntries, entry_range, fetch_ahead, fetch_first
+from .stored.entry_packs import KeptEntries, PackedEntries, entry_range, fetch_ahead, fetch_first
 from .stored.manifest import Stored
 from .stored.paged import (
     PagedChunks,
@@ -238,7 +238,7 @@ class SourceSequence(Sequence):
         self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
         self._checked_indexes: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
         # stored index entries the rank fetched for its workers (pickled with it)
-        self._fetched_entries: dict[str, bytes] = {}
+        self._fetched_entries = KeptEntries()
         self._verdicts: dict[int, tuple[str, str] | None] = {}  # files checked against the store (see confirm)
         self._chunks: PackedEntries | None = None  # see _packed
         _LIVE.add(self)  # a forked child forgets its handles and indexes (_forget_handles)
@@ -448,9 +448,8 @@ class SourceSequence(Sequence):
         needed = [f for f in dict.fromkeys(firsts) if self._fetchable(f)]
         if needed:
             entries = [self.refs[f].stored for f in needed]
-            self._fetched_entries.update(
-                fetch_first([e for e in entries if e is not None], self._packed(), self.access)
-            )
+            wanted = [e for e in entries if e is not None]
+            self._fetched_entries.keep(fetch_first(wanted, self._packed(), self.access), wanted)
 
     def _files_read(self, positions: Iterable[int]) -> list[int]:
         """The files a slot reading ``positions`` reads, in order (its first
@@ -680,7 +679,10 @@ class FileSourceIterDataPipe(IterDataPipe):
     @property
     def random_access(self) -> bool:
         """Whether every file can be read at random (none is compressed: never one a stored index lists)."""
-        return isinstance(self._summary, StoredSummary) or not any(map(self.fmt.compression, self.urls))
+        if isinstance(self._summary, StoredSummary):
+            return True
+        batch = getattr(self.fmt, "any_compressed", None)  # (a search of every name at once)
+        return not (batch(self.urls) if batch is not None else any(map(self.fmt.compression, self.urls)))
 
     def prepare(self, collective: bool = False) -> Sequence[tuple[FileRef, int]]:
         """Index the files (or read their cached indexes) once, and remember the

@@ -30,7 +30,7 @@ import io
 import lzma
 import os
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO, Mapping, Sequence
 
 from ...errors import SourceChangedError, SourceMissingError
 from ..read_options import ReadOptions
@@ -115,6 +115,15 @@ def compression_of(url: str) -> str | None:
         if base.endswith(suffix):
             return name
     return None
+
+
+def any_compressed(urls: Sequence[str]) -> bool:
+    """Whether :func:`compression_of` names a compression for any of ``urls``,
+    without a call per URL when none does (a search of them joined)."""
+    joined = ("\n".join(urls) + "\n").lower()
+    if not any(suffix + end in joined for suffix in _COMPRESSIONS for end in ("\n", "?")):
+        return False
+    return any(compression_of(url) is not None for url in urls)
 
 
 def sniff_compression(head: bytes) -> str | None:
