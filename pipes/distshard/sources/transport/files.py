@@ -29,6 +29,7 @@ import gzip
 import io
 import lzma
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Mapping, Sequence
 
@@ -117,11 +118,16 @@ def compression_of(url: str) -> str | None:
     return None
 
 
+assert all(suffix.startswith(".") for suffix in _COMPRESSIONS)
+_NAMED_COMPRESSED = re.compile(  # (a name's end: before the next name, or its query)
+    r"\.(?:" + "|".join(re.escape(suffix[1:]) for suffix in _COMPRESSIONS) + ")[\n?]", re.IGNORECASE
+)
+
+
 def any_compressed(urls: Sequence[str]) -> bool:
     """Whether :func:`compression_of` names a compression for any of ``urls``,
     without a call per URL when none does (a search of them joined)."""
-    joined = ("\n".join(urls) + "\n").lower()
-    if not any(suffix + end in joined for suffix in _COMPRESSIONS for end in ("\n", "?")):
+    if _NAMED_COMPRESSED.search("\n".join(urls) + "\n") is None:
         return False
     return any(compression_of(url) is not None for url in urls)
 
