@@ -252,3 +252,13 @@ def test_prune_deletes_the_columns_and_pages_no_manifest_names(tmp_path, paged_o
     assert {head["columns"]["object"], head["pages"]["object"]} == now
     now_expected = [v for v in expected if v["f"] != 2] + [{"f": 2, "i": 0, "text": "again"}]
     assert dumped(jsonl(pattern).dist_shard()) == dumped(now_expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 2**32 - 1), max_size=50), code=st.sampled_from("IQ"))
+def test_a_columns_starts_are_its_prefix_sums_and_pickle_as_its_counts(counts, code):
+    column = paged.ColumnArray(code, counts)
+    column.source = ("nowhere", {}, None, "count")
+    starts = paged.starts_of(column)
+    assert list(starts) == [sum(counts[:k]) for k in range(len(counts))]
+    assert isinstance(starts, paged.StartsArray) and starts.counts is column

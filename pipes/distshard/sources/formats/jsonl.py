@@ -14,16 +14,8 @@ from array import array
 from typing import Any, Iterator, Sequence
 
 from ...errors import SourceDataError
-from ..transport.files import (
-    DEFAULT_FILE_ACCESS,
-    FileAccess,
-    FileRef,
-    any_compressed,
-    compression_of,
-    key_of,
-    open_scan,
-    open_stream,
-)
+from ..transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream
+from ..transport.files import any_compressed as names_compressed
 from ..transport.responses import RemoteReadError
 from .file_index import FileIndex, byte_windows
 
@@ -72,7 +64,7 @@ class JsonlFormat:
 
     def any_compressed(self, urls: Sequence[str]) -> bool:
         """Whether any of ``urls`` is compressed (a search of their names at once)."""
-        return any_compressed(urls)
+        return names_compressed(urls)
 
     def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[Any]:
         """Every value of the file, in order."""

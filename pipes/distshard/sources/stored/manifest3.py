@@ -11,7 +11,9 @@ Version 3 splits it by who needs what:
   a source listing exactly these files maps file k to file k without a page),
   ``"formats"``, ``"packs"``, ``"relative"`` / ``"absolute"`` (whether some names
   are relative to the root / absolute), ``"md5_stamps"`` (every stamp an S3
-  MD5 ETag), ``"page_size"``, ``"columns"`` and ``"pages"``;
+  MD5 ETag), ``"remote"`` (every file remote, ``true``, or local, ``false``;
+  ``null`` when mixed), ``"first_names"`` (the first 8 names: what a checkpoint's
+  identity of the source reads), ``"page_size"``, ``"columns"`` and ``"pages"``;
 - the **columns** (``columns-<build>.bin``, fetched whole by every rank): what
   every rank needs of every file to lay out an epoch, fixed-width little-endian
   arrays of a few bytes a file, described in the head (``"columns": {"object",

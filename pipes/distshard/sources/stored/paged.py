@@ -231,8 +231,15 @@ def starts_of(counts: Sequence[int]) -> Sequence[int]:
     """Each file's first position: a list, or for a column a :class:`StartsArray`."""
     if not isinstance(counts, ColumnArray):
         return list(itertools.accumulate(counts, initial=0))[:-1]
-    out = StartsArray("q", itertools.accumulate(counts, initial=0))
-    out.pop()
+    out = StartsArray("q")
+    try:
+        import numpy
+    except ImportError:  # (an optional dependency: without it, a pass in Python)
+        out.extend(itertools.accumulate(counts, initial=0))
+        out.pop()
+    else:
+        sums = numpy.cumsum(numpy.frombuffer(counts, dtype=f"=u{counts.itemsize}"), dtype=numpy.int64)
+        out.frombytes(b"\0" * 8 + sums[:-1].astype("=i8").tobytes() if len(counts) else b"")
     out.counts = counts
     return out
 
