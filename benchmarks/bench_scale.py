@@ -201,7 +201,9 @@ def rank_run(endpoint: str, files: int, world: int, workers: int, start: str | N
     sizes = _pickled_sizes() if start == "spawn" else []
     urllib.request.urlopen(urllib.request.Request(endpoint + "/__reset", data=b""), timeout=30).read()
     base, cpu0 = _status(), time.process_time()
-    pipe = distshard.webdataset(urls, storage_options=_options(endpoint)).dist_shard(rank=0, world_size=world)
+    source = distshard.webdataset(urls, storage_options=_options(endpoint))  # (the pattern's URLs)
+    cpu_urls = time.process_time() - cpu0
+    pipe = source.dist_shard(rank=0, world_size=world)
     pickled = None
     if workers:
         pickled = len(__import__("pickle").dumps(pipe))
@@ -217,7 +219,7 @@ def rank_run(endpoint: str, files: int, world: int, workers: int, start: str | N
         fetched = json.loads(answer.read())
     if workers:
         del iterator  # (the workers stop)
-    return {"files": files, "world": world, "workers": workers, "start": start, "cpu_s": cpu,
+    return {"files": files, "world": world, "workers": workers, "start": start, "cpu_s": cpu, "cpu_urls_s": cpu_urls,
             "rss_peak": end["VmHWM"], "rss_base": base["VmRSS"], "rss_above": end["VmHWM"] - base["VmRSS"],
             "pipe_pickle": pickled, "spawn_sent": sizes, "firsts": firsts, "fetched": fetched}
 
@@ -261,6 +263,7 @@ def _stored_table(measured: list[tuple[int, dict, list[dict]]]) -> str:
     columns = [harness.Col("files", 0), harness.Col("manifest (+ columns)", 2, " MB"), harness.Col("rank"),
                harness.Col("fetched before the first sample: index", 2, " MB"), harness.Col("data", 2, " MB"),
                harness.Col("requests", 0), harness.Col("CPU to the first sample", 2, " s"),
+               harness.Col("of which the URLs", 2, " s"),
                harness.Col("rank's peak RSS", 0, " MiB"), harness.Col("above the interpreter", 0, " MiB"),
                harness.Col("a worker's peak RSS / private", right=True), harness.Col("spawned worker sent", right=True)]
     rows: list[list] = []
@@ -276,7 +279,8 @@ def _stored_table(measured: list[tuple[int, dict, list[dict]]]) -> str:
             sent = f"{max(row['spawn_sent']) / 1e6:.2f} MB" if row["spawn_sent"] else "—"
             rows.append([files, _manifest_bytes(written) / 1e6, row["label"],
                          _index_fetched(row) / 1e6, _fetched(row, "data") / 1e6,
-                         sum(row["fetched"]["requests"].values()), row["cpu_s"], row["rss_peak"] / MIB,
+                         sum(row["fetched"]["requests"].values()), row["cpu_s"], row.get("cpu_urls_s", 0.0),
+                         row["rss_peak"] / MIB,
                          row["rss_above"] / MIB, memory, sent])
     return harness.table(columns, rows)
 

@@ -5,14 +5,14 @@ Round trips of the encoding (property-tested), a version 2 manifest still read a
 upgraded in place by ``python -m distshard index PATH/.distshard``, a slot fetching
 only the pages of its files, a pipe pickled for a spawned worker carrying the head
 and not the files (and the worker fetching its own pages, exactly), a stale file
-refused, ``--prune`` deleting the columns and pages no manifest names."""
+refused (``--prune`` deleting the columns and pages no manifest names: in
+``test_index_prune.py``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -232,26 +232,6 @@ def test_spawned_and_forked_dataloader_workers_read_exactly(tmp_path, paged_out)
             loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context=start)
             got.update(dumped(loader))
         assert got == dumped(expected), start
-
-
-def test_prune_deletes_the_columns_and_pages_no_manifest_names(tmp_path, paged_out):
-    paths, expected = write_jsonl(tmp_path / "j", files=6, lines=2)
-    folder = tmp_path / "j" / ".distshard"
-    pattern = str(tmp_path / "j" / "part-*.jsonl")
-    assert main(["index", pattern]) == 0
-    first = {p.name for p in folder.glob("[cp]*-*.bin")}
-    assert len(first) == 2
-    Path(paths[2]).write_text('{"f": 2, "i": 0, "text": "again"}\n', encoding="utf-8")
-    old = time.time() - 7200
-    for name in first:
-        os.utime(folder / name, (old, old))
-    assert main(["index", pattern, "--prune"]) == 0
-    now = {p.name for p in folder.glob("[cp]*-*.bin")}
-    assert len(now) == 2 and not now & first  # the earlier manifest's objects are gone, the new one's kept
-    head = json.loads((folder / "manifest.json").read_text())
-    assert {head["columns"]["object"], head["pages"]["object"]} == now
-    now_expected = [v for v in expected if v["f"] != 2] + [{"f": 2, "i": 0, "text": "again"}]
-    assert dumped(jsonl(pattern).dist_shard()) == dumped(now_expected)
 
 
 @settings(max_examples=60, deadline=None)
