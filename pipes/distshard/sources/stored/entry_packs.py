@@ -279,7 +279,7 @@ def fetch_first(needed: Sequence[str], packed: PackedEntries | None, access: Fil
 PICKLED_BYTES = 256 << 10
 
 
-class KeptEntries(dict):  # type: ignore[type-arg]
+class KeptEntries(dict):
     """The entries a rank fetched for its DataLoader workers before they start
     (:func:`fetch_first`: those of the files its slots read first, with the rest of
     their chunks). A forked worker inherits them all; a pickled one (spawn,

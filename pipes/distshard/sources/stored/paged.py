@@ -39,7 +39,7 @@ from .manifest3 import Record, Stored, StoredFile, join, parent, resolve
 __all__ = ["ColumnArray", "Opened", "PagedRefs", "Stored3", "StoredSummary", "Uniform", "forget", "opened"]
 
 _LOCK = threading.RLock()
-_OPENED: dict[tuple[str, str, str], "Opened"] = {}  # this process's open indexes, by location and build
+_OPENED: dict[tuple[str, str, str, Any], "Opened"] = {}  # this process's open indexes, by location and build
 MAX_PAGES = 4096  # pages a process keeps (2,097,152 files' records): past it, the oldest go
 
 
@@ -56,7 +56,11 @@ at_fork(_after_fork_in_child)
 
 def opened(location: str, head: Mapping[str, Any], access: FileAccess) -> "Opened":
     """The version 3 index at ``location`` with this ``head``, opened once per process."""
-    key = (location, str(head["names"]), str(head["columns"]["blake2b"]))
+    from ..transport.remote import frozen
+
+    # (by how it is read too: another source's credentials never fetch this one's pages)
+    how = (access.options, frozen(access.storage_options or {}))
+    key = (location, str(head["names"]), str(head["columns"]["blake2b"]), how)
     with _LOCK:
         found = _OPENED.get(key)
         if found is None:
@@ -351,11 +355,6 @@ class PagedUrls(Sequence):
         if isinstance(k, slice):
             return [ref.url for ref in self.refs[k]]
         return self.refs[k].url
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 class Stored3(Stored):
