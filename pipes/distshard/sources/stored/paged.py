@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import threading
 from array import array
 from collections.abc import Sequence
 from typing import Any, Iterator, Mapping
 
+from ...digests import blake2b_hex
 from ...errors import SourceDataError
 from ...forks import at_fork
 from ..transport.files import FileAccess, FileRef, key_of
@@ -39,7 +41,7 @@ from .manifest3 import Record, Stored, StoredFile, join, parent, resolve
 __all__ = ["ColumnArray", "Opened", "PagedRefs", "Stored3", "StoredSummary", "Uniform", "forget", "opened"]
 
 _LOCK = threading.RLock()
-_OPENED: dict[tuple[str, str, str, Any], "Opened"] = {}  # this process's open indexes, by location and build
+_OPENED: dict[tuple[str, str, Any], "Opened"] = {}  # this process's open indexes, by location and build
 MAX_PAGES = 4096  # pages a process keeps (2,097,152 files' records): past it, the oldest go
 
 
@@ -60,12 +62,17 @@ def opened(location: str, head: Mapping[str, Any], access: FileAccess) -> "Opene
 
     # (by how it is read too: another source's credentials never fetch this one's pages)
     how = (access.options, frozen(access.storage_options or {}))
-    key = (location, str(head["names"]), str(head["columns"]["blake2b"]), how)
+    key = (location, head_digest(head), how)  # (a rebuild's head names other packs, maybe the same pages)
     with _LOCK:
         found = _OPENED.get(key)
         if found is None:
             found = _OPENED[key] = Opened(location, head, access)
         return found
+
+
+def head_digest(head: Mapping[str, Any]) -> str:
+    """What identifies a head: all of it (its root, packs, columns and pages)."""
+    return blake2b_hex(json.dumps(head, sort_keys=True, separators=(",", ":")).encode("utf-8", "surrogatepass"), 16)
 
 
 class Opened:
