@@ -6,9 +6,9 @@ shards' counts and reach its first element; the size and merge time of an elasti
 state when every slot stopped at a random point of its block, then one slot of a
 new run (32,768 slots) planning from that merged state.
 
-``stored`` (issue 33): a stored index of format version 2 as ``python -m distshard
-index s3://bench/data/`` writes it (packs of entries and ``manifest.json``, S3 URLs
-and ETags) for 10^5 and 10^6 tar shards (10^7 with ``--huge``) on a virtual S3
+``stored`` (issue 33): a stored index as ``python -m distshard index s3://bench/data/``
+writes it (packs of entries; manifest format version 3, its head, columns and pages,
+or with ``--manifest-version 2`` the ``manifest.json`` listing every file, S3 URLs and ETags) for 10^5 and 10^6 tar shards (10^7 with ``--huge``) on a virtual S3
 bucket on 127.0.0.1 (``synthetic_s3.py``: the shards are made on demand, so a rank
 can read any of them). A fresh process is one rank: rank 0 of 1,024 (no workers),
 and rank 0 of 32,768 x 2 DataLoader workers (65,536 slots), fork and spawn (not at
@@ -29,6 +29,7 @@ command; a fresh process builds ``distshard.jsonl(glob)`` and takes rank 0 of
     .venv/bin/python benchmarks/bench_scale.py --only stored    # one part (plan, stored, refresh, local)
     .venv/bin/python benchmarks/bench_scale.py --huge           # and 10^7 shards (one big run at a time)
     .venv/bin/python benchmarks/bench_scale.py --quick          # every part, small (2,000 files)
+    .venv/bin/python benchmarks/bench_scale.py --only stored --sizes 1000000 --manifest-version 2   # one size, before
 
 Not measured in ``plan``: reading the per-file index entries; it starts from the counts.
 """
