@@ -23,7 +23,7 @@ from distshard.sources.transport._lru import clear_all
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import fresh_machine, write_jsonl, write_shards
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
-from tests.test_sources_stored import indexed, key, requests_by_kind
+from tests.stored_factories import indexed, key, requests_by_kind
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")

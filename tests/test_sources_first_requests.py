@@ -18,7 +18,7 @@ from distshard.sources.stored.manifest import listing
 from tests.range_server import FirstSampleMark, RangeServer, before_first_mark, serve
 from tests.source_factories import fresh_machine
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
-from tests.test_sources_stored import indexed, key, kinds_of, requests_by_kind
+from tests.stored_factories import indexed, key, kinds_of, requests_by_kind
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")

@@ -18,52 +18,18 @@ import distshard
 from distshard.__main__ import main
 from distshard.sources import ReadOptions, jsonl, webdataset
 from distshard.sources.stored.manifest import listing
-from tests.range_server import RangeServer, serve
+from tests.range_server import serve
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import fresh_machine, write_jsonl, write_shards
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
+from tests.stored_factories import SHARDS, indexed, key, requests_by_kind
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
-SHARDS = 64
 # a budget of about one shard: what the read-ahead plans before the first sample
 # stays within a file or two whatever its ramp (requests before the first sample)
 SMALL = ReadOptions(budget=4 << 10, max_range=4 << 10, max_gap=1 << 10, window=2 << 10)
-
-
-def key(sample: dict) -> str:
-    return f"{sample['__url__'].rsplit('/', 1)[-1]}#{sample['__key__']}"
-
-
-def indexed(tmp_path, server, shards=SHARDS, per_shard=3) -> tuple[str, list[str], list[dict]]:
-    """``shards`` tars served over HTTP, indexed with the command into the
-    ``.distshard/`` folder the server serves beside them (HTTP is read-only)."""
-    paths, expected = write_shards(tmp_path / "data", shards=shards, per_shard=per_shard)
-    urls = [server.url(p) for p in paths]
-    pattern = urls[0].rsplit("/", 1)[0] + f"/shard-{{000000..{shards - 1:06d}}}.tar"
-    assert main(["index", pattern, "--out", str(tmp_path / "data" / ".distshard")]) == 0
-    return pattern, urls, expected
-
-
-def requests_by_kind(server: RangeServer) -> dict[str, int]:
-    """Requests since the last reset: HEAD, manifest, entry, data (range) GETs."""
-    return kinds_of(server.settle().log)
-
-
-def kinds_of(log) -> dict[str, int]:
-    """The requests of a range server's ``log`` by kind: HEAD, manifest, entry, data (range) GETs."""
-    kinds: Counter = Counter()
-    for method, path, _ in log:
-        if method != "GET":
-            kinds[method] += 1
-        elif path.endswith("manifest.json"):
-            kinds["manifest"] += 1
-        elif path.endswith((".idx", ".pack")):
-            kinds["entry"] += 1
-        else:
-            kinds["data"] += 1
-    return dict(kinds)
 
 
 def test_the_command_asks_one_request_per_file_and_packs_the_entries(tmp_path, server):
