@@ -6,9 +6,9 @@ shards' counts and reach its first element; the size and merge time of an elasti
 state when every slot stopped at a random point of its block, then one slot of a
 new run (32,768 slots) planning from that merged state.
 
-``stored`` (issue 33): a stored index of format version 2 as ``python -m distshard
-index s3://bench/data/`` writes it (packs of entries and ``manifest.json``, S3 URLs
-and ETags) for 10^5 and 10^6 tar shards (10^7 with ``--huge``) on a virtual S3
+``stored`` (issue 33): a stored index as ``python -m distshard index s3://bench/data/``
+writes it (packs of entries; manifest format version 3, its head, columns and pages,
+or with ``--manifest-version 2`` the ``manifest.json`` listing every file, S3 URLs and ETags) for 10^5 and 10^6 tar shards (10^7 with ``--huge``) on a virtual S3
 bucket on 127.0.0.1 (``synthetic_s3.py``: the shards are made on demand, so a rank
 can read any of them). A fresh process is one rank: rank 0 of 1,024 (no workers),
 and rank 0 of 32,768 x 2 DataLoader workers (65,536 slots), fork and spawn (not at
@@ -29,29 +29,18 @@ command; a fresh process builds ``distshard.jsonl(glob)`` and takes rank 0 of
     .venv/bin/python benchmarks/bench_scale.py --only stored    # one part (plan, stored, refresh, local)
     .venv/bin/python benchmarks/bench_scale.py --huge           # and 10^7 shards (one big run at a time)
     .venv/bin/python benchmarks/bench_scale.py --quick          # every part, small (2,000 files)
+    .venv/bin/python benchmarks/bench_scale.py --only stored --sizes 1000000 --manifest-version 2   # one size, before
 
 Not measured in ``plan``: reading the per-file index entries; it starts from the counts.
 """
 
-# Issue 33, items 1-2, a design from these figures (not built yet). Today every rank fetches and keeps
-# ~155 B/file of JSON and ~1.7 KB/file of Python objects, and per-file loops (resolve, key_of, a
-# compression check) cost more CPU than json.loads. Version 3 of the stored index:
-# - manifest.json stays the one small object a source finds (version 3, root, packs, the file count,
-#   a digest of the ordered file names, and the names/sizes of the two objects below);
-# - columns (one object, fetched whole by every rank): fixed-width little-endian arrays, a file each:
-#   count (u32; u64 when needed) and size (u64), ~12 B/file: the epoch's layout (prefix sums made
-#   locally), shuffle=True's FileOrder (files permuted by count; windows come from visited files'
-#   entries) and cost="bytes"; a source whose URL list has the manifest's digest maps file k to
-#   file k with no per-file matching (else it matches names from the pages, as version 2 does);
-# - pages of ~512 files (ranges of one object, offsets in the columns): name, size, stamp (an S3
-#   ETag as 16 raw bytes), pack, at, len; a slot fetches the page of a file when it reaches it, with
-#   that file's entry chunk (packs.py's one fetch mechanism), so FileRefs exist only for read files;
-# - workers: the rank writes the columns (and the pages it fetched) into $DISTSHARD_CACHE, keyed and
-#   checksummed, and mmaps them: forked workers share file-backed pages (no reference counts on
-#   them), a spawned worker is pickled the path, the digest and its own slots' pages only;
-# - version 2 is parsed as today into the same arrays (logged, with the upgrade command); the
-#   command writes version 3, and `index PATH/.distshard` upgrades in place from the listing check
-#   (no file read: the packs are kept), writing manifest.json last.
+# Issue 33, items 1-2, as built (``--manifest-version 3``, the default; ``2`` measures the before
+# column): manifest.json is a small head (counts, the dataset's identity, the column descriptions, the
+# page size); the columns object (count, size, the page table: a few bytes a file, fixed-width
+# little-endian) is fetched whole by every rank; pages of 512 files (names, ETags, where the entries
+# lie) are fetched as a slot reaches them (stored/manifest3.py, stored/paged.py). A source whose URLs
+# are the index's (the digest in the head) maps file k to file k with no page; a spawned worker is
+# pickled the head and where the index is, and fetches its own columns and pages.
 
 from __future__ import annotations
 
@@ -213,7 +202,9 @@ def rank_run(endpoint: str, files: int, world: int, workers: int, start: str | N
     sizes = _pickled_sizes() if start == "spawn" else []
     urllib.request.urlopen(urllib.request.Request(endpoint + "/__reset", data=b""), timeout=30).read()
     base, cpu0 = _status(), time.process_time()
-    pipe = distshard.webdataset(urls, storage_options=_options(endpoint)).dist_shard(rank=0, world_size=world)
+    source = distshard.webdataset(urls, storage_options=_options(endpoint))  # (the pattern's URLs)
+    cpu_urls = time.process_time() - cpu0
+    pipe = source.dist_shard(rank=0, world_size=world)
     pickled = None
     if workers:
         pickled = len(__import__("pickle").dumps(pipe))
@@ -229,7 +220,7 @@ def rank_run(endpoint: str, files: int, world: int, workers: int, start: str | N
         fetched = json.loads(answer.read())
     if workers:
         del iterator  # (the workers stop)
-    return {"files": files, "world": world, "workers": workers, "start": start, "cpu_s": cpu,
+    return {"files": files, "world": world, "workers": workers, "start": start, "cpu_s": cpu, "cpu_urls_s": cpu_urls,
             "rss_peak": end["VmHWM"], "rss_base": base["VmRSS"], "rss_above": end["VmHWM"] - base["VmRSS"],
             "pipe_pickle": pickled, "spawn_sent": sizes, "firsts": firsts, "fetched": fetched}
 
@@ -238,13 +229,19 @@ def _fetched(row: dict, what: str) -> int:
     return sum(v for k, v in row["fetched"]["bytes"].items() if k.endswith(" " + what))
 
 
-def measure_stored(files: int, root: Path, timeout: float) -> tuple[dict, list[dict]]:
-    """Write the stored index of ``files`` shards, serve it, run each layout's rank."""
+def _index_fetched(row: dict) -> int:
+    """Bytes of the stored index a rank fetched: the manifest, (version 3) its columns and pages, entries."""
+    return sum(_fetched(row, what) for what in ("manifest", "columns", "pages", "pack"))
+
+
+def measure_stored(files: int, root: Path, timeout: float, version: int = 3) -> tuple[dict, list[dict]]:
+    """Write the stored index of ``files`` shards (manifest format ``version``), serve it,
+    run each layout's rank."""
     import synthetic_s3
 
     folder = root / f"index-{files}"
     started = time.perf_counter()
-    written = synthetic_s3.write_stored_index(folder, files)
+    written = synthetic_s3.write_stored_index(folder, files, version=version)
     written["write_s"] = time.perf_counter() - started
     rows = []
     with synthetic_s3.Running(files, folder) as store:
@@ -258,26 +255,33 @@ def measure_stored(files: int, root: Path, timeout: float) -> tuple[dict, list[d
     return written, rows
 
 
+def _manifest_bytes(written: dict) -> int:
+    """What every rank fetches of the manifest: ``manifest.json`` (version 3: and its columns)."""
+    return written["manifest_bytes"] + written.get("columns_bytes", 0)
+
+
 def _stored_table(measured: list[tuple[int, dict, list[dict]]]) -> str:
-    columns = [harness.Col("files", 0), harness.Col("manifest.json", 1, " MB"), harness.Col("rank"),
+    columns = [harness.Col("files", 0), harness.Col("manifest (+ columns)", 2, " MB"), harness.Col("rank"),
                harness.Col("fetched before the first sample: index", 2, " MB"), harness.Col("data", 2, " MB"),
                harness.Col("requests", 0), harness.Col("CPU to the first sample", 2, " s"),
+               harness.Col("of which the URLs", 2, " s"),
                harness.Col("rank's peak RSS", 0, " MiB"), harness.Col("above the interpreter", 0, " MiB"),
                harness.Col("a worker's peak RSS / private", right=True), harness.Col("spawned worker sent", right=True)]
     rows: list[list] = []
     for files, written, runs in measured:
         for row in runs:
             if "errors" in row:
-                rows.append([files, written["manifest_bytes"] / 1e6, f"{row['label']}: failed: "
+                rows.append([files, _manifest_bytes(written) / 1e6, f"{row['label']}: failed: "
                              + harness.error_line(row["errors"][0])])
                 continue
             workers = [f for f in row["firsts"] if f.get("worker") is not None]
             memory = (f"{max(w['VmHWM'] for w in workers) / MIB:.0f} / {max(w['private'] for w in workers) / MIB:.0f}"
                       " MiB" if workers else "—")
             sent = f"{max(row['spawn_sent']) / 1e6:.2f} MB" if row["spawn_sent"] else "—"
-            rows.append([files, written["manifest_bytes"] / 1e6, row["label"],
-                         (_fetched(row, "manifest") + _fetched(row, "pack")) / 1e6, _fetched(row, "data") / 1e6,
-                         sum(row["fetched"]["requests"].values()), row["cpu_s"], row["rss_peak"] / MIB,
+            rows.append([files, _manifest_bytes(written) / 1e6, row["label"],
+                         _index_fetched(row) / 1e6, _fetched(row, "data") / 1e6,
+                         sum(row["fetched"]["requests"].values()), row["cpu_s"], row.get("cpu_urls_s", 0.0),
+                         row["rss_peak"] / MIB,
                          row["rss_above"] / MIB, memory, sent])
     return harness.table(columns, rows)
 
@@ -297,11 +301,11 @@ def refresh_run(endpoint: str) -> dict:
     return {"files": len(built.files), "indexed": built.built, "cpu_s": cpu, "wall_s": wall, "fetched": fetched}
 
 
-def measure_refresh(files: int, root: Path, timeout: float) -> dict:
+def measure_refresh(files: int, root: Path, timeout: float, version: int = 3) -> dict:
     import synthetic_s3
 
     folder = root / f"refresh-{files}"
-    synthetic_s3.write_stored_index(folder, files)
+    synthetic_s3.write_stored_index(folder, files, version=version)
     with synthetic_s3.Running(files, folder) as store:
         return harness.launch(__file__, "refresh_run", {"endpoint": store.endpoint}, timeout=timeout)
 
@@ -331,12 +335,13 @@ def measure_local(files: int, root: Path, timeout: float) -> dict:
                    env=harness.child_env(str(root / "index-cache")), stdout=subprocess.DEVNULL)
     indexed_s = time.perf_counter() - started
     done = harness.launch(__file__, "local_run", {"pattern": pattern}, timeout=timeout)
-    manifest = folder / ".distshard" / "manifest.json"
-    return {"files": files, "index_s": indexed_s, "manifest_bytes": manifest.stat().st_size, **done}
+    index = folder / ".distshard"
+    read_whole = [index / "manifest.json", *index.glob("columns-*.bin")]  # (what every rank reads whole)
+    return {"files": files, "index_s": indexed_s, "manifest_bytes": sum(p.stat().st_size for p in read_whole), **done}
 
 
 def _local_table(rows: list[dict]) -> str:
-    columns = [harness.Col("files", 0), harness.Col("manifest.json", 2, " MB"), harness.Col("read", 2, " MB"),
+    columns = [harness.Col("files", 0), harness.Col("manifest (+ columns)", 2, " MB"), harness.Col("read", 2, " MB"),
                harness.Col("read per file", 0, " B"), harness.Col("CPU", 2, " s"), harness.Col("CPU per file", 1, " µs"),
                harness.Col("peak RSS", 0, " MiB"), harness.Col("above the interpreter", 0, " MiB")]
     return harness.table(columns, [
@@ -377,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="plan,stored,refresh,local", help="parts, comma-separated")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a measuring process may take")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--manifest-version", type=int, choices=(2, 3), default=3,
+                        help="stored, refresh: the manifest format written (2: the before column)")
+    parser.add_argument("--sizes", help="stored, local: the file counts, comma-separated (default: the parts' own)")
     harness.add_child_args(parser)
     args = parser.parse_args(argv)
     if args.run is not None:
@@ -391,14 +399,17 @@ def main(argv: list[str] | None = None) -> int:
             print("\nplan:\n\n" + run_plan(args.quick))
         if "stored" in parts:
             sizes = (QUICK,) if args.quick else STORED + ((HUGE,) if args.huge else ())
-            measured = [(files, *measure_stored(files, root, args.timeout)) for files in sizes]
+            sizes = tuple(int(n) for n in args.sizes.split(",")) if args.sizes else sizes
+            measured = [(files, *measure_stored(files, root, args.timeout, args.manifest_version)) for files in sizes]
             payload["stored"] = measured
             print("\nstored index, rank before its first sample:\n\n" + _stored_table(measured))
         if "refresh" in parts:
-            payload["refresh"] = [measure_refresh(files, root, args.timeout) for files in ((QUICK,) if args.quick else REFRESH)]
+            payload["refresh"] = [measure_refresh(files, root, args.timeout, args.manifest_version)
+                                  for files in ((QUICK,) if args.quick else REFRESH)]
             print("".join("\n" + _refresh_line(row) for row in payload["refresh"]))
         if "local" in parts:
-            payload["local"] = [measure_local(files, root, args.timeout) for files in ((QUICK,) if args.quick else LOCAL)]
+            local = tuple(int(n) for n in args.sizes.split(",")) if args.sizes else (QUICK,) if args.quick else LOCAL
+            payload["local"] = [measure_local(files, root, args.timeout) for files in local]
             print("\nlocal JSON-lines files, rank 0 of 1,024's first element:\n\n" + _local_table(payload["local"]))
     session.dump(args.json, **payload)
     return 0

@@ -170,6 +170,8 @@ class Store:
 def what_of(key: str) -> str:
     if key.endswith("/manifest.json"):
         return "manifest"
+    if key.startswith(INDEX) and key.endswith(".bin"):  # a version 3 manifest's columns and pages
+        return "columns" if key.startswith(INDEX + "columns-") else "pages"
     return "pack" if key.startswith(INDEX) else "data"
 
 
@@ -345,10 +347,12 @@ class Running:
         self.close()
 
 
-def write_stored_index(folder: Path, files: int, endpoint_bucket: str = f"s3://{BUCKET}") -> dict[str, int]:
+def write_stored_index(folder: Path, files: int, endpoint_bucket: str = f"s3://{BUCKET}",
+                       version: int = 3) -> dict[str, int]:
     """The stored index ``python -m distshard index s3://bench/data/`` would write
-    for the ``files`` shards (format version 2: packs of 64 MiB of entries, the
-    manifest naming each file's pack and range), written into ``folder``; its
+    for the ``files`` shards (packs of 64 MiB of entries; the manifest naming each
+    file's pack and range: format ``version`` 3, its head, columns and pages, as the
+    command writes it, or 2, as it wrote it before), written into ``folder``; its
     bytes by kind. Each entry is the real one of its shard (built from shard 0's
     index, with the shard's own URL, ETag and sample keys)."""
     from dataclasses import replace
@@ -381,9 +385,17 @@ def write_stored_index(folder: Path, files: int, endpoint_bucket: str = f"s3://{
             (folder / name).write_bytes(b"".join(chunks))
             written += at
             pack, chunks, at = pack + 1, [], 0
-    data = manifest.dumps(location, listed)
+    if version == 2:
+        data = manifest.dumps(location, listed)
+        objects: dict[str, bytes] = {}
+    else:
+        encoded = manifest.encode3(location, listed, "synthetic")
+        data, objects = encoded.head, encoded.objects
+    for name, blob in objects.items():
+        (folder / name).write_bytes(blob)
     (folder / manifest.MANIFEST).write_bytes(data)
-    return {"manifest_bytes": len(data), "pack_bytes": written, "packs": pack}
+    sizes = {name.split("-", 1)[0] + "_bytes": len(blob) for name, blob in objects.items()}
+    return {"manifest_bytes": len(data), "pack_bytes": written, "packs": pack, "version": version, **sizes}
 
 
 def main() -> int:

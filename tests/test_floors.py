@@ -167,7 +167,7 @@ ROOMS: dict[str, set[str]] = {
     "transport": set(),
     "formats": {"transport"},
     "reading": {"transport"},
-    "stored": {"transport", "formats", "reading"},
+    "stored": {"transport", "formats", "reading"},  # manifest3 < paged < manifest < indexing, pruning; entry_packs
 }
 SOURCES_OUTSIDE_ROOMS = {"distshard.sources", "distshard.sources.pipe", "distshard.sources.read_options"}
 #: transport's clients: a format names byte spans and parses bytes, it opens files through transport/files.py

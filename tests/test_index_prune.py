@@ -19,7 +19,7 @@ import pytest
 import distshard
 from distshard.__main__ import main
 from distshard.sources.stored import pruning
-from tests.source_factories import fresh_machine
+from tests.source_factories import fresh_machine, write_jsonl
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
 
 HOUR = 3600
@@ -97,6 +97,32 @@ def test_prune_after_alone_or_negative_is_refused_before_anything_is_built(tmp_p
     with pytest.raises(TypeError, match=r"prune_after='1'"):
         build_stored_index([str(data / "part-a.jsonl")], prune_after="1")
     assert not (data / ".distshard").exists()
+
+
+def test_prune_deletes_the_columns_and_pages_of_version_3_manifests_no_manifest_names(tmp_path, monkeypatch):
+    """Every manifest written names its own columns and pages (not inline here: small pages,
+    no inlining); those of an earlier one, older than the grace period, go with --prune."""
+    from distshard.sources.stored import manifest3
+
+    monkeypatch.setattr(manifest3, "PAGE_SIZE", 4)
+    monkeypatch.setattr(manifest3, "INLINE_BYTES", 0)
+    paths, expected = write_jsonl(tmp_path / "j", files=6, lines=2)
+    folder = tmp_path / "j" / ".distshard"
+    pattern = str(tmp_path / "j" / "part-*.jsonl")
+    assert main(["index", pattern]) == 0
+    first = {p.name for p in folder.glob("[cp]*-*.bin")}
+    assert len(first) == 2
+    Path(paths[2]).write_text('{"f": 2, "i": 0, "text": "again"}\n', encoding="utf-8")
+    old = time.time() - 7200
+    for name in first:
+        os.utime(folder / name, (old, old))
+    assert main(["index", pattern, "--prune"]) == 0
+    now = {p.name for p in folder.glob("[cp]*-*.bin")}
+    assert len(now) == 2 and not now & first  # the earlier manifest's objects are gone, the new one's kept
+    head = json.loads((folder / "manifest.json").read_text())
+    assert {head["columns"]["object"], head["pages"]["object"]} == now
+    now_expected = [v for v in expected if v["f"] != 2] + [{"f": 2, "i": 0, "text": "again"}]
+    assert Counter(map(json.dumps, distshard.jsonl(pattern).dist_shard())) == Counter(map(json.dumps, now_expected))
 
 
 # -- S3 (moto) -------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from distshard.sources import ReadOptions, webdataset
+from distshard.sources.stored.manifest import listing
 from tests.range_server import FirstSampleMark, RangeServer, before_first_mark, serve
 from tests.source_factories import fresh_machine
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)
@@ -71,12 +72,11 @@ def test_first_files_far_apart_in_the_pack_take_a_range_each_and_no_entry_twice(
     (``packs.RANGE_BYTES`` of about 4 entries): the rank asks one range around each
     (at once), and no byte of the pack is asked twice over the epoch (the workers
     ask only the entries the rank did not fetch)."""
-    import json
 
     from distshard.sources.stored import entry_packs as packs
 
     pattern, urls, expected = indexed(tmp_path, slow_server, shards=64, per_shard=3)
-    sizes = [f["len"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]]
+    sizes = [f["len"] for f in listing(str(tmp_path / "data" / ".distshard"))["files"]]
     monkeypatch.setattr(packs, "RANGE_BYTES", 4 * max(sizes))
     fresh_machine(monkeypatch, tmp_path, "node")
     slow_server.reset_counters()

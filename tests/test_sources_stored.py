@@ -17,6 +17,7 @@ import pytest
 import distshard
 from distshard.__main__ import main
 from distshard.sources import ReadOptions, jsonl, webdataset
+from distshard.sources.stored.manifest import listing
 from tests.range_server import RangeServer, serve
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import fresh_machine, write_jsonl, write_shards
@@ -75,8 +76,8 @@ def test_the_command_asks_one_request_per_file_and_packs_the_entries(tmp_path, s
     assert all(rng is None for _, _, rng in server.log)
     folder = sorted(os.listdir(tmp_path / "data" / ".distshard"))
     assert len(folder) == 2 and folder[0].startswith("entries-") and folder[0].endswith(".pack"), folder
-    manifest = json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())
-    assert manifest["version"] == 2 and manifest["packs"] == [folder[0]]
+    manifest = listing(str(tmp_path / "data" / ".distshard"))
+    assert manifest["version"] == 3 and manifest["packs"] == [folder[0]]  # (small: its columns and pages inline)
     assert [f["url"] for f in manifest["files"]] == [server.url(p) for p in paths]  # (served, stored locally)
     at = [(f["at"], f["len"]) for f in manifest["files"]]  # in the files' order, one after the other
     assert at[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(at, at[1:], strict=False))
@@ -133,7 +134,7 @@ def entries_in_few_ranges(tmp_path, server, monkeypatch) -> tuple[str, list[dict
     from distshard.sources.stored import entry_packs as packs
 
     pattern, urls, expected = indexed(tmp_path, server, shards=SHARDS, per_shard=3)
-    sizes = [f["len"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]]
+    sizes = [f["len"] for f in listing(str(tmp_path / "data" / ".distshard"))["files"]]
     monkeypatch.setattr(packs, "RANGE_BYTES", 8 * max(sizes))  # 8 entries a range at least
     fresh_machine(monkeypatch, tmp_path, "node")
     server.reset_counters()
@@ -264,8 +265,8 @@ def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys,
     second = build_stored_index(urls, out=out)  # the first four are listed and unchanged: only two read
     assert second.built == 2 and len(second.files) == 6
     assert requests_by_kind(server) == {"HEAD": 4, "data": 2}  # a look at each listed file, a GET for each new one
-    manifest = json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())
-    assert manifest["format"] == "distshard-index" and manifest["version"] == 2
+    manifest = listing(str(tmp_path / "data" / ".distshard"))
+    assert manifest["format"] == "distshard-index" and manifest["version"] == 3
     assert [f["url"] for f in manifest["files"]] == urls  # (relative names only for files beside the folder)
     assert {"url", "format", "count", "size", "stamp", "pack", "at", "len"} <= set(manifest["files"][0])
     assert len(manifest["packs"]) == 2  # the first build's pack, kept, and the second's
@@ -290,7 +291,7 @@ def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys,
     monkeypatch.setattr(indexing, "_index_one", interrupted)
     with pytest.raises(KeyboardInterrupt):
         build_stored_index(urls, out=out, workers=1)
-    listed = json.loads((tmp_path / "more" / ".distshard" / "manifest.json").read_text())["files"]
+    listed = listing(str(tmp_path / "more" / ".distshard"))["files"]
     assert [f["url"] for f in listed] == urls[:3]
     monkeypatch.setattr(indexing, "_index_one", real)
     server.reset_counters()
@@ -333,10 +334,10 @@ def test_an_index_of_format_version_1_still_loads_and_a_newer_one_is_refused(tmp
     assert Counter(map(key, webdataset(urls).dist_shard())) == Counter(map(key, expected))
     kinds = requests_by_kind(server)
     assert kinds.get("HEAD", 0) == 0 and kinds["manifest"] == 1 and kinds["entry"] == 3, kinds
-    # the command over it keeps the unchanged files' entries where they are, in a version 2 manifest
+    # the command over it keeps the unchanged files' entries where they are, in a version 3 manifest
     assert main(["index", *urls, "--out", str(folder)]) == 0
-    manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["version"] == 2 and [f["entry"] for f in manifest["files"]] == [f["entry"] for f in files]
+    manifest = listing(str(folder))
+    assert manifest["version"] == 3 and [f["entry"] for f in manifest["files"]] == [f["entry"] for f in files]
     fresh_machine(monkeypatch, tmp_path, "node2")
     assert Counter(map(key, webdataset(urls).dist_shard())) == Counter(map(key, expected))
     (folder / "manifest.json").write_text(json.dumps({"format": "distshard-index", "version": 9, "files": []}))
@@ -444,9 +445,7 @@ def test_the_command_reads_a_file_again_after_a_cut_body_and_weak_etags_are_comp
     with serve(tmp_path, weak=True) as weak:
         urls = [weak.url(p) for p in paths]
         assert main(["index", *urls, "--out", out]) == 0
-        stamps = [
-            f["stamp"] for f in json.loads((tmp_path / "data" / ".distshard" / "manifest.json").read_text())["files"]
-        ]
+        stamps = [f["stamp"] for f in listing(str(tmp_path / "data" / ".distshard"))["files"]]
         assert all(s.startswith('W/"') and " lm:" in s for s in stamps[-6:]), stamps
         fresh_machine(monkeypatch, tmp_path, "node")
         assert Counter(map(key, webdataset(urls, index=out).dist_shard())) == Counter(map(key, expected))

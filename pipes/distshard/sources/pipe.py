@@ -47,11 +47,21 @@ from .reading.cache import FileCache, range_cache
 from .reading.confirm import confirm, listable, raise_verdict
 from .reading.fetch import ReadAhead, Request
 from .reading.order import FileOrder
-from .stored.entry_packs import PackedEntries, entry_range, fetch_ahead, fetch_first
+from .stored.entry_packs import KeptEntries, PackedEntries, entry_range, fetch_ahead, fetch_first
 from .stored.manifest import Stored
+from .stored.paged import (
+    PagedChunks,
+    PagedRefs,
+    StoredSummary,
+    Uniform,
+    counts_of,
+    head_list,
+    starts_of,
+    summary_parts,
+    urls_head,
+)
 from .transport._lru import LRU
 from .transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
-from .transport.responses import READ_ONLY, index_command
 from .transport.urls import is_remote
 
 __all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "StreamFile"]
@@ -212,27 +222,23 @@ class SourceSequence(Sequence):
     def __init__(
         self,
         fmt: Format,
-        files: list[tuple[FileRef, int]],
+        files: Sequence[tuple[FileRef, int]],
         access: FileAccess = DEFAULT_FILE_ACCESS,
         declared: Iterable[int] = (),
     ) -> None:
         self.fmt = fmt
         self.access = access
-        self.refs = tuple(ref for ref, _ in files)
-        self.counts = tuple(count for _, count in files)
+        self.refs, self.counts = summary_parts(files)  # (a version 3 stored index's: lazy, see .stored.paged)
         self.declared = frozenset(declared)  # files whose count came from a shard index
-        starts, total = [], 0
-        for count in self.counts:
-            starts.append(total)
-            total += count
-        self._starts = starts
-        self._total = total
-        self._remote = tuple(is_remote(ref.url) for ref in self.refs)
+        self._starts = starts_of(self.counts)
+        self._total = sum(self.counts)
+        refs = self.refs
+        self._remote = refs.remote() if isinstance(refs, PagedRefs) else tuple(is_remote(r.url) for r in refs)
         self._identified: dict[int, FileRef] = {}  # refs whose identity this process asked of the store
         self._open: dict[int, Any] = {}  # this process's handles, by file (see _handle)
         self._checked_indexes: dict[int, tuple[FileRef, FileIndex]] = {}  # this process's checked indexes, by file
         # stored index entries the rank fetched for its workers (pickled with it)
-        self._fetched_entries: dict[str, bytes] = {}
+        self._fetched_entries = KeptEntries()
         self._verdicts: dict[int, tuple[str, str] | None] = {}  # files checked against the store (see confirm)
         self._chunks: PackedEntries | None = None  # see _packed
         _LIVE.add(self)  # a forked child forgets its handles and indexes (_forget_handles)
@@ -257,7 +263,7 @@ class SourceSequence(Sequence):
 
         return (
             f"{self.fmt.name}:{len(self.refs)} files:{self._total}:"
-            f"{stable_digest([ref.url for ref in self.refs], list(self.counts))}:"
+            f"{stable_digest(head_list(self.refs, urls_head(self.refs)), head_list(self.counts))}:"
             f"order=files/{self.access.options.token()}/{getattr(self.fmt, 'window_order', 'expand')}"
         )
 
@@ -291,7 +297,8 @@ class SourceSequence(Sequence):
             yield from self._read_each(positions)
             return
         options = self.access.options
-        gaps = [options.max_gap if remote else 0 for remote in self._remote]
+        remote = self._remote  # (all remote: None, each file's gap options.max_gap)
+        gaps = None if isinstance(remote, Uniform) else [options.max_gap if r else 0 for r in remote]
         fetch = ReadAhead(options, self._handle, gaps, self._range_cache(), self.confirm)
 
         entries = _EntriesAhead(self)
@@ -446,9 +453,8 @@ class SourceSequence(Sequence):
         needed = [f for f in dict.fromkeys(firsts) if self._fetchable(f)]
         if needed:
             entries = [self.refs[f].stored for f in needed]
-            self._fetched_entries.update(
-                fetch_first([e for e in entries if e is not None], self._packed(), self.access)
-            )
+            wanted = [e for e in entries if e is not None]
+            self._fetched_entries.keep(fetch_first(wanted, self._packed(), self.access), wanted)
 
     def _files_read(self, positions: Iterable[int]) -> list[int]:
         """The files a slot reading ``positions`` reads, in order (its first
@@ -491,7 +497,10 @@ class SourceSequence(Sequence):
     def _packed(self) -> PackedEntries:
         """The chunks this source's packed stored entries are fetched in (made once per process)."""
         if self._chunks is None:
-            self._chunks = PackedEntries(ref.stored for ref in self.refs)
+            refs = self.refs
+            self._chunks = (
+                PagedChunks(refs.opened_index) if isinstance(refs, PagedRefs) else PackedEntries(r.stored for r in refs)
+            )
         return self._chunks
 
     def sample_bytes(self) -> list[int]:
@@ -626,7 +635,7 @@ class FileSourceIterDataPipe(IterDataPipe):
         self.urls = list(urls)
         self.declared = dict(counts or {})
         self.access = FileAccess(read_options or ReadOptions(), dict(storage_options) if storage_options else None)
-        self._summary: list[tuple[FileRef, int]] | None = None
+        self._summary: Sequence[tuple[FileRef, int]] | None = None
         self._sequence: SourceSequence | None = None
         self.stored_location = stored
         self._stored: Stored | None = None  # the stored index found (after prepare)
@@ -642,6 +651,13 @@ class FileSourceIterDataPipe(IterDataPipe):
             from .transport.clients import warm_up
 
             warm_up(first_remote, storage_options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a spawned worker): over a version 3 index's files, its head, not its files."""
+        state = dict(self.__dict__)
+        if isinstance(self._summary, StoredSummary):
+            state["urls"] = self._summary.urls
+        return state
 
     def __iter__(self) -> Iterator[Any]:
         """Every sample of every file, in order. Once the source knows its files
@@ -667,10 +683,13 @@ class FileSourceIterDataPipe(IterDataPipe):
     # -- the index ------------------------------------------------------------------
     @property
     def random_access(self) -> bool:
-        """Whether every file can be read at random (none is compressed)."""
-        return not any(self.fmt.compression(url) for url in self.urls)
+        """Whether every file can be read at random (none is compressed: never one a stored index lists)."""
+        if isinstance(self._summary, StoredSummary):
+            return True
+        batch = getattr(self.fmt, "any_compressed", None)  # (a search of every name at once)
+        return not (batch(self.urls) if batch is not None else any(map(self.fmt.compression, self.urls)))
 
-    def prepare(self, collective: bool = False) -> list[tuple[FileRef, int]]:
+    def prepare(self, collective: bool = False) -> Sequence[tuple[FileRef, int]]:
         """Index the files (or read their cached indexes) once, and remember the
         counts and identities; returns ``(file, count)`` per file.
 
@@ -684,19 +703,15 @@ class FileSourceIterDataPipe(IterDataPipe):
         the DataLoader workers, which check every response against it.
         """
         if self._summary is None:
-            from .stored.manifest import known_files
+            from .stored.manifest import source_files
 
             declared = {key_of(url): n for url, n in self.declared.items()}
-            self._stored, found = known_files(
-                self.fmt.name,
-                [url for url in self.urls if key_of(url) not in declared],
-                self.stored_location,
-                self.access,
+            self._stored, found, whole = source_files(
+                self.fmt.name, self.urls, declared, self.stored_location, self.access
             )
-            if self._stored is not None and not self._stored.entries_usable():
-                from .stored.manifest import warn_moved
-
-                warn_moved(self._stored.location, self._stored.moved_from)
+            if whole is not None:  # exactly a version 3 index's files: lazily (see .stored.paged)
+                self._summary = whole
+                return whole
             todo = [url for url in self.urls if key_of(url) not in declared and url not in found]
             started = time.monotonic()
             found.update(
@@ -731,30 +746,9 @@ class FileSourceIterDataPipe(IterDataPipe):
     def stored_hint(self) -> str | None:
         """What would make the next start fast, when files were indexed here
         without a stored index (``None`` otherwise)."""
-        if not self._indexed_here or not any(is_remote(url) for url in self.urls):
-            return None  # (local files: the per-machine cache is enough)
-        if self._stored is not None:
-            return (
-                f"the stored index at {self._stored.location} lacks {self._indexed_here} of these files; "
-                f"to add them: {index_command(self._stored.location, refresh=False)}"
-            )
-        from .stored.manifest import default_location
+        from .stored.manifest import stored_hint
 
-        where = self.stored_location or default_location(self.urls)
-        if where.split("://", 1)[0].lower() in READ_ONLY:  # (nothing can be written beside the files)
-            return f"no stored index at {where}: {index_command(where, refresh=False)} would make the next start fast"
-        return f"no stored index at {where}: `python -m distshard index URLS` would make the next start fast"
-
-    def _moved_words(self) -> str:
-        """What ``describe()`` says of a stored index read elsewhere than it was written for."""
-        stored = self._stored
-        if stored is None or stored.moved_from is None:
-            return ""
-        if stored.entries_usable():
-            return f" (written for {stored.moved_from}: its entries matched by size and S3 ETag)"
-        from .stored.manifest import moved_words
-
-        return f", but {moved_words(stored.location, stored.moved_from)}"
+        return stored_hint(self._stored, self._indexed_here, self.urls, self.stored_location)
 
     def _declared_ref(self, url: str, count: int) -> FileRef:
         """A file counted by a shard index. Local files are looked at (a ``stat``,
@@ -774,7 +768,7 @@ class FileSourceIterDataPipe(IterDataPipe):
 
     def counts(self) -> list[int]:
         """Samples per file (from the index; a compressed file is streamed once to count)."""
-        return [count for _, count in self.prepare()]
+        return counts_of(self.prepare())
 
     def __len__(self) -> int:
         return sum(self.counts())
@@ -793,7 +787,10 @@ class FileSourceIterDataPipe(IterDataPipe):
             summary = self.prepare()
             declared = {key_of(url) for url in self.declared}
             self._sequence = SourceSequence(
-                self.fmt, summary, self.access, [f for f, url in enumerate(self.urls) if key_of(url) in declared]
+                self.fmt,
+                summary,
+                self.access,
+                [f for f, u in enumerate(self.urls) if key_of(u) in declared] if declared else (),
             )
         return self._sequence
 
@@ -807,12 +804,14 @@ class FileSourceIterDataPipe(IterDataPipe):
         n = len(self.urls)
         text = f"{self.fmt.name}: {n} {self.fmt.file_kind}{'' if n == 1 else 's'}"
         if self._summary is not None:
-            text += f", {sum(c for _, c in self._summary):,} samples"
+            text += f", {sum(counts_of(self._summary)):,} samples"
         if self.random_access:
             text = f"{text}, {self.fmt.access}, read ahead in ranges of up to {self.access.options.max_range >> 20} MiB"
             hint = self.stored_hint()
             if self._stored is not None:
-                text += f"; index stored at {self._stored.location}{self._moved_words()}"
+                from .stored.manifest import moved_describe
+
+                text += f"; index stored at {self._stored.location}{moved_describe(self._stored)}"
             first_remote = next((url for url in self.urls if is_remote(url)), None)
             if first_remote is not None:
                 from .transport.clients import s3_client_choice

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 
 from ...errors import SourceDataError
 from ..transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, compression_of, key_of, open_scan, open_stream
+from ..transport.files import any_compressed as names_compressed
 from ..transport.responses import RemoteReadError
 from .file_index import FileIndex, byte_windows
 
@@ -60,6 +61,10 @@ class JsonlFormat:
 
     def compression(self, url: str) -> str | None:
         return compression_of(url)
+
+    def any_compressed(self, urls: Sequence[str]) -> bool:
+        """Whether any of ``urls`` is compressed (a search of their names at once)."""
+        return names_compressed(urls)
 
     def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[Any]:
         """Every value of the file, in order."""

@@ -34,6 +34,7 @@ from ..transport.files import (
     DEFAULT_FILE_ACCESS,
     FileAccess,
     FileRef,
+    any_compressed,
     compression_of,
     key_of,
     open_scan,
@@ -276,6 +277,10 @@ class TarFormat:
 
     def compression(self, url: str) -> str | None:
         return compression_of(url)
+
+    def any_compressed(self, urls: Sequence[str]) -> bool:
+        """Whether any of ``urls`` is compressed (a search of their names at once)."""
+        return any_compressed(urls)
 
     # -- plain iteration --------------------------------------------------------
     def stream(self, url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Iterator[dict[str, Any]]:

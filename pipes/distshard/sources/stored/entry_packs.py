@@ -37,7 +37,18 @@ from ...forks import at_fork
 from ..transport._lru import LRU
 from ..transport.files import FileAccess
 
-__all__ = ["RANGE_BYTES", "PackedEntries", "entry_range", "fetch_ahead", "fetch_first", "fetch_packed", "pack_entry"]
+__all__ = [
+    "PICKLED_BYTES",
+    "RANGE_BYTES",
+    "KeptEntries",
+    "PackedEntries",
+    "entry_range",
+    "fetch_ahead",
+    "fetch_first",
+    "fetch_packed",
+    "pack_entry",
+    "read_range",
+]
 
 #: the most bytes of one pack fetched in one request (a chunk's range; one entry larger than this alone)
 RANGE_BYTES = 1 << 20
@@ -263,6 +274,48 @@ def fetch_first(needed: Sequence[str], packed: PackedEntries | None, access: Fil
     return out
 
 
+#: the most bytes of kept entries a pickled sequence carries (a spawned worker's): past it, those of
+#: the files its slots read first and the next ones, about as many bytes after each
+PICKLED_BYTES = 256 << 10
+
+
+class KeptEntries(dict):
+    """The entries a rank fetched for its DataLoader workers before they start
+    (:func:`fetch_first`: those of the files its slots read first, with the rest of
+    their chunks). A forked worker inherits them all; a pickled one (spawn,
+    forkserver) is sent them all while they are at most :data:`PICKLED_BYTES`,
+    else the first files' and those that follow each in its pack, up to that many
+    bytes in all (it fetches the others as it reads on)."""
+
+    def __init__(self, items: Iterable[tuple[str, bytes]] = (), first: Iterable[str] = ()) -> None:
+        super().__init__(items)
+        self.first = list(dict.fromkeys(first))
+
+    def keep(self, fetched: dict[str, bytes], first: Iterable[str]) -> None:
+        """Keep ``fetched``, of which ``first`` are the entries the slots read first."""
+        self.update(fetched)
+        self.first = list(dict.fromkeys([*self.first, *(e for e in first if e in fetched)]))
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return KeptEntries, (list(self._pickled().items()), self.first)
+
+    def _pickled(self) -> dict[str, bytes]:
+        if sum(map(len, self.values())) <= PICKLED_BYTES or not self.first:
+            return dict(self)
+        ordered = sorted(self, key=lambda e: entry_range(e) or (e, 0, 0))
+        where = {e: k for k, e in enumerate(ordered)}
+        share = PICKLED_BYTES // len(self.first)
+        out: dict[str, bytes] = {}
+        for first in self.first:
+            taken = 0
+            for entry in ordered[where[first] :]:
+                if entry != first and taken + len(self[entry]) > share:
+                    break
+                out[entry] = self[entry]
+                taken += len(self[entry])
+        return out
+
+
 def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
     """Bytes ``[start, stop)`` of the pack ``url``, asked now: remote, a request in
     flight (its ``result()``, and its ``future``); a local pack is read when its
@@ -273,6 +326,12 @@ def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
     if is_remote(url):
         return access.client(url).submit_range(url, start, stop, None, None, access.options)
     return deferred(lambda: _read_local(url, start, stop))
+
+
+def read_range(url: str, start: int, stop: int, access: FileAccess) -> bytes:
+    """Bytes ``[start, stop)`` of an object of the stored index, in one request now
+    (a page of a version 3 manifest, :mod:`.paged`)."""
+    return bytes(_submit_range(url, start, stop, access).result())
 
 
 def _read_local(path: str, start: int, stop: int) -> bytes:

@@ -9,7 +9,9 @@ indexed by threads (``--workers``, default :data:`REMOTE_WORKERS`: their time is
 spent waiting on the store), local files by processes (their header walk is CPU).
 
 Entries are written a pack at a time (:mod:`.packs`: one object for many
-files), each pack followed by the manifest listing every file done so far, so an
+files), each pack followed by the manifest listing every file done so far
+(format version 3, :mod:`.manifest3`: its columns and pages, then its head; a
+version 2 index refreshed is upgraded in place), so an
 interrupted build goes on where its last pack ended: a file an earlier build
 listed is not read again while it is the same version (one metadata request;
 on S3, the listing of its folder answers 1,000 files a request, so a refresh of an
@@ -103,6 +105,7 @@ class Built:
     seconds: float
     total_bytes: int
     pruned: Pruned | None = field(default=None)
+    objects: set[str] = field(default_factory=set)  # the columns and pages its manifest names (version 3)
 
 
 class IndexBuildError(DistshardError, OSError):
@@ -295,7 +298,8 @@ def build_stored_index(
             raise
     built = build.finish()
     if prune_after is not None and built.files:
-        built.pruned = prune_packs(location, named_packs(built.files), prune_after, storage_options)
+        named = named_packs(built.files) | built.objects
+        built.pruned = prune_packs(location, named, prune_after, storage_options)
     return built
 
 
@@ -356,15 +360,20 @@ class _Build:
         self.errors: list[str] = []
         self.stop: str | None = None  # the failure that stopped the build (see _stops)
         self.started = time.monotonic()
+        self.manifests = 0  # manifests written (each names its own columns and pages: version 3)
+        self.objects: set[str] = set()  # the columns and pages the last manifest names
 
     def write_manifest(self) -> list[StoredFile]:
         """The files an earlier build listed and this one does not, then this
         build's in order (indexed now, kept, or as listed before while unchecked)."""
         files = [f for url, f in self.listed.items() if url not in self.order]
         files += [self.done.get(url) or self.listed[url] for url in self.urls if url in self.done or url in self.listed]
-        manifest.write(
-            manifest.join(self.location, manifest.MANIFEST), manifest.dumps(self.location, files), self.access
-        )
+        encoded = manifest.encode3(self.location, files, f"{self.packs.build}-{self.manifests:04d}")
+        self.manifests += 1
+        for name, data in encoded.objects.items():  # (before the head naming them)
+            manifest.write(manifest.join(self.location, name), data, self.access)
+        manifest.write(manifest.join(self.location, manifest.MANIFEST), encoded.head, self.access)
+        self.objects = set(encoded.objects)
         return files
 
     def finished(self, item: StoredFile) -> None:
@@ -486,7 +495,7 @@ class _Build:
         )
         if self.errors:
             raise IndexBuildError(self.errors, len(self.urls), self.location, len(files), self.stop)
-        return Built(self.location, files, self.built, seconds, self.total_bytes)
+        return Built(self.location, files, self.built, seconds, self.total_bytes, objects=self.objects)
 
 
 def _pooled(storage_options: Mapping[str, Any] | None, urls: list[str], workers: int) -> Mapping[str, Any] | None:

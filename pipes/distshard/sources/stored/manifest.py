@@ -8,7 +8,12 @@ folder or any fsspec URL):
   (``entries-<build>-<n>.pack``, see :mod:`.packs`): each the same bytes as an
   entry of the per-machine cache (:mod:`.index`: identity, count, arrays,
   checksums), so an entry is checked against the identity it is loaded for;
-- ``manifest.json``: ``{"format": "distshard-index", "version": 2, "root",
+- ``manifest.json``, of format version 3 (:mod:`.manifest3`: a small head, the
+  columns every rank reads, pages of files read as a slot reaches them, all in
+  the one object for a small dataset; :mod:`.paged` reads it). Version 2, which
+  :func:`dumps` writes and which is still read (``python -m distshard index
+  PATH/.distshard`` upgrades it in place), lists every file in it:
+  ``{"format": "distshard-index", "version": 2, "root",
   "packs": [name, ...], "files": [{"url", "format", "count", "size", "stamp",
   "pack", "at", "len"}, ...]}``, where ``root`` is the folder it was written for
   (read elsewhere, a copy: see :meth:`Stored.moved_from`; entries are then
@@ -35,97 +40,59 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import posixpath
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ...digests import blake2b_hex
 from ...errors import SourceDataError, SourceMissingError
 from ..transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
-from ..transport.responses import MissingBucketError, index_command
+from ..transport.responses import READ_ONLY, MissingBucketError, index_command
 from ..transport.urls import is_remote
+from .manifest3 import (
+    MANIFEST,
+    Encoded,
+    Stored,
+    StoredFile,
+    encode,
+    identifies_content,
+    is_relative,
+    join,
+    listed_name,
+    parent,
+    read,
+    resolve,
+)
+from .paged import Stored3, StoredSummary
 
 if TYPE_CHECKING:
     from ..formats.file_index import FileIndex
     from .entry_packs import PackedEntries
 
-__all__ = ["FOLDER", "MANIFEST", "Stored", "StoredFile", "default_location", "find", "load"]
+__all__ = [
+    "FOLDER",
+    "MANIFEST",
+    "Stored",
+    "StoredFile",
+    "default_location",
+    "encode3",
+    "find",
+    "identifies_content",
+    "join",
+    "listed_name",
+    "load",
+    "parent",
+    "read",
+    "resolve",
+    "source_files",
+]
 
 log = logging.getLogger("distshard")
 
 FOLDER = ".distshard"
-MANIFEST = "manifest.json"
 FORMAT = "distshard-index"
-VERSION = 2
-READS = (1, 2)  # manifest versions this distshard reads
-
-
-@dataclass(frozen=True)
-class StoredFile:
-    """One file of a stored index: its URL, format, count, identity and entry's URL."""
-
-    url: str
-    format: str
-    count: int
-    size: int
-    stamp: str
-    entry: str
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A stored index: where it is, its files by :func:`.files.key_of`, and the
-    folder its manifest was written for (``root``; ``None`` from a manifest that
-    does not say)."""
-
-    location: str
-    files: Mapping[str, StoredFile]
-    root: str | None = None
-    relative: bool = False  # some files are named relative to the root (so they move with it)
-
-    def get(self, url: str) -> StoredFile | None:
-        return self.files.get(key_of(url))
-
-    @property
-    def moved_from(self) -> str | None:
-        """The folder the index was written for when it is read elsewhere now (a
-        dataset copied with its ``.distshard/``): its entries name the files there."""
-        if not self.relative or self.root is None or self.root == parent(self.location):
-            return None  # (files named by their URLs or absolute paths are where they were)
-        return self.root
-
-    def entries_usable(self) -> bool:
-        """Whether the entries serve the files where they are now: not moved, or
-        every file's stamp identifies its bytes (:func:`identifies_content`)."""
-        return self.moved_from is None or all(identifies_content(f.url, f.stamp) for f in self.files.values())
-
-
-_S3_MD5 = re.compile(r'^"[0-9a-f]{32}(-[0-9]+)?"$')
-
-
-def identifies_content(url: str, stamp: str) -> bool:
-    """Whether ``stamp`` names the bytes themselves, so that an entry written for a
-    file at one URL serves a file of the same size and stamp at another: an S3
-    ETag (the MD5 of the bytes, or of the parts' MD5s and their count; a copy has
-    the same). Not an mtime (a copy may keep it with other bytes), an HTTP ETag (a
-    server may make it of the mtime and size) or a generation (a counter)."""
-    return url.startswith(("s3://", "s3a://")) and _S3_MD5.match(stamp) is not None
-
-
-def join(location: str, name: str) -> str:
-    """``name`` inside the folder ``location`` (a URL or a local path)."""
-    if is_remote(location):
-        return location.rstrip("/") + "/" + name
-    return os.path.join(location, name)
-
-
-def parent(url: str) -> str:
-    """The folder a file or folder is in."""
-    if is_remote(url):
-        return posixpath.dirname(url.rstrip("/"))
-    return os.path.dirname(os.path.abspath(local_path(url)))
+VERSION = 3  # what the command writes (:mod:`.manifest3`); :func:`dumps` writes version 2
+READS = (1, 2, 3)  # manifest versions this distshard reads
 
 
 def default_location(urls: Iterable[str]) -> str:
@@ -138,35 +105,6 @@ def entry_name(fmt: str, name: str) -> str:
     digest = blake2b_hex(f"{fmt}\0{name}".encode("utf-8", "surrogatepass"), 8)
     base = re.sub(r"[^A-Za-z0-9._-]", "_", name.rstrip("/").rsplit("/", 1)[-1])[-60:]
     return f"{base}.{fmt}.{digest}.idx"
-
-
-def listed_name(location: str, url: str) -> str:
-    """How the manifest at ``location`` names ``url``: relative to the folder that
-    holds ``location`` when the file is in it, else the URL or absolute path."""
-    root = parent(location)
-    if is_remote(url) != is_remote(root):
-        return url
-    if is_remote(url):
-        return url[len(root) + 1 :] if url.startswith(root.rstrip("/") + "/") else url
-    path = os.path.abspath(local_path(url))
-    relative = os.path.relpath(path, root)
-    return path if relative.startswith("..") else relative.replace(os.sep, "/")
-
-
-def resolve(location: str, name: str) -> str:
-    """The URL or path of a file the manifest at ``location`` lists as ``name``."""
-    if is_remote(name) or os.path.isabs(name):
-        return name
-    return join(parent(location), name)
-
-
-def read(url: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> bytes:
-    """A small file in one request (remote: a GET, no metadata request);
-    ``FileNotFoundError`` if it is not there."""
-    if is_remote(url):
-        return access.client(url).fetch(url, access.options)
-    with open(local_path(url), "rb") as f:
-        return f.read()
 
 
 def write(url: str, data: bytes, access: FileAccess = DEFAULT_FILE_ACCESS) -> None:
@@ -183,7 +121,7 @@ def write(url: str, data: bytes, access: FileAccess = DEFAULT_FILE_ACCESS) -> No
 
 
 def dumps(location: str, files: list[StoredFile]) -> bytes:
-    """The manifest at ``location`` listing ``files`` (entries packed or of their own)."""
+    """The version 2 manifest at ``location`` listing ``files`` (entries packed or of their own)."""
     from .entry_packs import entry_range
 
     packs: dict[str, int] = {}
@@ -203,14 +141,33 @@ def dumps(location: str, files: list[StoredFile]) -> bytes:
             pack, start, stop = packed
             item.update(pack=packs.setdefault(posixpath.basename(pack), len(packs)), at=start, len=stop - start)
         listed.append(item)
-    head = {"format": FORMAT, "version": VERSION, "root": parent(location), "packs": list(packs)}
+    head = {"format": FORMAT, "version": 2, "root": parent(location), "packs": list(packs)}
     return (
         json.dumps({**head, "files": listed}, separators=(",", ":")).replace('},{"url"', '},\n{"url"').encode("utf-8")
     )
 
 
-def parse(location: str, data: bytes) -> Stored:
-    """The manifest's files; ``ValueError`` naming ``location`` if it is not one."""
+def encode3(location: str, files: Sequence[StoredFile], build: str) -> Encoded:
+    """The version 3 manifest at ``location`` listing ``files`` (:mod:`.manifest3`;
+    ``build`` names the objects beside it)."""
+    from .entry_packs import entry_range
+
+    packs: dict[str, int] = {}
+    records: list[tuple[Any, ...]] = []
+    for f in files:
+        name = listed_name(location, f.url)
+        packed = entry_range(f.entry)
+        if packed is None:
+            records.append((name, f.stamp, posixpath.basename(f.entry)))
+        else:
+            pack, start, stop = packed
+            records.append((name, f.stamp, packs.setdefault(posixpath.basename(pack), len(packs)), start, stop - start))
+    return encode(parent(location), build, files, records, list(packs))
+
+
+def parse(location: str, data: bytes, access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored:
+    """The manifest's files (version 3: read lazily, :mod:`.paged`); ``ValueError``
+    naming ``location`` if it is not one."""
     from .entry_packs import pack_entry
 
     where = join(location, MANIFEST)
@@ -225,13 +182,19 @@ def parse(location: str, data: bytes) -> Stored:
             f"{where}: manifest version {raw.get('version')!r}, this distshard reads "
             f"{' and '.join(map(str, READS))}: rebuild it with {index_command(location)}"
         )
+    if raw["version"] == 3:
+        from .manifest3 import check_head
+        from .paged import Stored3
+
+        check_head(where, raw)
+        return Stored3(location, raw, access)
     packs = raw.get("packs") or []
     files: dict[str, StoredFile] = {}
     relative = False
     for position, item in enumerate(raw.get("files") or []):
         try:
             name = str(item["url"])
-            relative = relative or not (is_remote(name) or os.path.isabs(name))
+            relative = relative or is_relative(name)
             url = resolve(location, name)
             if "entry" in item:
                 entry = join(location, posixpath.basename(str(item["entry"])))
@@ -255,6 +218,31 @@ def _count(value: Any) -> int:
     return value
 
 
+def listing(location: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> dict[str, Any]:
+    """The manifest at ``location`` as version 2 spells it, whatever its version (a
+    version 3 one with every file listed in ``"files"``, its head's other keys
+    kept): what a tool or a test reads of it."""
+    raw: dict[str, Any] = json.loads(read(join(location, MANIFEST), access))
+    if raw.get("version") != 3:
+        return raw
+    from .paged import opened
+
+    index = opened(location, raw, access)
+    columns = index.columns()
+    files: list[dict[str, Any]] = []
+    for k in range(int(raw["pages"]["count"])):
+        for record in index.records(k):
+            f = len(files)
+            item: dict[str, Any] = {"url": record[0], "format": index.format_of(f), "count": columns["count"][f]}
+            item.update(size=columns["size"][f], stamp=record[1])
+            if len(record) == 3:
+                item["entry"] = record[2]
+            else:
+                item.update(pack=record[2], at=record[3], len=record[4])
+            files.append(item)
+    return {**raw, "files": files}
+
+
 def location_of(index: str) -> str:
     """The folder of a stored index given as its folder or its ``manifest.json``."""
     text = index.rstrip("/")
@@ -270,7 +258,7 @@ def load(location: str, access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | No
         raise
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
-    return parse(location, data)
+    return parse(location, data, access)
 
 
 def find(urls: list[str], access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | None:
@@ -286,27 +274,41 @@ def find(urls: list[str], access: FileAccess = DEFAULT_FILE_ACCESS) -> Stored | 
     except (OSError, ValueError) as exc:  # denied, or a store that answers oddly: as before, without it
         log.info("no stored index readable at %s (%s: %s)", location, type(exc).__name__, exc)
         return None
-    return parse(location, data)
+    return parse(location, data, access)
 
 
-def known_files(
-    fmt: str, urls: list[str], location: str | None, access: FileAccess = DEFAULT_FILE_ACCESS
-) -> tuple[Stored | None, dict[str, tuple[FileRef, int]]]:
-    """The stored index (at ``location``, else beside the first file: one
-    request) and ``{url: (ref, count)}`` for the ``urls`` it lists in format
-    ``fmt``; each ref carries its identity and its entry (``ref.stored``)."""
-    if not urls:
-        return None, {}
-    stored = load(location, access) if location is not None else find(urls, access)
+def source_files(
+    fmt: str,
+    urls: Sequence[str],
+    declared: Mapping[str, int],
+    location: str | None,
+    access: FileAccess = DEFAULT_FILE_ACCESS,
+) -> tuple[Stored | None, dict[str, tuple[FileRef, int]], StoredSummary | None]:
+    """What a source over ``urls`` in format ``fmt`` takes from the stored index (at
+    ``location``, else beside the first file: one request): ``(index, {url: (ref,
+    count)} for the files it lists, None)``, each ref carrying its identity and its
+    entry (``ref.stored``); or, when ``urls`` are exactly the files of a version 3
+    index (and none is counted by a shard index, ``declared``: by ``key_of``),
+    ``(index, {}, its lazy summary)``: no page fetched, no call per file."""
+    wanted = [url for url in urls if key_of(url) not in declared] if declared else urls
+    if not wanted:
+        return None, {}, None
+    stored = load(location, access) if location is not None else find(list(wanted[:1]), access)
     if location is not None and stored is None:
         raise SourceMissingError(f"no stored index at {location} ({join(location, MANIFEST)} is not there)")
+    if stored is None:
+        return None, {}, None
+    if not stored.entries_usable():
+        warn_moved(stored.location, stored.moved_from)
+    whole = stored.summary(fmt, urls) if isinstance(stored, Stored3) and not declared else None
+    if whole is not None:
+        return stored, {}, whole
     found: dict[str, tuple[FileRef, int]] = {}
-    if stored is not None:
-        for url in urls:
-            item = stored.get(url)
-            if item is not None and item.format == fmt:
-                found[url] = (FileRef(url, item.size, item.stamp, item.entry), item.count)
-    return stored, found
+    for url in wanted:
+        item = stored.get(url)
+        if item is not None and item.format == fmt:
+            found[url] = (FileRef(url, item.size, item.stamp, item.entry), item.count)
+    return stored, found, None
 
 
 def fetch_entry(
@@ -369,3 +371,29 @@ def moved_words(location: str, root: str | None) -> str:
         "entries name those files, and these files' stamps (mtimes, HTTP ETags) do not identify their bytes, "
         f"so each job indexes them itself; `python -m distshard index {location}` rebuilds it for them"
     )
+
+
+def stored_hint(stored: Stored | None, indexed_here: int, urls: Sequence[str], location: str | None) -> str | None:
+    """What would make a source's next start fast, when it indexed ``indexed_here``
+    of its files itself (``None`` otherwise; the per-machine cache is enough for
+    local files)."""
+    if not indexed_here or not any(is_remote(url) for url in urls):
+        return None
+    if stored is not None:
+        return (
+            f"the stored index at {stored.location} lacks {indexed_here} of these files; "
+            f"to add them: {index_command(stored.location, refresh=False)}"
+        )
+    where = location or default_location(urls)
+    if where.split("://", 1)[0].lower() in READ_ONLY:  # (nothing can be written beside the files)
+        return f"no stored index at {where}: {index_command(where, refresh=False)} would make the next start fast"
+    return f"no stored index at {where}: `python -m distshard index URLS` would make the next start fast"
+
+
+def moved_describe(stored: Stored) -> str:
+    """What ``describe()`` says of a stored index read elsewhere than it was written for."""
+    if stored.moved_from is None:
+        return ""
+    if stored.entries_usable():
+        return f" (written for {stored.moved_from}: its entries matched by size and S3 ETag)"
+    return f", but {moved_words(stored.location, stored.moved_from)}"

@@ -10,7 +10,10 @@ time into the same folder writes its packs before the manifest naming them.
 
 A local folder is listed and cleaned with ``os``; a URL through this process's fsspec
 filesystem for it (:func:`.clients.client_for`), one listing and one ``rm`` of the packs
-to delete. Only ``entries-*.pack`` objects are ever deleted.
+to delete. Only ``entries-*.pack`` objects and the columns and pages of version 3
+manifests (``columns-*.bin``, ``pages-*.bin``: every manifest written names its own;
+those of an earlier one are named by nothing once a later one is written) are ever
+deleted.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ log = logging.getLogger("distshard")
 
 #: seconds an unnamed pack is kept by default (``--prune-after``)
 DEFAULT_GRACE = 3600.0
-_PACK = re.compile(r"^entries-.+\.pack$")
+_PACK = re.compile(r"^(entries-.+\.pack|columns-.+\.bin|pages-.+\.bin)$")  # packs, a version 3 manifest's objects
 _MODIFIED_KEYS = ("LastModified", "mtime", "last_modified", "updated", "modified", "timeCreated")
 
 

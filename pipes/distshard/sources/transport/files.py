@@ -29,8 +29,9 @@ import gzip
 import io
 import lzma
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO, Mapping, Sequence
 
 from ...errors import SourceChangedError, SourceMissingError
 from ..read_options import ReadOptions
@@ -116,6 +117,20 @@ def compression_of(url: str) -> str | None:
         if base.endswith(suffix):
             return name
     return None
+
+
+assert all(suffix.startswith(".") for suffix in _COMPRESSIONS)
+_NAMED_COMPRESSED = re.compile(  # (a name's end: before the next name, or its query)
+    r"\.(?:" + "|".join(re.escape(suffix[1:]) for suffix in _COMPRESSIONS) + ")[\n?]", re.IGNORECASE
+)
+
+
+def any_compressed(urls: Sequence[str]) -> bool:
+    """Whether :func:`compression_of` names a compression for any of ``urls``,
+    without a call per URL when none does (a search of them joined)."""
+    if _NAMED_COMPRESSED.search("\n".join(urls) + "\n") is None:
+        return False
+    return any(compression_of(url) is not None for url in urls)
 
 
 def sniff_compression(head: bytes) -> str | None:

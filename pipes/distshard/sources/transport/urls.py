@@ -44,6 +44,7 @@ _INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
 _CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
 _ALPHABET = string.ascii_uppercase + string.ascii_lowercase
 _ESCAPED = re.compile(r"\\(.)")
+_ONE_GROUP = re.compile(r"^([^{}\\]*)\{([^{}\\]*)\}([^{}\\]*)$")
 
 
 def braceexpand(pattern: str) -> list[str]:
@@ -57,6 +58,11 @@ def braceexpand(pattern: str) -> list[str]:
     character (``"lit\\{a,b\\}.tar"`` is the one name ``lit{a,b}.tar``) and is
     removed. Unbalanced braces raise ``ValueError``.
     """
+    one = _ONE_GROUP.match(pattern)
+    match = _INT_RANGE.match(one.group(2)) if one is not None else None
+    if one is not None and match is not None:  # the common shard pattern, one range, nothing escaped: no call a name
+        before, _, after = one.groups()
+        return [before + number + after for number in _int_range(*match.groups())]
     try:
         return [_flatten(item) for item in _pattern(pattern)]
     except _Unbalanced:
@@ -185,6 +191,9 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
         out: list[str] = []
         pins: dict[Any, str] = {}  # one resolution of each hf:// repository's revision
         for pattern in text.split("::"):
+            if "hf://" not in pattern.lower() and not _GLOB_CHARS.search(pattern):  # (nothing to pin or glob)
+                out.extend(braceexpand(pattern))
+                continue
             for item in braceexpand(pattern):
                 item = _pin(item, storage_options, pins)
                 if _GLOB_CHARS.search(item):
@@ -202,6 +211,6 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
             out.append(_pin(os.fspath(given), storage_options, pins))
     else:
         raise OptionTypeError(f"urls must be a str, an os.PathLike or a list of them, got {type(urls).__name__}")
-    if not out or any(not item for item in out):
+    if not out or "" in out:
         raise OptionError(f"urls names no file: {urls!r}")
     return out
