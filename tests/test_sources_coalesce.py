@@ -355,3 +355,17 @@ def test_read_options_are_checked():
     assert ReadOptions(retries=0).retries == 0
     assert Counter(ReadOptions().token()) == Counter(ReadOptions(budget=1).token())  # budget is not part of the order
     assert ReadOptions(window=1 << 10, max_gap=0).token() != ReadOptions().token()
+
+
+def test_live_ranges_find_what_holds_a_span_whole_and_forget_what_is_removed():
+    from distshard.sources.reading.coalesce import Live, find_live
+
+    live: Live[str] = Live()
+    for name, rng in (("b", Range(0, 100, 200)), ("a", Range(0, 0, 50)), ("c", Range(1, 10, 20))):
+        live.add(rng, name)
+    assert [r.start for r in live.of(0)] == [0, 100]  # sorted by start
+    assert live.find(0, 120, 200) == "b" and live.find(0, 0, 50) == "a" and live.find(1, 10, 11) == "c"
+    assert live.find(0, 40, 60) is None and live.find(0, 150, 201) is None and live.find(2, 0, 1) is None
+    assert find_live(live.of(0), 120, 130) == Range(0, 100, 200)  # the one lookup both use
+    live.remove(Range(0, 100, 200))
+    assert live.find(0, 120, 130) is None and sorted(live.values()) == ["a", "c"]

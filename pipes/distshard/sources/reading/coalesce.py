@@ -25,11 +25,11 @@ Everything here works on plain tuples and is property-tested
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import Generic, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 from ...errors import OptionError
 
-__all__ = ["Coverage", "Range", "coalesce", "find_live"]
+__all__ = ["Coverage", "Live", "Range", "coalesce", "find_live", "live_between"]
 
 
 class Range(NamedTuple):
@@ -50,11 +50,56 @@ class Range(NamedTuple):
 def find_live(live: Sequence[Range], start: int, stop: int, starts: Sequence[int] | None = None) -> Range | None:
     """The range of ``live`` (one file's, sorted by start, disjoint) that holds
     ``[start, stop)`` whole, or ``None``."""
-    keys = starts if starts is not None else [r.start for r in live]
-    at = bisect.bisect_right(keys, start) - 1
-    if at >= 0 and live[at].covers(start, stop):
-        return live[at]
-    return None
+    at = _live_index(live, start, stop, starts if starts is not None else [r.start for r in live])
+    return live[at] if at >= 0 else None
+
+
+def _live_index(live: Sequence[Range], start: int, stop: int, starts: Sequence[int]) -> int:
+    at = bisect.bisect_right(starts, start) - 1
+    return at if at >= 0 and live[at].covers(start, stop) else -1
+
+
+T = TypeVar("T")
+
+
+class Live(Generic[T]):
+    """The ranges fetched or in flight, per file sorted by start and disjoint, each
+    with a value (the read-ahead's holding of it): what :func:`coalesce` and
+    :func:`.extents.plan` take as ``live`` (``live.of(file)``)."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[int, list[Range]] = {}
+        self._starts: dict[int, list[int]] = {}
+        self._values: dict[int, list[T]] = {}
+
+    def add(self, rng: Range, value: T) -> None:
+        starts = self._starts.setdefault(rng.file, [])
+        at = bisect.bisect_left(starts, rng.start)
+        starts.insert(at, rng.start)
+        self._ranges.setdefault(rng.file, []).insert(at, rng)
+        self._values.setdefault(rng.file, []).insert(at, value)
+
+    def remove(self, rng: Range) -> None:
+        at = bisect.bisect_left(self._starts[rng.file], rng.start)
+        del self._starts[rng.file][at], self._ranges[rng.file][at], self._values[rng.file][at]
+
+    def find(self, file: int, start: int, stop: int) -> T | None:
+        """The value of the range holding ``[start, stop)`` of ``file`` whole, or ``None``."""
+        ranges = self._ranges.get(file)
+        if not ranges:
+            return None
+        at = _live_index(ranges, start, stop, self._starts[file])
+        return self._values[file][at] if at >= 0 else None
+
+    def of(self, file: int) -> Sequence[Range]:
+        return self._ranges.get(file, ())
+
+    def values(self) -> Iterator[T]:
+        for values in self._values.values():
+            yield from values
+
+    def files(self) -> Mapping[int, Sequence[Range]]:
+        return self._ranges
 
 
 def coalesce(
@@ -100,7 +145,7 @@ def coalesce(
                 merged = max(stop, current[1]) - current[0]
                 overlapping = gap < 0
                 if overlapping or (
-                    gap <= max_gap and merged <= max_range and not _live_between(fetched, starts, current[1], start)
+                    gap <= max_gap and merged <= max_range and not live_between(fetched, starts, current[1], start)
                 ):
                     current[1] = max(current[1], stop)
                     continue
@@ -111,7 +156,7 @@ def coalesce(
     return out
 
 
-def _live_between(live: Sequence[Range], starts: Sequence[int], lo: int, hi: int) -> bool:
+def live_between(live: Sequence[Range], starts: Sequence[int], lo: int, hi: int) -> bool:
     """Whether a live range intersects the gap ``[lo, hi)``."""
     if not live or hi <= lo:
         return False

@@ -4,12 +4,17 @@ ahead of use, under a byte budget, delivered in the order asked.
 The formats never read: they name the byte spans a sample needs
 (``Format.spans``) and parse the bytes they are handed (``Format.parse``).
 :class:`ReadAhead` sits between: it pulls requests from the slot's positions
-(pure arithmetic, so looking ahead is free), coalesces the spans of the next
-batch of them into ranges (:func:`.coalesce.coalesce`), submits those ranges to
-the file's opener (remote: concurrent requests on the client's event loop; a
-local file among remote ones: a ``pread`` when first needed) and hands each
-request its bytes, in order, as soon as they are there. Sources of local files
-only do not use it (``SourceSequence.distshard_read`` reads them exactly).
+(pure arithmetic, so looking ahead is free) up to eight plans' bytes ahead (the
+*lookahead*), and plans ranges for them with :func:`.extents.plan`, the one
+planner of the bytes a slot reads ahead: per file, one range per plan over the
+slot's upcoming spans there (in order or in the shuffled order it visits them),
+reading through the windows between the ones it admits (the same slot's later
+bytes, kept for the requests that need them) instead of a range per window. It
+submits those ranges to the file's opener (remote: concurrent requests on the
+client's event loop; a local file among remote ones: a ``pread`` when first
+needed) and hands each request its bytes, in order, as soon as they are there.
+Sources of local files only do not use it (``SourceSequence.distshard_read``
+reads them exactly).
 
 Ramp: a run starts small, as TCP's slow start does. Its first plan admits
 ``ReadOptions.first_range`` bytes of the first file only (the first request's
@@ -18,10 +23,12 @@ a slot's whole share of a shared link), and nothing more is asked until its
 first request is delivered (the first sample waits for its own round trip alone,
 and a job's requests before its first sample stay one per reading slot); each
 later plan admits twice as much, up to ``max_range``
-(more when ``4 * window`` is larger); and the bytes held, in flight or not, stay
-within a window of ``2 * first_range`` widened by every byte delivered (so it
-about doubles per round trip while the link is the bottleneck), up to the
-budget. Ranges are submitted in the order of the first request that needs them.
+(more when ``4 * window`` is larger), and is made once the window has room for
+it (or fewer than two requests are ready); the bytes not delivered yet, in
+flight or not, stay within a window of ``2 * first_range`` widened by every byte
+delivered (so it about doubles per round trip while the link is the
+bottleneck), and every byte held within the budget. Ranges are submitted in the
+order of the first request that needs them.
 
 Local cache: with ``ReadOptions.cache_dir`` every span of a remote file is
 first looked up in :mod:`.cache`; one inside a stored range is read from local
@@ -31,18 +38,21 @@ does not pull the slot's whole share of requests ahead), and every range
 fetched from the store is stored once its bytes are there.
 
 Memory: the bytes of submitted ranges not yet released (a range is released
-once every request it serves was delivered), the gaps they read through
-included, stay within ``ReadOptions.budget``: a request is admitted only when a
-bound of the ranges it adds (:class:`.coalesce.Coverage`) fits. The one
-exception is a request whose own bytes exceed the budget: it is read whole,
-alone (its spans exactly), once nothing else is held. The peak is
+once every request it serves was delivered, the later ones it was read through
+for included), the gaps they read through included, stay within
+``ReadOptions.budget``: a plan adds only what fits. A plan reads through later
+requests' bytes only while what is then held leaves the budget room for any
+request of the lookahead alone, so the ranges kept for later never stop the next
+request (else it coalesces its own spans only, as :func:`.coalesce.coalesce`
+does). The one exception is a request whose own bytes exceed the budget: it is
+read whole, alone (its spans exactly), once nothing ready is held. The peak is
 recorded per process in :data:`STATS` (what ``benchmarks/bench_remote.py``
 reports).
 """
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,8 +60,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, S
 
 from ...forks import at_fork
 from ..read_options import ReadOptions
+from . import extents
 from .cache import BadEntry
-from .coalesce import Coverage, Range, coalesce
+from .coalesce import Live, Range, coalesce
+from .extents import Upcoming
 
 if TYPE_CHECKING:
     from .cache import FileCache
@@ -77,10 +89,11 @@ class Request:
 
 
 class _Held:
-    __slots__ = ("range", "future", "users", "cache", "live")
+    __slots__ = ("range", "future", "users", "cache", "live", "credited")
 
     def __init__(self, rng: Range, future: Any, cache: FileCache | None = None, live: bool = True) -> None:
         self.range, self.future, self.users = rng, future, 0
+        self.credited = 0  # its bytes delivered so far (the window grew by them)
         self.cache = cache  # where its bytes are stored once they are there
         self.live = live  # False: a span read from the local cache (not held, not coalesced)
 
@@ -180,46 +193,51 @@ class ReadAhead:
         try:
             while True:
                 state.fill()
-                if not state.pending:
+                if not state.ready:
                     return
-                request, uses = state.pending.popleft()
-                views = state.deliver(uses)
+                request, views = state.next()
                 state.delivered = True
                 yield request.payload, views
         finally:
             state.close()
 
-    @staticmethod
-    def _live(
-        live: dict[int, list[_Held]], starts: dict[int, list[int]], file: int, start: int, stop: int
-    ) -> _Held | None:
-        items = live.get(file)
-        if not items:
-            return None
-        at = bisect.bisect_right(starts[file], start) - 1
-        return items[at] if at >= 0 and items[at].range.covers(start, stop) else None
+
+class _Entry:
+    """A request pulled ahead: where each span's bytes come from (``None``: not
+    known yet), how many are not, its spans' bytes and those found in the local cache."""
+
+    __slots__ = ("request", "uses", "missing", "size", "hits")
+
+    def __init__(self, request: Request, uses: list[_Use | None], missing: int, size: int) -> None:
+        self.request, self.uses, self.missing, self.size = request, uses, missing, size
+        self.hits: dict[int, _Held] | None = None  # span index -> its bytes from the local cache
+
+
+_Use = tuple["_Held | None", int, int]  # (held range, from, to); None: an empty span
 
 
 class _Run:
-    """One :meth:`ReadAhead.run`: the requests pulled and planned, the ranges held,
-    and the window (slow start) that bounds them."""
+    """One :meth:`ReadAhead.run`: the requests pulled ahead (the lookahead), the
+    ranges held, and the window (slow start) that bounds them."""
 
     def __init__(self, ahead: ReadAhead, source: Iterator[Request]) -> None:
         self.ahead = ahead
         self.source = source
-        self.pending: deque[tuple[Request, list[tuple[_Held | None, int, int]]]] = deque()  # None: an empty span
-        self.live: dict[int, list[_Held]] = {}
-        self.starts: dict[int, list[int]] = {}
+        self.entries: deque[_Entry] = deque()  # pulled, in order; the first ``ready`` have every span
+        self.ready = 0
+        self.looked = 0  # span bytes of the entries past the ready ones
+        self.live: Live[_Held] = Live()
         self.held = 0
-        self.released = 0  # bytes of ranges delivered and let go: the window grows by them
-        self.cached = 0  # bytes of spans from the local cache planned, not delivered: they count as held
+        self.credited = 0  # bytes of the held ranges delivered already
+        self.released = 0  # bytes delivered (and gaps of ranges let go): the window grows by them
+        self.cached = 0  # bytes of spans from the local cache admitted, not delivered: they count as held
         self.plans = 0  # plans that submitted something: the batch doubles with each
         self.delivered = False  # a request was delivered (until then nothing is planned after the first plan)
-        self.waiting: list[Request] = []  # pulled from the source, not admitted yet (at most one)
-        self.local: dict[tuple[int, int, int], _Held] = {}  # spans of the plan being made found in the local cache
+        self.waiting: Request | None = None  # pulled before the first plan, of a file past the first
         self.exhausted = False
         self.caches: dict[int, FileCache | None] = {}
         self.confirmed: set[int] = set()  # files whose identity ``confirm`` accepted before their first hit
+        self.hits: dict[tuple[int, int, int], _Held] = {}  # spans from the local cache, shared by their entries
 
     # -- the window ---------------------------------------------------------------------
     def limit(self) -> int:
@@ -227,28 +245,89 @@ class _Run:
         delivered (slow start), within the budget."""
         return min(self.ahead.options.budget, 2 * self.ahead.first + self.released)
 
+    def room(self) -> int:
+        """What the next plan may add: the bytes not delivered yet (held, and cached
+        ones admitted) within the window; every byte held within the budget."""
+        return min(self.limit() - self.held + self.credited, self.ahead.options.budget - self.held) - self.cached
+
     def cap(self) -> int:
         """The most bytes the next plan admits: ``first``, doubling per plan."""
         return min(self.ahead.batch, self.ahead.first << min(self.plans, 62))
 
     def fill(self) -> None:
         """Plan ahead while the window has room (enough for half a plan,
-        unless fewer than two requests are left to deliver)."""
-        if not self.pending:
-            self.plan(min(self.cap(), self.limit()))  # nothing is held
+        unless fewer than two requests are ready to deliver)."""
+        self.look()
+        if self.ready == 0 and self.entries:  # nothing to deliver: plan for the next request, whatever it costs
+            self.plan(min(self.cap(), self.room()))
         # after the first plan (the first file's first bytes) nothing more until the first delivery
-        while (
-            (self.delivered or self.plans == 0)
-            and (self.waiting or not self.exhausted)
-            and len(self.pending) < self.ahead.MAX_PENDING
-        ):
-            room = self.limit() - self.held - self.cached
-            if room <= 0 or (room < max(1, min(self.cap(), self.limit()) // 2) and len(self.pending) >= 2):
+        while (self.delivered or self.plans == 0) and self.ready < len(self.entries):
+            room = self.room()
+            if room <= 0 or (room < max(1, min(self.cap(), self.limit())) and self.ready >= 2):
                 break
-            before = len(self.pending)
-            self.plan(min(room, self.cap()))
-            if len(self.pending) == before:
+            if not self.plan(min(room, self.cap())):
                 break
+            self.look()
+
+    # -- the lookahead ------------------------------------------------------------------
+    def look(self) -> None:
+        """Pull requests ahead while their spans are within eight plans' bytes (the
+        first plan: two, of the first file only; then nothing until the first delivery)."""
+        if self.plans and not self.delivered:
+            return
+        horizon = min(self.ahead.options.budget, (8 if self.plans else 2) * self.cap())
+        while len(self.entries) < self.ahead.MAX_PENDING and (self.looked < horizon or self.ready == len(self.entries)):
+            request = self.pull()
+            if request is None:
+                break
+            if self.plans == 0 and self.entries and request.file != self.entries[0].request.file:
+                # the first plan ends with the first file: the first sample waits for its own
+                # range only (nor for the next files' indexes, a request each when they are
+                # stored entries)
+                self.waiting = request
+                break
+            self.entries.append(self.entry(request))
+        self.advance()
+
+    def pull(self) -> Request | None:
+        if self.waiting is not None:
+            request, self.waiting = self.waiting, None
+            return request
+        if self.exhausted:
+            return None
+        try:
+            return next(self.source)
+        except StopIteration:
+            self.exhausted = True
+            return None
+
+    def entry(self, request: Request) -> _Entry:
+        uses: list[_Use | None] = []
+        missing = size = 0
+        hits: dict[int, _Held] = {}
+        for i, (start, stop) in enumerate(request.spans):
+            if stop <= start:
+                uses.append((None, 0, 0))
+                continue
+            uses.append(None)
+            missing += 1
+            size += stop - start
+            if self.ahead.caches is not None:
+                key = (request.file, start, stop)
+                hit = self.hits.get(key) or self.stored(*key)
+                if hit is not None:
+                    hits[i] = self.hits[key] = hit
+        self.looked += size
+        entry = _Entry(request, uses, missing, size)
+        entry.hits = hits or None
+        return entry
+
+    def advance(self) -> None:
+        """Count the entries whose every span is known as ready, in order."""
+        entries = self.entries
+        while self.ready < len(entries) and entries[self.ready].missing == 0:
+            self.looked -= entries[self.ready].size
+            self.ready += 1
 
     # -- the local cache ----------------------------------------------------------------
     def cache_of(self, file: int) -> FileCache | None:
@@ -283,114 +362,89 @@ class _Run:
 
         return _Held(Range(file, start, stop), _Deferred(read), live=False)
 
-    # -- admitting requests ---------------------------------------------------------------
-    def pull(self) -> Request | None:
-        if self.waiting:
-            return self.waiting.pop()
-        if self.exhausted:
-            return None
-        try:
-            return next(self.source)
-        except StopIteration:
-            self.exhausted = True
-            return None
+    # -- planning -------------------------------------------------------------------------
+    def gap(self, file: int) -> int:
+        gaps = self.ahead.gaps
+        return self.ahead.options.max_gap if gaps is None else gaps[file]
 
-    def plan(self, room: int) -> None:
-        """Admit the next requests while the ranges they need (the gaps read
-        through included, bounded by :class:`.coalesce.Coverage`) fit in
-        ``room`` bytes, and submit those ranges. With nothing held the next
-        request is admitted whatever its size: alone, its spans exactly."""
-        batch, alone = self.admit(room)
-        if batch:
-            self.submit(self.ranges(batch, alone), batch)
-
-    def admit(self, room: int) -> tuple[list[Request], bool]:
-        """``(the requests admitted, whether the one admitted is alone and too large)``."""
-        batch: list[Request] = []
-        coverage = Coverage()
-        hits = 0  # bytes of the batch's spans found in the local cache
-        while len(self.pending) + len(batch) < self.ahead.MAX_PENDING:
-            request = self.pull()
-            if request is None:
-                break
-            if self.plans == 0 and batch and request.file != batch[0].file:
-                # the first plan ends with the first file: the first sample waits for its
-                # own range only (nor for the next files' indexes, a request each when
-                # they are stored entries)
-                self.waiting.append(request)
-                break
-            mark = coverage.mark()
-            more = self.cover(request, coverage)
-            if coverage.total + hits + more <= room:
-                batch.append(request)
-                hits += more
+    def upcoming(self, entry: _Entry) -> Upcoming:
+        """What ``entry`` still needs: its spans in no live range, and its cached bytes."""
+        spans: list[tuple[int, int, int]] = []
+        extra, file, hits = 0, entry.request.file, entry.hits
+        for i, (span, use) in enumerate(zip(entry.request.spans, entry.uses, strict=True)):
+            if use is not None:
                 continue
-            coverage.undo(mark)
-            if not batch and self.held == 0:
-                return [request], True
-            self.waiting.append(request)
-            break
-        return batch, False
+            if hits is not None and i in hits:
+                extra += span[1] - span[0]
+            elif self.live.find(file, *span) is None:
+                spans.append((file, *span))
+        return Upcoming(spans, extra)
 
-    def cover(self, request: Request, coverage: Coverage) -> int:
-        """Add to ``coverage`` what ``request`` needs fetched; the bytes of its spans
-        found in the local cache (noted in ``local``)."""
-        ahead, local = self.ahead, self.local
-        options, gaps = ahead.options, ahead.gaps
-        hits = 0
-        gap = options.max_gap if gaps is None else gaps[request.file]
-        for start, stop in request.spans:
-            if (
-                stop > start
-                and ahead._live(self.live, self.starts, request.file, start, stop) is None
-                and (ahead.caches is None or (request.file, start, stop) not in local)
-            ):
-                if ahead.caches is not None and (hit := self.stored(request.file, start, stop)) is not None:
-                    local[(request.file, start, stop)] = hit
-                    hits += stop - start
-                    continue
-                coverage.add(request.file, start, stop, gap)
-            elif stop > start and ahead.caches is not None and (request.file, start, stop) in local:
-                hits += stop - start
-        return hits
-
-    def ranges(self, batch: list[Request], alone: bool) -> list[Range]:
-        """The ranges to fetch for ``batch``: its spans not in the local cache,
-        coalesced by the gap of their file (none for a request admitted alone)."""
-        options, gaps = self.ahead.options, self.ahead.gaps
-        by_gap: dict[int, list[tuple[int, int, int]]] = {}
-        for request in batch:
-            gap = 0 if alone else options.max_gap if gaps is None else gaps[request.file]
-            for start, stop in request.spans:
-                if stop > start and (request.file, start, stop) not in self.local:
-                    by_gap.setdefault(gap, []).append((request.file, start, stop))
+    def plan(self, room: int) -> bool:
+        """Admit the next requests while the ranges they need fit in ``room`` bytes
+        (:func:`.extents.plan`), submit those ranges and note where each admitted
+        request's bytes come from. Reading through a later request's bytes (the
+        hull of a file's admitted spans) only while what is held then leaves the
+        budget room for any request of the lookahead alone, so that the ranges kept
+        for later requests never stop the next one. With nothing ready the next
+        request is admitted whatever its size: alone, its spans exactly."""
+        options = self.ahead.options
+        entries = list(itertools.islice(self.entries, self.ready, None))
+        if not entries:
+            return False
+        upcoming = [self.upcoming(entry) for entry in entries]
+        keep = options.budget - self.held - self.cached - max(entry.size for entry in entries)
         ranges: list[Range] = []
-        for gap, spans in by_gap.items():
-            ranges.extend(
-                coalesce(
-                    spans,
-                    options.max_range,
-                    gap,
-                    {f: [h.range for h in self.live[f]] for f in {s[0] for s in spans} if f in self.live},
-                )
-            )
-        return ranges
+        admitted, through = 0, keep > 0
+        if through:
+            admitted, ranges = extents.plan(upcoming, min(room, keep), self.gap, self.live.of, options.max_range, True)
+            through = admitted > 0
+        if not admitted:
+            admitted, ranges = extents.plan(upcoming, room, self.gap, self.live.of, options.max_range, False)
+        if not admitted:
+            if self.ready:
+                return False
+            admitted, ranges = 1, coalesce(upcoming[0].spans, options.max_range, 0)
+        self.plans += 1
+        for rng in ranges:
+            self.hold(rng)
+        for entry in entries[:admitted]:
+            self.admit(entry)
+        if through:  # the later requests whose bytes were read through keep them
+            for entry in entries[admitted:]:
+                self.resolve(entry)
+        self.advance()
+        return True
+
+    def admit(self, entry: _Entry) -> None:
+        """Note where every span of an admitted ``entry`` comes from."""
+        if entry.hits is not None:
+            for i, hit in entry.hits.items():
+                start, stop = entry.request.spans[i]
+                hit.users += 1
+                self.cached += stop - start
+                entry.uses[i] = (hit, 0, stop - start)
+                entry.missing -= 1
+            entry.hits = None
+        self.resolve(entry)
+        assert entry.missing == 0, entry.request.spans
+
+    def resolve(self, entry: _Entry) -> None:
+        """Note the spans of ``entry`` that live ranges hold (not those from the cache)."""
+        file, hits = entry.request.file, entry.hits
+        for i, (start, stop) in enumerate(entry.request.spans):
+            if entry.uses[i] is not None or (hits is not None and i in hits):
+                continue
+            found = self.live.find(file, start, stop)
+            if found is not None:
+                found.users += 1
+                entry.uses[i] = (found, start - found.range.start, stop - found.range.start)
+                entry.missing -= 1
 
     # -- holding and delivering ---------------------------------------------------------------
-    def submit(self, ranges: list[Range], batch: list[Request]) -> None:
-        """Ask for ``ranges`` (the next delivery's first) and queue ``batch``."""
-        self.plans += 1
-        for rng in sorted(ranges, key=_first_use(batch)):
-            self.hold(rng)
-        for request in batch:
-            self.pending.append((request, self.uses(request)))
-        self.local.clear()  # (a request left waiting looks its spans up again)
-
     def hold(self, rng: Range) -> None:
         item = _Held(rng, self.ahead.open(rng.file).submit(rng.start, rng.stop), self.cache_of(rng.file))
-        at = bisect.bisect_left(self.starts.setdefault(rng.file, []), rng.start)
-        self.starts[rng.file].insert(at, rng.start)
-        self.live.setdefault(rng.file, []).insert(at, item)
+        self.live.add(rng, item)
         self.held += rng.size
         with STATS.lock:
             STATS.ranges += 1
@@ -398,30 +452,15 @@ class _Run:
             STATS.held += rng.size
             STATS.peak_held = max(STATS.peak_held, STATS.held)
 
-    def uses(self, request: Request) -> list[tuple[_Held | None, int, int]]:
-        """Where each span of ``request`` comes from: ``(held range, from, to)``."""
-        uses: list[tuple[_Held | None, int, int]] = []
-        for start, stop in request.spans:
-            if stop <= start:
-                uses.append((None, 0, 0))
-                continue
-            hit = self.local.get((request.file, start, stop)) if self.local else None
-            if hit is not None:
-                hit.users += 1
-                self.cached += stop - start
-                uses.append((hit, 0, stop - start))
-                continue
-            found = self.ahead._live(self.live, self.starts, request.file, start, stop)
-            assert found is not None, (request.file, start, stop)
-            found.users += 1
-            uses.append((found, start - found.range.start, stop - found.range.start))
-        return uses
-
-    def deliver(self, uses: list[tuple[_Held | None, int, int]]) -> list[memoryview]:
-        """The bytes of a request's spans; the ranges it held are let go."""
+    def next(self) -> tuple[Request, list[memoryview]]:
+        """The first ready request and its bytes; the ranges it held are let go."""
+        entry = self.entries.popleft()
+        self.ready -= 1
+        uses = entry.uses
         views: list[memoryview] = []
         try:
-            for item, lo, hi in uses:
+            for use in uses:
+                item, lo, hi = use  # type: ignore[misc]
                 if item is None:
                     views.append(memoryview(b""))
                     continue
@@ -431,50 +470,36 @@ class _Run:
                     cache.store(item.range.start, item.range.stop, data)
                 views.append(memoryview(data)[lo:hi])
         finally:
-            for item, _, _ in uses:
+            for use in uses:
+                item = use[0]  # type: ignore[index]
                 if item is None:
                     continue
                 if item.live:
+                    gain = min(use[2] - use[1], item.range.size - item.credited)  # type: ignore[index]
+                    item.credited += gain
+                    self.credited += gain
+                    self.released += gain
                     self.release(item)
                 else:
                     self.cached -= item.range.size
                     self.released += item.range.size
-        return views
+                    item.users -= 1
+                    if item.users == 0:
+                        self.hits.pop((item.range.file, item.range.start, item.range.stop), None)
+        return entry.request, views
 
     def release(self, item: _Held) -> None:
         item.users -= 1
         if item.users == 0:
-            rng = item.range
-            index = bisect.bisect_left(self.starts[rng.file], rng.start)
-            del self.live[rng.file][index], self.starts[rng.file][index]
-            self.held -= rng.size
-            self.released += rng.size
+            self.live.remove(item.range)
+            self.held -= item.range.size
+            self.released += item.range.size - item.credited  # the gaps it read through
+            self.credited -= item.credited
             with STATS.lock:
-                STATS.held -= rng.size
+                STATS.held -= item.range.size
 
     def close(self) -> None:
-        for items in self.live.values():
-            for item in items:
-                item.future.cancel()
+        for item in self.live.values():
+            item.future.cancel()
         with STATS.lock:
             STATS.held -= self.held
-
-
-def _first_use(batch: list[Request]) -> Callable[[Range], int]:
-    """Order ranges by the first request that needs them, so that the next
-    delivery's bytes are asked for first."""
-    firsts: list[tuple[int, int, int]] = []
-    for order, request in enumerate(batch):
-        for start, _ in request.spans:
-            firsts.append((request.file, start, order))
-    firsts.sort()
-
-    def key(rng: Range) -> int:
-        at = bisect.bisect_left(firsts, (rng.file, rng.start, -1))
-        best = len(batch)
-        while at < len(firsts) and firsts[at][0] == rng.file and firsts[at][1] < rng.stop:
-            best = min(best, firsts[at][2])
-            at += 1
-        return best
-
-    return key
