@@ -162,14 +162,21 @@ def test_no_module_above_sources_imports_another_modules_private_names():
 
 # --- sources/ rooms: written by rooms_move.py (issue 32); edit FLOORS there too ---
 #: sources/'s rooms, each with the rooms below it that it may import (and sources/read_options.py, below
-#: them all); sources/pipe.py and sources/__init__.py stand above every room, and no room imports them
+#: them all); sources/pipe.py, sources/sequence.py and sources/__init__.py stand above every room, and no room
+#: imports them
 ROOMS: dict[str, set[str]] = {
     "transport": set(),
     "formats": {"transport"},
     "reading": {"transport"},
     "stored": {"transport", "formats", "reading"},  # manifest3 < paged < manifest < indexing, pruning; entry_packs
 }
-SOURCES_OUTSIDE_ROOMS = {"distshard.sources", "distshard.sources.pipe", "distshard.sources.read_options"}
+SOURCES_OUTSIDE_ROOMS = {
+    "distshard.sources",
+    "distshard.sources.pipe",
+    "distshard.sources.read_options",
+    # the pipe's own random-access view: it reads through reading/ the entries stored/ keeps, so above every room
+    "distshard.sources.sequence",
+}
 #: transport's clients: a format names byte spans and parses bytes, it opens files through transport/files.py
 CLIENTS = {
     f"distshard.sources.transport.{name}"
