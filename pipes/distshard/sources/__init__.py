@@ -1,7 +1,7 @@
 """File sources: WebDataset tar shards, JSON lines, Parquet and Megatron token files as ``IterDataPipe``\\ s.
 
 Iterated alone, a source yields every sample of every file in order;
-``.dist_shard()`` reads it at random by position (see :mod:`.base` for the
+``.dist_shard()`` reads it at random by position (see :mod:`.pipe` for the
 protocol), so each slot reads only its own samples' bytes::
 
     import distshard

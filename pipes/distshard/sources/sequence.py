@@ -53,7 +53,7 @@ def build_index(
 ) -> FileIndex:
     """``ref``'s index: its stored entry if the identity came from a stored index
     (from ``kept``, the entries the rank fetched before its workers started, else
-    with its chunk of ``packed``: see :mod:`.packs`), else (or if the entry is not
+    with its chunk of ``packed``: see :mod:`.entry_packs`), else (or if the entry is not
     there) built from the file."""
     if ref.stored is not None:
         from .stored.manifest import fetch_entry
@@ -309,7 +309,7 @@ class SourceSequence(Sequence):
         """In a rank, before its DataLoader workers start (``slots``: the positions
         each of its slots will read, in order): fetch the stored index entries
         (``python -m distshard index``) of the file each reads first, with the rest
-        of their chunks (:mod:`.packs`: one range request each, all at once; one for
+        of their chunks (:mod:`.entry_packs`: one range request each, all at once; one for
         all when they lie within ``packs.RANGE_BYTES`` of a pack, as a rank's
         contiguous blocks do), and keep them here: the workers get them with the
         sequence (forked or pickled) and ask no request for them. Nothing without a

@@ -8,7 +8,7 @@ index is its footer: one suffix GET of its end gives the identity and the footer
 indexed by threads (``--workers``, default :data:`REMOTE_WORKERS`: their time is
 spent waiting on the store), local files by processes (their header walk is CPU).
 
-Entries are written a pack at a time (:mod:`.packs`: one object for many
+Entries are written a pack at a time (:mod:`.entry_packs`: one object for many
 files), each pack followed by the manifest listing every file done so far
 (format version 3, :mod:`.manifest3`: its columns and pages, then its head; a
 version 2 index refreshed is upgraded in place), so an
@@ -218,7 +218,7 @@ def _executor(remote: bool, count: int, workers: int | None) -> Executor:
 
 class _Packs:
     """The entries indexed since the last write, written as one pack (in the
-    order of the files), then the manifest naming it (see :mod:`.packs`)."""
+    order of the files), then the manifest naming it (see :mod:`.entry_packs`)."""
 
     def __init__(self, location: str, access: FileAccess, order: Mapping[str, int]) -> None:
         self.location, self.access, self.order = location, access, order

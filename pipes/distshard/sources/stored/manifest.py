@@ -5,8 +5,8 @@ a ``.distshard/`` folder beside the first file (or where ``--out`` says: a local
 folder or any fsspec URL):
 
 - the files' entries, packed a few thousand to an object
-  (``entries-<build>-<n>.pack``, see :mod:`.packs`): each the same bytes as an
-  entry of the per-machine cache (:mod:`.index`: identity, count, arrays,
+  (``entries-<build>-<n>.pack``, see :mod:`.entry_packs`): each the same bytes as an
+  entry of the per-machine cache (:mod:`.index_cache`: identity, count, arrays,
   checksums), so an entry is checked against the identity it is loaded for;
 - ``manifest.json``, of format version 3 (:mod:`.manifest3`: a small head, the
   columns every rank reads, pages of files read as a slot reaches them, all in
@@ -33,7 +33,7 @@ beside its first file) or through ``index=``. Then a job asks no metadata per
 file: counts and identities come from the manifest, every range response is
 checked against them (:mod:`.remote`), and a slot fetches the entries of the
 files it reads only, those of the next files it reads in the same request
-(:mod:`.packs`; then the per-machine cache).
+(:mod:`.entry_packs`; then the per-machine cache).
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def fetch_entry(
     there or not of that identity (the file is then indexed itself). An entry in
     ``kept`` (fetched by the rank before its workers started) takes no request; a
     packed one comes with its chunk (``packed``'s, less the entries kept; see
-    :mod:`.packs`): fetched already, on its way, or in one range request now.
+    :mod:`.entry_packs`): fetched already, on its way, or in one range request now.
     Either way it is checked against ``ref`` when loaded."""
     from ..formats.index_cache import loads
     from .entry_packs import entry_range, fetch_packed

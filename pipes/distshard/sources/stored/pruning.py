@@ -1,6 +1,6 @@
 """Deleting the packs no manifest names any more (``python -m distshard index --prune``).
 
-A build writes its entries in new packs (``entries-<build>-<n>.pack``, :mod:`.packs`)
+A build writes its entries in new packs (``entries-<build>-<n>.pack``, :mod:`.entry_packs`)
 and a manifest naming the packs its files' entries are in; the packs of an earlier
 build whose files were all indexed again are then named by nothing. :func:`prune_packs`
 deletes, in the index's folder, the packs the new manifest does not name and that are
