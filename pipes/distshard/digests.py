@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 __all__ = [
+    "ListHead",
     "blake2b_hex",
     "code_digest",
     "crc32_chunks_hex",
@@ -99,10 +100,10 @@ def stable_text(value: Any, budget: list[int]) -> str | None:
     if isinstance(value, _PRIMITIVES):
         text = repr(value)
         return text if len(text) <= 200 else f"{text[:200]}...{len(text)}"
+    if isinstance(value, ListHead):
+        return _sequence_text("list", value.n, value.items, budget)
     if isinstance(value, (list, tuple)):
-        parts = [stable_text(v, budget) for v in value[:8]]
-        texts = [part for part in parts if part is not None]
-        return None if len(texts) < len(parts) else f"{type(value).__name__}({len(value)}:{','.join(texts)})"
+        return _sequence_text(type(value).__name__, len(value), value[:8], budget)
     if isinstance(value, dict):
         items = []
         for k, v in list(value.items())[:8]:
@@ -112,6 +113,21 @@ def stable_text(value: Any, budget: list[int]) -> str | None:
             items.append(f"{kt}:{vt}")
         return "{" + ",".join(items) + "}"
     return None
+
+
+class ListHead:
+    """What :func:`stable_text` reads of a long list, without the list: its length
+    ``n`` and its first 8 ``items`` (a list of files a lazy index holds in pages);
+    its text is the whole list's."""
+
+    def __init__(self, items: Sequence[Any], n: int) -> None:
+        self.items, self.n = list(items[:8]), n
+
+
+def _sequence_text(name: str, n: int, head: Sequence[Any], budget: list[int]) -> str | None:
+    parts = [stable_text(v, budget) for v in head]
+    texts = [part for part in parts if part is not None]
+    return None if len(texts) < len(parts) else f"{name}({n}:{','.join(texts)})"
 
 
 def stable_digest(*values: Any) -> str:

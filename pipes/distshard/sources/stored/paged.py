@@ -29,7 +29,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any, Iterator, Mapping
 
-from ...digests import blake2b_hex
+from ...digests import ListHead, blake2b_hex
 from ...errors import SourceDataError
 from ...forks import at_fork
 from ..transport.files import FileAccess, FileRef, key_of
@@ -421,22 +421,13 @@ class _AllFiles(Mapping):
         return self.index.files
 
 
-def head_list(values: Sequence[Any], first: Sequence[Any] | None = None) -> list[Any]:
+def head_list(values: Sequence[Any], first: Sequence[Any] | None = None) -> list[Any] | ListHead:
     """What :func:`.digests.stable_digest` reads of a long list (its length and its
     first 8 items), without the list: ``first``, or the first 8 of ``values``."""
     items = list(first if first is not None else values[:8])
     if len(items) == len(values):
         return items
-    return _Head(items, len(values))
-
-
-class _Head(list):
-    def __init__(self, items: list[Any], n: int) -> None:
-        super().__init__(items)
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
+    return ListHead(items, len(values))
 
 
 def urls_head(refs: Sequence[FileRef]) -> list[str]:
