@@ -9,7 +9,7 @@ import time
 
 from fsspec.spec import AbstractFileSystem
 
-from tests.test_fork_safety import FORKING, IMPORTING
+from tests.fork_events import FORKING, IMPORTING
 
 IMPORTING.set()
 FORKING.wait(60)

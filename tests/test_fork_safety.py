@@ -27,12 +27,11 @@ import pytest
 from distshard.sources.reading import cache, fetch
 from distshard.sources.transport import clients
 from distshard.sources.transport._lru import LRU
+from tests.fork_events import FORKING, IMPORTING
 from tests.helpers import wait_child
 
 CHILD_SECONDS = 30.0  # what a child may take; one that waits for its parent's thread never ends
 
-FORKING = threading.Event()  # set when a fork starts, while _ARMED (see tests/fork_slow_fs.py)
-IMPORTING = threading.Event()  # set by tests/fork_slow_fs.py when its import has begun
 _ARMED: list[bool] = []
 
 
