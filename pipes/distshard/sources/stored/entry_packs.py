@@ -13,7 +13,7 @@ the rank's fetch before its DataLoader workers start):
 - **Chunks.** A source's entries in a pack are split once into *chunks*, from
   the pack's layout alone (:class:`PackedEntries`): in byte order, a chunk takes
   the next entry while its range stays within :data:`RANGE_BYTES` and the gap to
-  it (entries of files that are not the source's) within :data:`_GAP`. An entry
+  it (entries of files that are not the source's) within :data:`GAP_BYTES`. An entry
   is always fetched with its whole chunk, in one range request, whoever asks
   first and whatever they read next: a process asks each chunk it touches once,
   and a slot that reads every file asks as many requests as there are chunks
@@ -34,10 +34,12 @@ from typing import Any, Iterable, Sequence
 
 from ...errors import SourceDataError, SourceMissingError
 from ...forks import at_fork
+from ..reading.coalesce import Range, coalesce
 from ..transport._lru import LRU
 from ..transport.files import FileAccess
 
 __all__ = [
+    "GAP_BYTES",
     "PICKLED_BYTES",
     "RANGE_BYTES",
     "KeptEntries",
@@ -52,7 +54,8 @@ __all__ = [
 
 #: the most bytes of one pack fetched in one request (a chunk's range; one entry larger than this alone)
 RANGE_BYTES = 1 << 20
-_GAP = 64 << 10  # bytes of entries of other files a chunk's range reads through, at most
+#: bytes of entries of other files a chunk's range reads through, at most
+GAP_BYTES = 64 << 10
 
 log = logging.getLogger("distshard")
 
@@ -114,23 +117,29 @@ class PackedEntries:
 
 
 def _chunks(entries: Iterable[str]) -> dict[str, list[Member]]:
-    """Every packed entry's chunk: per pack, in byte order, greedily (module docstring)."""
-    by_pack: dict[str, list[Member]] = {}
+    """Every packed entry's chunk: per pack, in byte order, the ranges
+    :func:`..reading.coalesce.coalesce` merges them into (at most
+    :data:`RANGE_BYTES`, gaps of at most ``GAP_BYTES``; module docstring)."""
+    packs: dict[str, int] = {}
+    placed: list[tuple[int, int, int, str]] = []  # (pack, start, stop, entry)
     for entry in dict.fromkeys(entries):
-        placed = entry_range(entry)
-        if placed is not None:
-            by_pack.setdefault(placed[0], []).append((entry, placed[1], placed[2]))
+        where = entry_range(entry)
+        if where is not None:
+            placed.append((packs.setdefault(where[0], len(packs)), where[1], where[2], entry))
+    placed.sort()
+    ranges = coalesce([m[:3] for m in placed], RANGE_BYTES, GAP_BYTES)
     out: dict[str, list[Member]] = {}
-    for members in by_pack.values():
-        members.sort(key=lambda m: (m[1], m[2]))
-        chunk: list[Member] = []
-        lo = hi = 0
-        for member in members:
-            if not chunk or member[2] - lo > RANGE_BYTES or member[1] - hi > _GAP:
-                chunk, lo, hi = [], member[1], member[2]
-            chunk.append(member)
-            hi = max(hi, member[2])
-            out[member[0]] = chunk
+    at = 0
+    chunk: list[Member] = []
+    current: Range | None = None
+    for pack, start, stop, entry in placed:
+        while at < len(ranges) and (ranges[at].file, ranges[at].stop) < (pack, stop):
+            at += 1
+        rng = ranges[at] if at < len(ranges) and ranges[at].covers(start, stop) and ranges[at].file == pack else None
+        if rng is None or rng != current:  # (an empty entry is a chunk of its own)
+            chunk, current = [], rng
+        chunk.append((entry, start, stop))
+        out[entry] = chunk
     return out
 
 
