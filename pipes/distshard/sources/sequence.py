@@ -347,7 +347,7 @@ class SourceSequence(Sequence):
 
     def entries_ahead(self, files: Iterable[int]) -> None:
         """Begin fetching the stored entries of ``files`` (what a slot reads next) that
-        no request has brought yet (see :func:`.packs.fetch_ahead`)."""
+        no request has brought yet (see :func:`.entry_packs.fetch_ahead`)."""
         wanted = [self.refs[f].stored for f in files if self._fetchable(f)]
         if wanted:
             fetch_ahead([e for e in wanted if e is not None], self._packed(), self.access, self._fetched_entries)

@@ -60,7 +60,7 @@ class EntriesAhead:
     """Asks, for a slot, the stored index entries (``python -m distshard index``) of
     the remote files it reads next, so that a slot over many small files does not
     wait a round trip per file while its read-ahead plans sample by sample: the
-    requests go out at once (:func:`.packs.fetch_ahead`, a chunk each, never twice),
+    requests go out at once (:func:`.entry_packs.fetch_ahead`, a chunk each, never twice),
     and a file's own lookup waits for its. Only files whose identity came from a
     stored index, once the read-ahead has moved past the first file (the first
     sample waits for nothing else); any other file's index is built from the file
