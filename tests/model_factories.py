@@ -58,7 +58,9 @@ import distshard
 # must then refuse) or a cache entry is corrupted in place or truncated (exact: the entry
 # replaced; see CacheJobs): "remote-jobs"; the JSON-lines file in a repository of a loopback
 # Hugging Face Hub read as hf://, a same-size rewrite pushed as a new commit in the middle of some
-# jobs (tests/hub_factories.py): "remote-hub"
+# jobs (tests/hub_factories.py): "remote-hub"; the elements in numbered local JSON-lines files
+# (three a file) indexed by the command, the source given the brace pattern that names them
+# (a lazy list, matched to the index as a pattern: no URL made but the first): "pattern-stored"
 SOURCES = (
     "list",
     "list+map",
@@ -83,6 +85,7 @@ SOURCES = (
     "remote-parquet",
     "remote-jobs",
     "remote-hub",
+    "pattern-stored",
 )
 MIXES = ("mix", "mix-phases", "mix-cost", "mix-files")
 
@@ -135,6 +138,7 @@ class Spec:
             "remote-parquet",
             "remote-jobs",
             "remote-hub",
+            "pattern-stored",
             *MIXES,
         ) or (self.units and self.sized)
 
@@ -533,6 +537,31 @@ def remote_stored_jsonl(n: int):
     return distshard.jsonl(url, read_options=source.access.options)
 
 
+def pattern_stored_jsonl(n: int):
+    """``"e0" .. "e{n-1}"``, three a file, in ``part-000.jsonl ..`` (at least two files, so
+    the command records their pattern), written and indexed once per machine under a
+    lock (spawned processes find them); the source is given the brace pattern."""
+    import fcntl
+    import json
+
+    from distshard.__main__ import main
+
+    root = Path(jsonl_file(0)).parent / f"pattern-{n}"
+    files = max(2, -(-n // 3))
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "done").exists():
+            for k in range(files):
+                lines = [json.dumps(f"e{i}") + "\n" for i in range(3 * k, min(n, 3 * k + 3))]
+                (root / f"part-{k:03d}.jsonl").write_text("".join(lines))
+            assert main(["index", str(root / "part-*.jsonl")]) == 0
+            head = json.loads((root / ".distshard" / "manifest.json").read_text())
+            assert head["pattern"] == str(root / f"part-{{000..{files - 1:03d}}}.jsonl"), head.get("pattern")
+            (root / "done").touch()
+    return distshard.jsonl(str(root / f"part-{{000..{files - 1:03d}}}.jsonl"))
+
+
 _S3: Any = None  # (pid, moto's server, S3Proxy, the files in its bucket) of this process
 S3_BUCKET = "model"
 
@@ -845,6 +874,8 @@ def build(spec: Spec, rank: int | None = None, world_size: int | None = None):
         source = remote_weak_jsonl(spec.n)
     elif spec.source == "remote-stored":
         source = remote_stored_jsonl(spec.n)
+    elif spec.source == "pattern-stored":
+        source = pattern_stored_jsonl(spec.n)
     elif spec.source == "remote-s3":
         source = remote_s3_jsonl(spec.n)
     elif spec.source == "remote-stale":
@@ -910,6 +941,8 @@ def build_node(spec: Spec, rank: int | None = None, world_size: int | None = Non
         return DistShardNode(remote_weak_jsonl(spec.n), **options)
     if spec.source == "remote-stored":
         return DistShardNode(remote_stored_jsonl(spec.n), **options)
+    if spec.source == "pattern-stored":
+        return DistShardNode(pattern_stored_jsonl(spec.n), **options)
     if spec.source == "remote-s3":
         return DistShardNode(remote_s3_jsonl(spec.n), **options)
     if spec.source == "remote-stale":

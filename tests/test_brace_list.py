@@ -8,10 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distshard.digests import ListHead, stable_digest, stable_text
-from distshard.sources.transport.brace_list import BraceList, lazy_braceexpand
-from distshard.sources.transport.urls import braceexpand
+from distshard.errors import OptionError
+from distshard.sources.transport.brace_list import BraceList, lazy_braceexpand, pattern_of
+from distshard.sources.transport.files import any_compressed, compression_of
+from distshard.sources.transport.urls import braceexpand, expand_urls
 
-_WORD = st.text(alphabet="abxyz./-_0123456789:", max_size=4)
+_WORD = st.text(alphabet="abxyz./-_0123456789:", max_size=4) | st.sampled_from([".gz", ".tar", ".bz2", ".Zst"])
 
 
 @st.composite
@@ -42,6 +44,9 @@ def test_lazy_is_the_eager_expansion(pattern: str, data: st.DataObject) -> None:
     assert lazy[start:stop:step] == eager[start:stop:step]
     assert lazy == eager and eager == lazy
     assert pickle.loads(pickle.dumps(lazy)) == lazy
+    assert lazy.holds_empty() == ("" in eager)
+    assert all(item.endswith(lazy.tail()) for item in eager)
+    assert any_compressed(lazy) == any(compression_of(url) is not None for url in eager)
     assert stable_text(ListHead(lazy, len(lazy)), [64]) == stable_text(eager, [64])
 
 
@@ -60,3 +65,47 @@ def test_shard_patterns_are_covered_and_small() -> None:
 def test_uncovered_patterns_fall_back() -> None:
     for pattern in ["a{b,{c,d}}", "{a..e}", "{x}", "lit\\{a,b\\}", "{{a,b}}"]:
         assert lazy_braceexpand(pattern) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=st.text(alphabet="ab/-_.:0123456789", max_size=8),
+    after=st.text(alphabet="ab/-_.:0123456789", max_size=6),
+    first=st.integers(0, 120),
+    n=st.integers(1, 40),
+    width=st.integers(0, 5),
+    cut=st.integers(0, 3),
+)
+def test_the_pattern_of_a_numbered_listing_expands_to_exactly_it(before, after, first, n, width, cut) -> None:
+    urls = [f"{before}{k:0{width}d}{after}" for k in range(first, first + n)]
+    pattern = pattern_of(urls)
+    if pattern is not None:  # (None is always allowed: the index then matches by its digest)
+        assert list(BraceList(pattern)) == urls
+    if not before[-1:].isdigit() and not any(c.isdigit() for c in after) and n > 1:
+        assert pattern is not None, urls  # the command's own listings (shard-000..) are recognised
+    gapped = urls[:cut] + urls[cut + 1 :]  # a file missing: no one-range pattern names the rest
+    if 0 < cut < len(urls) - 1:
+        assert pattern_of(gapped) is None
+
+
+def test_pattern_of_refuses_what_no_range_names() -> None:
+    assert pattern_of(["a0", "a2"]) is None  # a gap
+    assert pattern_of(["a1", "a0"]) == "a{1..0}"  # (descending, as braceexpand counts down)
+    assert pattern_of(["a0", "b1"]) is None and pattern_of(["a0"]) is None and pattern_of([]) is None
+    assert pattern_of(["x/{a}0", "x/{a}1"]) is None  # (a brace in a name)
+
+
+def test_expand_urls_gives_a_plain_pattern_lazily_and_the_rest_eagerly(tmp_path) -> None:
+    lazy = expand_urls("s3://b/shard-{000..999}.tar")
+    assert isinstance(lazy, BraceList) and lazy == braceexpand("s3://b/shard-{000..999}.tar")
+    assert isinstance(expand_urls("s3://b/a{b,{c,d}}.tar"), list)  # (nested: not covered)
+    assert expand_urls("a{0..1}::b{0..1}") == ["a0", "a1", "b0", "b1"]  # (several patterns: a list)
+    (tmp_path / "f1.tar").write_bytes(b"")
+    assert expand_urls(str(tmp_path / "f{1..1}*.tar")) == [str(tmp_path / "f1.tar")]  # (globbed)
+    for empty in ["{,a}", "{,}"]:
+        try:
+            expand_urls(empty)
+        except OptionError as exc:
+            assert "names no file" in str(exc)
+        else:
+            raise AssertionError(f"{empty!r} names an empty file and was taken")

@@ -242,3 +242,69 @@ def test_a_columns_starts_are_its_prefix_sums_and_pickle_as_its_counts(counts, c
     starts = paged.starts_of(column)
     assert list(starts) == [sum(counts[:k]) for k in range(len(counts))]
     assert isinstance(starts, paged.StartsArray) and starts.counts is column
+
+
+def _made(monkeypatch) -> list[int]:
+    """Counts the URLs a brace pattern's lazy list makes (one entry per URL made)."""
+    from distshard.sources.transport.brace_list import BraceList
+
+    made: list[int] = []
+    item = BraceList._item
+
+    def counted(self, k):
+        made.append(k)
+        return item(self, k)
+
+    monkeypatch.setattr(BraceList, "_item", counted)
+    return made
+
+
+def test_a_source_given_the_indexed_pattern_matches_it_as_a_pattern(tmp_path, paged_out, monkeypatch):
+    paths, expected = write_jsonl(tmp_path / "j", files=12, lines=3)
+    assert main(["index", str(tmp_path / "j" / "part-*.jsonl")]) == 0
+    head = json.loads((tmp_path / "j" / ".distshard" / "manifest.json").read_text())
+    pattern = str(tmp_path / "j" / "part-{000..011}.jsonl")
+    assert head["pattern"] == pattern  # (the command saw that its listing is this one range)
+    made = _made(monkeypatch)
+    monkeypatch.setattr(manifest3, "names_digest", lambda names: pytest.fail("the URLs were digested"))
+    seen: Counter = Counter()
+    for rank in range(3):
+        paged.forget()
+        fresh_machine(monkeypatch, tmp_path, f"rank{rank}")
+        source = jsonl(pattern)
+        seen.update(dumped(source.dist_shard(rank=rank, world_size=3, shuffle=True)))
+        assert isinstance(source._summary, StoredSummary)
+    assert seen == dumped(expected)
+    assert set(made) == {0}, made  # only the first URL (where the index is looked for): never the twelve
+
+
+def test_another_pattern_or_a_changed_index_is_not_taken_for_the_index(tmp_path, paged_out, monkeypatch):
+    paths, expected = write_jsonl(tmp_path / "j", files=12, lines=3)
+    assert main(["index", str(tmp_path / "j" / "part-*.jsonl")]) == 0
+    by_file = {os.path.basename(p): [] for p in paths}
+    for value in expected:
+        by_file[f"part-{value['f']:03d}.jsonl"].append(value)
+    # fewer files than the index: not its summary; the files it names, exactly, from the index's entries
+    fresh_machine(monkeypatch, tmp_path, "fewer")
+    source = jsonl(str(tmp_path / "j" / "part-{001..010}.jsonl"))
+    wanted = [v for k in range(1, 11) for v in by_file[f"part-{k:03d}.jsonl"]]
+    assert dumped(source.dist_shard()) == dumped(wanted)
+    assert not isinstance(source._summary, StoredSummary) and source._indexed_here == 0
+    # the same files in another order: not the index's order, so not its summary either
+    fresh_machine(monkeypatch, tmp_path, "reversed")
+    source = jsonl(str(tmp_path / "j" / "part-{011..000}.jsonl"))
+    assert dumped(source.dist_shard()) == dumped(expected) and not isinstance(source._summary, StoredSummary)
+    # a file changed since the index: refused, given as a pattern as given as a glob
+    os.utime(paths[7], ns=(0, 10**18))
+    fresh_machine(monkeypatch, tmp_path, "changed")
+    with pytest.raises(ValueError, match=r"part-007\.jsonl changed after the stored index.*python -m distshard index"):
+        list(jsonl(str(tmp_path / "j" / "part-{000..011}.jsonl")).dist_shard())
+    # a file added and the index rebuilt: the old pattern is no longer the index's files
+    write_jsonl(tmp_path / "j", files=13, lines=3)
+    assert main(["index", str(tmp_path / "j" / "part-*.jsonl")]) == 0
+    assert json.loads((tmp_path / "j" / ".distshard" / "manifest.json").read_text())["pattern"].endswith(
+        "part-{000..012}.jsonl"
+    )
+    fresh_machine(monkeypatch, tmp_path, "grown")
+    source = jsonl(str(tmp_path / "j" / "part-{000..011}.jsonl"))
+    assert dumped(source.dist_shard()) == dumped(expected) and not isinstance(source._summary, StoredSummary)

@@ -758,6 +758,27 @@ def test_every_history_over_a_stored_index_is_exact_or_refused(spec, data):
 
 @settings(MODEL_SETTINGS, max_examples=20)
 @given(spec=specs(), data=st.data())
+def test_every_history_over_a_stored_index_named_by_a_pattern_is_exact_or_refused(spec, data):
+    """Files named by a brace pattern the stored index recorded (issue 33): the source
+    holds a lazy list, matches the index as a pattern and reads exactly once."""
+    check_model(replace(spec, source="pattern-stored"), data, ["plain", "sdl0"])
+
+
+def test_the_pattern_model_source_is_a_lazy_list_matched_to_its_index():
+    """The history test above is not vacuous: its source holds the pattern's lazy list
+    and takes the index's summary by the pattern the command recorded."""
+    from distshard.sources.stored.paged import StoredSummary
+    from distshard.sources.transport.brace_list import BraceList
+    from tests.model_factories import pattern_stored_jsonl
+
+    source = pattern_stored_jsonl(10)
+    assert isinstance(source.urls, BraceList) and len(source.urls) == 4
+    assert sorted(source.dist_shard(rank=0, world_size=1)) == sorted(f"e{i}" for i in range(10))
+    assert isinstance(source._summary, StoredSummary)
+
+
+@settings(MODEL_SETTINGS, max_examples=20)
+@given(spec=specs(), data=st.data())
 def test_every_history_over_a_stored_index_on_s3_is_exact_or_refused(spec, data):
     """The same file in a bucket of moto's S3 server, its index stored beside it,
     read by the direct S3 client through a proxy that answers every 7th GET with a

@@ -162,7 +162,7 @@ def read_shard_index(index: ShardIndex, storage_options: StorageOptions = None) 
 
 def _files(
     urls: UrlsArg | None, index: ShardIndex | None, storage_options: StorageOptions
-) -> tuple[list[str], dict[str, int], str | None]:
+) -> tuple[Sequence[str], dict[str, int], str | None]:
     """``(files, counts from a wids-style index, the folder of a stored index)``."""
     if index is None:
         if urls is None:

@@ -41,8 +41,9 @@ from .read_options import ReadOptions
 from .sequence import SourceSequence, build_index, count_error
 from .stored.manifest import Stored
 from .stored.paged import StoredSummary, counts_of
+from .transport.brace_list import BraceList
 from .transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
-from .transport.urls import is_remote
+from .transport.urls import first_remote, is_remote
 
 __all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "StreamFile"]
 
@@ -89,7 +90,7 @@ class FileSourceIterDataPipe(IterDataPipe):
     def __init__(
         self,
         fmt: Format,
-        urls: list[str],
+        urls: Sequence[str],
         counts: dict[str, int] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         read_options: ReadOptions | None = None,
@@ -105,7 +106,7 @@ class FileSourceIterDataPipe(IterDataPipe):
                 f"read_options must be a distshard.sources.ReadOptions, got {type(read_options).__name__}"
             )
         self.fmt = fmt
-        self.urls = list(urls)
+        self.urls: Sequence[str] = urls if isinstance(urls, BraceList) else list(urls)  # (a pattern's stays lazy)
         self.declared = dict(counts or {})
         self.access = FileAccess(read_options or ReadOptions(), dict(storage_options) if storage_options else None)
         self._summary: Sequence[tuple[FileRef, int]] | None = None
@@ -114,16 +115,16 @@ class FileSourceIterDataPipe(IterDataPipe):
         self._stored: Stored | None = None  # the stored index found (after prepare)
         self._indexed_here = 0  # files prepare indexed itself (no stored index had them)
         self.data_group = data_group  # the ranks the index build is split over (None: every rank)
-        first_remote = next((url for url in self.urls if is_remote(url)), None)
+        remote = first_remote(self.urls)
         if job_ranks(data_group) is not None:
             # Built on every rank of the data group (as the whole pipeline is): the one place
             # where the index build is split across ranks. Later, lazy calls (len, explain,
             # dist_shard) never make collectives, so calling them on one rank cannot hang.
             self.prepare(collective=True)
-        elif first_remote is not None:  # its first request comes later (dist_shard, len, iter): start the client now
+        elif remote is not None:  # its first request comes later (dist_shard, len, iter): start the client now
             from .transport.clients import warm_up
 
-            warm_up(first_remote, storage_options)
+            warm_up(remote, storage_options)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (a spawned worker): over a version 3 index's files, its head, not its files."""
@@ -285,11 +286,11 @@ class FileSourceIterDataPipe(IterDataPipe):
                 from .stored.manifest import moved_describe
 
                 text += f"; index stored at {self._stored.location}{moved_describe(self._stored)}"
-            first_remote = next((url for url in self.urls if is_remote(url)), None)
-            if first_remote is not None:
+            remote = first_remote(self.urls)
+            if remote is not None:
                 from .transport.clients import s3_client_choice
 
-                client = s3_client_choice(first_remote, self.access.storage_options)
+                client = s3_client_choice(remote, self.access.storage_options)
                 text += f"; {client}" if client else ""
             return text if hint is None else f"{text}; {hint}"
         compressed = sum(1 for url in self.urls if self.fmt.compression(url))

@@ -48,7 +48,7 @@ from ...digests import blake2b_hex
 from ...errors import SourceDataError, SourceMissingError
 from ..transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, key_of, local_path
 from ..transport.responses import READ_ONLY, MissingBucketError, index_command
-from ..transport.urls import is_remote
+from ..transport.urls import first_remote, is_remote
 from .manifest3 import (
     MANIFEST,
     Encoded,
@@ -377,7 +377,7 @@ def stored_hint(stored: Stored | None, indexed_here: int, urls: Sequence[str], l
     """What would make a source's next start fast, when it indexed ``indexed_here``
     of its files itself (``None`` otherwise; the per-machine cache is enough for
     local files)."""
-    if not indexed_here or not any(is_remote(url) for url in urls):
+    if not indexed_here or first_remote(urls) is None:
         return None
     if stored is not None:
         return (

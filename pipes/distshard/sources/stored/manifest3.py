@@ -9,6 +9,8 @@ Version 3 splits it by who needs what:
   dataset's identity: a digest of the files' names in order, as listed),
   ``"urls"`` (a digest of their URLs in order, as resolved where it was written:
   a source listing exactly these files maps file k to file k without a page),
+  ``"pattern"`` (the one-range brace pattern that names exactly those URLs, or
+  ``null``: a source given that pattern matches without making its URLs),
   ``"formats"``, ``"packs"``, ``"relative"`` / ``"absolute"`` (whether some names
   are relative to the root / absolute), ``"md5_stamps"`` (every stamp an S3
   MD5 ETag), ``"remote"`` (every file remote, ``true``, or local, ``false``;
@@ -53,6 +55,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ...digests import blake2b_hex
 from ...errors import SourceDataError
+from ..transport.brace_list import pattern_of
 from ..transport.files import DEFAULT_FILE_ACCESS, FileAccess, key_of, local_path
 from ..transport.urls import is_remote
 
@@ -251,6 +254,7 @@ def encode(root: str, build: str, files: Sequence[StoredFile], records: Sequence
         "samples": sum(f.count for f in files),
         "names": names_digest(names),
         "urls": names_digest(f.url for f in files),
+        "pattern": pattern_of([f.url for f in files]),
         "formats": formats,
         "packs": packs,
         "relative": any(is_relative(n) for n in names),

@@ -32,6 +32,7 @@ from typing import Any, Iterator, Mapping
 from ...digests import ListHead, blake2b_hex
 from ...errors import SourceDataError
 from ...forks import at_fork
+from ..transport.brace_list import BraceList, lazy_braceexpand
 from ..transport.files import FileAccess, FileRef, key_of
 from ..transport.urls import is_remote
 from . import manifest3
@@ -383,6 +384,11 @@ class Stored3(Stored):
         head = self.index.head
         if len(urls) != self.index.files or head["formats"] not in ([fmt], []) or self.moved_from is not None:
             return None
+        pattern = head.get("pattern")  # (the command's: the one brace pattern that names these files)
+        if isinstance(urls, BraceList) and isinstance(pattern, str):
+            theirs = lazy_braceexpand(pattern)
+            if theirs is not None and theirs.key() == urls.key():  # the same list, compared as patterns
+                return StoredSummary(self.index)
         return StoredSummary(self.index) if manifest3.names_digest(urls) == head["urls"] else None
 
     def entries_usable(self) -> bool:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Sequence, overload
 
-__all__ = ["BraceList", "lazy_braceexpand"]
+__all__ = ["INT_RANGE", "BraceList", "IntRange", "lazy_braceexpand", "pattern_of"]
 
-_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
+INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
 _TOKEN = re.compile(r"\{([^{}\\]*)\}|([^{}\\]+)")
 
 
-class _Range:
+class IntRange:
     """An integer range group: ``n`` numbers from ``lo`` by ``step``, printed ``%0*d``."""
 
     __slots__ = ("lo", "step", "n", "width")
@@ -50,7 +50,7 @@ class _Range:
 
 
 def _parts(pattern: str) -> list[Any] | None:
-    """The pattern as literal strings and groups (``_Range`` or a tuple of words), or
+    """The pattern as literal strings and groups (``IntRange`` or a tuple of words), or
     ``None`` when it holds what the lazy form does not cover."""
     parts: list[Any] = []
     pos = 0
@@ -62,9 +62,9 @@ def _parts(pattern: str) -> list[Any] | None:
         if literal is not None:
             parts.append(literal)
             continue
-        found = _INT_RANGE.match(body)
+        found = INT_RANGE.match(body)
         if found is not None:
-            parts.append(_Range(*found.groups()))
+            parts.append(IntRange(*found.groups()))
         elif "," in body:
             parts.append(tuple(body.split(",")))
         else:
@@ -123,9 +123,22 @@ class BraceList(Sequence[str]):
     def __iter__(self) -> Iterator[str]:
         return (self._item(k) for k in range(self._n))
 
+    def holds_empty(self) -> bool:
+        """Whether some item is the empty string (no literal text, and every group a
+        word list holding ``""``: ``"{,a}"``)."""
+        return all(isinstance(p, tuple) and "" in p for p in self._parts)
+
+    def head(self) -> str:
+        """The literal text every item starts with (``""`` when the pattern starts with a group)."""
+        return self._parts[0] if self._parts and isinstance(self._parts[0], str) else ""
+
+    def tail(self) -> str:
+        """The literal text every item ends with (``""`` when the pattern ends in a group)."""
+        return self._parts[-1] if self._parts and isinstance(self._parts[-1], str) else ""
+
     def key(self) -> tuple:
         """What decides the expansion: equal keys, equal lists (compared in O(groups))."""
-        return tuple(p if isinstance(p, str) else (p.key() if isinstance(p, _Range) else p) for p in self._parts)
+        return tuple(p if isinstance(p, str) else (p.key() if isinstance(p, IntRange) else p) for p in self._parts)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, BraceList):
@@ -146,3 +159,24 @@ def lazy_braceexpand(pattern: str) -> BraceList | None:
     """``pattern``'s expansion as a :class:`BraceList`, or ``None`` when the lazy
     form does not cover it (the caller then uses :func:`.urls.braceexpand`)."""
     return BraceList(pattern) if _parts(pattern) is not None else None
+
+
+_NUMBERED = re.compile(r"^((?:[^{}\\]*[^{}\\0-9])?)([0-9]+)([^{}\\0-9]*)$")  # (the last run of digits)
+
+
+def pattern_of(urls: Sequence[str]) -> str | None:
+    """The one-range brace pattern whose expansion is exactly ``urls``
+    (``["s-00.tar", "s-01.tar", "s-02.tar"]`` -> ``"s-{00..02}.tar"``), or ``None``.
+    What ``python -m distshard index`` records in a manifest's head, so that a source
+    given that pattern is known to name the index's files without listing them."""
+    if len(urls) < 2:
+        return None
+    first, last = _NUMBERED.match(urls[0]), _NUMBERED.match(urls[-1])
+    if first is None or last is None or first.group(1, 3) != last.group(1, 3):
+        return None
+    before, low, after = first.groups()
+    pattern = f"{before}{{{low}..{last.group(2)}}}{after}"
+    lazy = lazy_braceexpand(pattern)
+    if lazy is None or len(lazy) != len(urls) or any(a != b for a, b in zip(lazy, urls, strict=True)):
+        return None
+    return pattern

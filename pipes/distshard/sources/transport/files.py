@@ -35,6 +35,7 @@ from typing import Any, BinaryIO, Mapping, Sequence
 
 from ...errors import SourceChangedError, SourceMissingError
 from ..read_options import ReadOptions
+from .brace_list import BraceList
 from .contract import Transport
 from .pins import unpinned
 from .urls import is_remote
@@ -120,6 +121,7 @@ def compression_of(url: str) -> str | None:
 
 
 assert all(suffix.startswith(".") for suffix in _COMPRESSIONS)
+assert all(suffix.count(".") == 1 for suffix in _COMPRESSIONS)  # (so a name's last ".part" decides)
 _NAMED_COMPRESSED = re.compile(  # (a name's end: before the next name, or its query)
     r"\.(?:" + "|".join(re.escape(suffix[1:]) for suffix in _COMPRESSIONS) + ")[\n?]", re.IGNORECASE
 )
@@ -127,7 +129,10 @@ _NAMED_COMPRESSED = re.compile(  # (a name's end: before the next name, or its q
 
 def any_compressed(urls: Sequence[str]) -> bool:
     """Whether :func:`compression_of` names a compression for any of ``urls``,
-    without a call per URL when none does (a search of them joined)."""
+    without a call per URL when none does (a search of them joined); of a brace
+    pattern whose literal end holds a dot (``".tar"``), from that end alone."""
+    if isinstance(urls, BraceList) and "?" not in urls.pattern and "." in urls.tail():
+        return compression_of(urls.tail()) is not None  # (every URL's last ".suffix" is the tail's)
     if _NAMED_COMPRESSED.search("\n".join(urls) + "\n") is None:
         return False
     return any(compression_of(url) is not None for url in urls)

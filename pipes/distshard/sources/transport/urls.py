@@ -17,8 +17,9 @@ import string
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from ...errors import OptionError, OptionTypeError
+from .brace_list import INT_RANGE, BraceList, IntRange, lazy_braceexpand
 
-__all__ = ["braceexpand", "expand_urls", "is_remote"]
+__all__ = ["braceexpand", "expand_urls", "first_remote", "is_remote"]
 
 UrlsArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
@@ -40,7 +41,18 @@ def is_remote(url: str) -> bool:
     return bool(_REMOTE.match(url)) and not url.startswith("file://")
 
 
-_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
+def first_remote(urls: Sequence[str]) -> str | None:
+    """The first remote URL of ``urls`` (``None``: every file is local); of a brace
+    pattern whose literal start decides it (up to its first ``/`` and one more
+    character: ``"s3://"``, ``"/data"``), from its first URL alone."""
+    if isinstance(urls, BraceList) and len(urls):
+        head = urls.head()
+        slash = head.find("/")
+        if 0 <= slash and slash + 2 <= len(head):  # (a scheme's "://" can only be at the first "/")
+            return urls[0] if is_remote(urls[0]) else None
+    return next((url for url in urls if is_remote(url)), None)
+
+
 _CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
 _ALPHABET = string.ascii_uppercase + string.ascii_lowercase
 _ESCAPED = re.compile(r"\\(.)")
@@ -59,7 +71,7 @@ def braceexpand(pattern: str) -> list[str]:
     removed. Unbalanced braces raise ``ValueError``.
     """
     one = _ONE_GROUP.match(pattern)
-    match = _INT_RANGE.match(one.group(2)) if one is not None else None
+    match = INT_RANGE.match(one.group(2)) if one is not None else None
     if one is not None and match is not None:  # the common shard pattern, one range, nothing escaped: no call a name
         before, _, after = one.groups()
         return [before + number + after for number in _int_range(*match.groups())]
@@ -114,7 +126,7 @@ def _pattern(pattern: str) -> Iterable[tuple]:
 
 
 def _expression(body: str) -> list | None:
-    match = _INT_RANGE.match(body)
+    match = INT_RANGE.match(body)
     if match is not None:
         return list(_int_range(*match.groups()))
     match = _CHAR_RANGE.match(body)
@@ -146,12 +158,8 @@ def _sequence(body: str) -> list | None:
 
 
 def _int_range(first: str, last: str, step: str | None) -> Iterable[str]:
-    padded = any(s.startswith(("0", "-0")) for s in (first, last) if s not in ("0", "-0"))
-    width = max(len(first), len(last)) if padded else 0
-    increment = (int(step) or 1) if step else 1
-    lo, hi = int(first), int(last)
-    numbers = range(lo, hi + 1, increment) if lo < hi else range(lo, hi - 1, -increment)
-    return ("%0*d" % (width, n) for n in numbers)
+    numbers = IntRange(first, last, step)
+    return (numbers[k] for k in range(len(numbers)))
 
 
 def _char_range(first: str, last: str, step: str | None) -> str:
@@ -172,8 +180,12 @@ def _glob_one(pattern: str, storage_options: Mapping[str, Any] | None = None) ->
     return sorted(_glob.glob(os.path.expanduser(path)))
 
 
-def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None) -> Sequence[str]:
     """The ordered list of files that ``urls`` names.
+
+    One brace pattern of ranges and word lists (``"s3://b/shard-{0000000..9999999}.tar"``;
+    no ``::``, glob or ``hf://``) gives a :class:`.brace_list.BraceList`: equal to the
+    list, but each URL made when asked for, so a job over 10^7 files does not build them.
 
     Args:
         urls: a path or URL, a brace pattern (``"shard-{000000..000063}.tar"``),
@@ -188,6 +200,12 @@ def expand_urls(urls: UrlsArg, storage_options: Mapping[str, Any] | None = None)
         text = os.fspath(urls)
         if not isinstance(text, str):
             raise OptionTypeError(f"urls must be a str or a list of str, got bytes {text!r}")
+        if "{" in text and "::" not in text and "hf://" not in text.lower() and not _GLOB_CHARS.search(text):
+            lazy = lazy_braceexpand(text)
+            if lazy is not None:
+                if lazy.holds_empty():
+                    raise OptionError(f"urls names no file: {urls!r}")
+                return lazy
         out: list[str] = []
         pins: dict[Any, str] = {}  # one resolution of each hf:// repository's revision
         for pattern in text.split("::"):
