@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,43 @@ def test_another_pattern_or_a_changed_index_is_not_taken_for_the_index(tmp_path,
     fresh_machine(monkeypatch, tmp_path, "grown")
     source = jsonl(str(tmp_path / "j" / "part-{000..011}.jsonl"))
     assert dumped(source.dist_shard()) == dumped(expected) and not isinstance(source._summary, StoredSummary)
+
+
+@pytest.mark.parametrize("whole_bytes", [64 << 20, 300, 1])
+def test_reading_every_page_takes_few_requests_and_checks_each(tmp_path, paged_out, monkeypatch, whole_bytes):
+    """A refresh (and a match by URL) reads every page: in requests of up to
+    WHOLE_BYTES of pages (issue 33: a refresh of 10^6 files in about 1,000 listing
+    requests, not one more a page), each page still checked by its CRC."""
+    write_jsonl(tmp_path / "j", files=40, lines=1)
+    assert main(["index", str(tmp_path / "j" / "part-*.jsonl")]) == 0
+    folder = tmp_path / "j" / ".distshard"
+    expected = dict(manifest.load(str(folder)).files)
+    monkeypatch.setattr(paged, "WHOLE_BYTES", whole_bytes)
+    asked: list[tuple[int, int]] = []
+    read_range = paged.read_range
+
+    def counted(url, start, stop, access):
+        asked.append((start, stop))
+        return read_range(url, start, stop, access)
+
+    monkeypatch.setattr(paged, "read_range", counted)
+    paged.forget()
+    stored = manifest.load(str(folder))
+    assert dict(stored.files) == dict(expected)
+    (pages,) = folder.glob("pages-*.bin")
+    size = pages.stat().st_size
+    # consecutive, disjoint, the whole object once; as few as the limit allows (one page at least a request)
+    assert [a for a, _ in asked] == [0] + [b for _, b in asked[:-1]] and asked[-1][1] == size
+    assert len(asked) == (1 if whole_bytes >= size else 10 if whole_bytes == 1 else len(asked))
+    at = stored.index.columns()["page_at"]
+    largest = max(b - a for a, b in pairwise(at))
+    assert all(b - a <= max(whole_bytes, largest) for a, b in asked)
+    built = build_stored_index([str(folder)])  # `python -m distshard index PATH/.distshard`: the refresh
+    assert built.built == 0 and len(built.files) == 40
+    pages = folder / json.loads((folder / "manifest.json").read_text())["pages"]["object"]
+    data = bytearray(pages.read_bytes())
+    data[size // 2] ^= 1
+    pages.write_bytes(bytes(data))
+    paged.forget()
+    with pytest.raises(ValueError, match=r"page \d+ is malformed"):
+        dict(manifest.load(str(folder)).files)

@@ -206,6 +206,36 @@ def test_unit_order_is_a_bijection_that_keeps_units_together(sizes, seed):
     assert runs == sum(1 for size in sizes if size)  # every unit visited in one run
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 3000), st.integers(0, 2**80), st.booleans())
+def test_a_permutations_table_is_its_images_with_numpy_or_without(n, seed, numpy_there):
+    """The table ``shuffle=True``'s orders take at once (issue 33: no call per file) is
+    exactly the per-index images, bit for bit: a resumed run must visit the same order."""
+    from distshard.plan import Permutation, permutation
+
+    real = permutation._numpy
+    permutation._numpy = real if numpy_there else (lambda: None)
+    try:
+        p = Permutation(n, seed)
+        assert list(p.table()) == [p(k) for k in range(n)]
+    finally:
+        permutation._numpy = real
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 2**40) | st.integers(0, 2**70), max_size=200), st.randoms(), st.booleans())
+def test_prefix_sums_are_the_running_totals(values, rng, ordered):
+    from distshard.plan import prefix_sums
+
+    order = list(range(len(values)))
+    rng.shuffle(order)
+    taken = [values[k] for k in order] if ordered else values
+    totals = [0]
+    for v in taken:
+        totals.append(totals[-1] + v)
+    assert list(prefix_sums(values, order if ordered else None)) == totals
+
+
 @given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.integers(0, 200), st.data())
 def test_chunk_layout_partitions_whole_rounds_and_merges_exactly(world, workers, multiple, total, data):
     from distshard.plan import chunk_positions, left_after_chunks, select_chunks

@@ -33,7 +33,7 @@ from .carry import (
     carry_summary,
     carry_window,
 )
-from .permutation import Permutation, UnitOrder
+from .permutation import Permutation, UnitOrder, prefix_sums
 from .remaining import MAX_BAND, LeftAfter, Remaining, left_after_blocks, left_after_chunks, left_after_round_robin
 from .slots import (
     ALL_EVEN_MODES,
@@ -65,6 +65,7 @@ from .splits import (
 
 __all__ = [
     "mix_seed",
+    "prefix_sums",
     "Even",
     "EVEN_MODES",
     "CARRY",

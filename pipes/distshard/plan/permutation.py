@@ -3,10 +3,43 @@ kept together (``shuffle=True``'s orders)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from array import array
+from typing import Any, Sequence
 
 from ..digests import mix_seed
 from ..errors import OptionError
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _numpy() -> Any:
+    """numpy when it is installed (an optional dependency), else ``None``."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+def prefix_sums(values: Sequence[int], order: Sequence[int] | None = None) -> Sequence[int]:
+    """``[0, v0, v0 + v1, ...]`` of ``values`` (taken in ``order`` when given):
+    ``len + 1`` items, one numpy pass when numpy is there (a pass in Python else,
+    and for sums past 64 bits)."""
+    np = _numpy()
+    if np is not None and len(values) > 64:
+        try:
+            taken = np.asarray(values, dtype=np.int64)
+            if order is not None:
+                taken = taken[np.asarray(order, dtype=np.int64)]
+            if not len(taken) or (taken.min() >= 0 and int(taken.max()) * len(taken) < 1 << 62):
+                return array("q", b"\0" * 8 + np.cumsum(taken, dtype=np.int64).tobytes())
+        except OverflowError:
+            pass
+    out = [0]
+    for v in values if order is None else (values[k] for k in order):
+        out.append(out[-1] + v)
+    return out
+
 
 # -- a permutation of [0, n) in O(1) memory ---------------------------------------------
 
@@ -55,6 +88,35 @@ class Permutation:
     def __len__(self) -> int:
         return self.n
 
+    def table(self) -> Sequence[int]:
+        """Every image in index order, ``[self(k) for k in range(n)]``: computed for
+        all indices at once with numpy when it is installed (the same arithmetic,
+        modulo 2^64), one call per index else."""
+        np = _numpy()
+        if np is None or self.n < 64:
+            return [self(k) for k in range(self.n)]
+        half, mask = np.uint64(self.half), np.uint64(self.mask)
+        keys = [np.uint64(key & _MASK64) for key in self.keys]
+        golden, mixer = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
+        shift29, shift32 = np.uint64(29), np.uint64(32)
+
+        def encrypt(value: Any) -> Any:
+            left, right = value >> half, value & mask
+            for key in keys:
+                z = right * golden + key  # (uint64: wraps modulo 2^64, as _round masks)
+                z ^= z >> shift29
+                z = z * mixer
+                left, right = right, left ^ ((z ^ (z >> shift32)) & mask)
+            return (left << half) | right
+
+        with np.errstate(over="ignore"):
+            out = encrypt(np.arange(self.n, dtype=np.uint64))
+            outside = np.nonzero(out >= np.uint64(self.n))[0]
+            while len(outside):  # cycle walking, for the indices still outside
+                out[outside] = encrypt(out[outside])
+                outside = outside[out[outside] >= np.uint64(self.n)]
+        return array("q", out.astype(np.int64).tobytes())
+
 
 class UnitOrder:
     """A seeded permutation of ``[0, sum(sizes))`` that keeps units together: the
@@ -69,14 +131,10 @@ class UnitOrder:
 
         self._bisect = bisect.bisect_right
         units = Permutation(len(sizes), mix_seed(seed, 1))
-        self.order = [units(k) for k in range(len(sizes))]
+        self.order = units.table()
         self.sizes = list(sizes)
-        self.offsets = [0]
-        for size in sizes:
-            self.offsets.append(self.offsets[-1] + size)
-        self.starts = [0]
-        for unit in self.order:
-            self.starts.append(self.starts[-1] + sizes[unit])
+        self.offsets = prefix_sums(self.sizes)
+        self.starts = prefix_sums(self.sizes, self.order)
         self.seed = seed
         self._inner: tuple[int, Permutation] | None = None
 

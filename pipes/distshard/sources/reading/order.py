@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 from ...digests import mix_seed
 from ...errors import OptionError, SourceDataError
-from ...plan import Permutation
+from ...plan import Permutation, prefix_sums
 
 __all__ = ["FileOrder", "expansion"]
 
@@ -79,13 +79,9 @@ class FileOrder:
         self.windows = windows
         self.within = within
         files = Permutation(len(self.counts), mix_seed(seed, 1))
-        self.order = [files(k) for k in range(len(self.counts))]
-        self.offsets = [0]
-        for count in self.counts:
-            self.offsets.append(self.offsets[-1] + count)
-        self.starts = [0]
-        for f in self.order:
-            self.starts.append(self.starts[-1] + self.counts[f])
+        self.order = files.table()
+        self.offsets = prefix_sums(self.counts)
+        self.starts = prefix_sums(self.counts, self.order)
         self._file: tuple[int, list[int], list[int], Sequence[int]] | None = None
         self._window: tuple[int, int, Callable[[int], int]] | None = None
 

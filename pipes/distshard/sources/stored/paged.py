@@ -43,6 +43,7 @@ __all__ = ["ColumnArray", "Opened", "PagedRefs", "Stored3", "StoredSummary", "Un
 
 _LOCK = threading.RLock()
 _OPENED: dict[tuple[str, str, Any], "Opened"] = {}  # this process's open indexes, by location and build
+WHOLE_BYTES = 64 << 20  # of the pages object, one request when every page is read (a refresh, a match by URL)
 MAX_PAGES = 4096  # pages a process keeps (2,097,152 files' records): past it, the oldest go
 
 
@@ -160,6 +161,28 @@ class Opened:
         data = self._read_object(spec["object"], (at[k], at[k + 1]))
         return manifest3.decode_page(self.where, k, data, columns["page_crc"][k], self.page_size, self.files)
 
+    def every_page(self) -> Iterator[tuple[int, list[Record]]]:
+        """Every page's records, in order, fetched in requests of up to
+        :data:`WHOLE_BYTES` of consecutive pages (not one a page: a refresh of 10^6
+        files reads its 1,954 pages in 2), each page checked against its CRC."""
+        spec = self.head["pages"]
+        count = int(spec["count"])
+        if "data" in spec:
+            yield from ((k, self.records(k)) for k in range(count))
+            return
+        columns = self.columns()
+        at, crc = columns["page_at"], columns["page_crc"]
+        k = 0
+        while k < count:
+            stop = k + 1
+            while stop < count and at[stop + 1] - at[k] <= WHOLE_BYTES:
+                stop += 1
+            data = self._read_object(spec["object"], (at[k], at[stop]))
+            for p in range(k, stop):
+                page = data[at[p] - at[k] : at[p + 1] - at[k]]
+                yield p, manifest3.decode_page(self.where, p, page, crc[p], self.page_size, self.files)
+            k = stop
+
     def _load_page(self, k: int) -> tuple[list[FileRef], PackedEntries]:
         records = self.records(k)
         first = k * self.page_size
@@ -195,13 +218,17 @@ class Opened:
         return str(formats[column[f] if column is not None else 0])
 
     def stored_files(self) -> dict[str, StoredFile]:
-        """Every file as a :class:`.manifest3.StoredFile`, by ``key_of`` (every page fetched)."""
-        counts = self.columns()["count"]
+        """Every file as a :class:`.manifest3.StoredFile`, by ``key_of`` (every page
+        fetched, in few requests: :meth:`every_page`)."""
+        counts, sizes = self.columns()["count"], self.columns()["size"]
         out: dict[str, StoredFile] = {}
-        for f in range(self.files):
-            ref = self.ref(f)
-            assert ref.size is not None and ref.stamp is not None and ref.stored is not None
-            out[key_of(ref.url)] = StoredFile(ref.url, self.format_of(f), counts[f], ref.size, ref.stamp, ref.stored)
+        for k, records in self.every_page():
+            for f, record in enumerate(records, k * self.page_size):
+                ref = self._ref(record, sizes[f])
+                assert ref.size is not None and ref.stamp is not None and ref.stored is not None
+                out[key_of(ref.url)] = StoredFile(
+                    ref.url, self.format_of(f), counts[f], ref.size, ref.stamp, ref.stored
+                )
         return out
 
 
