@@ -254,6 +254,7 @@ def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys,
         return real(url, *args)
 
     monkeypatch.setattr(indexing, "FLUSH_SECONDS", 0.0)  # a pack (and the manifest) after every file
+    monkeypatch.setattr(indexing, "MANIFEST_SHARE", float("inf"))
     monkeypatch.setattr(indexing, "_index_one", interrupted)
     with pytest.raises(KeyboardInterrupt):
         build_stored_index(urls, out=out, workers=1)
@@ -263,6 +264,33 @@ def test_an_interrupted_build_goes_on_where_it_stopped(tmp_path, server, capsys,
     server.reset_counters()
     assert build_stored_index(urls, out=out).built == 5
     assert requests_by_kind(server) == {"HEAD": 3, "data": 5}
+    assert Counter(map(key, webdataset(urls, index=out).dist_shard())) == Counter(map(key, expected))
+
+    # manifests that may take no time at all (MANIFEST_SHARE 0): the first pack's, then only the last
+    # (a long build's manifests grow with its files: not one at every pack); interrupted, the rerun
+    # goes on from the first
+    paths, expected = write_shards(tmp_path / "rare", shards=8, per_shard=2)
+    urls = [server.url(p) for p in paths]
+    out = str(tmp_path / "rare" / ".distshard")
+    written: list[str] = []
+    write = indexing.manifest.write
+
+    def counted(url, data, access=None):
+        if url.endswith("manifest.json"):
+            written.append(url)
+        return write(url, data, access) if access is not None else write(url, data)
+
+    monkeypatch.setattr(indexing, "MANIFEST_SHARE", 0.0)
+    monkeypatch.setattr(indexing.manifest, "write", counted)
+    seen.clear()
+    monkeypatch.setattr(indexing, "_index_one", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_stored_index(urls, out=out, workers=1)
+    assert len(written) == 1 and [f["url"] for f in listing(out)["files"]] == urls[:1]
+    monkeypatch.setattr(indexing, "_index_one", real)
+    written.clear()
+    assert build_stored_index(urls, out=out, workers=1).built == 7 and len(written) == 2
+    assert [f["url"] for f in listing(out)["files"]] == urls
     assert Counter(map(key, webdataset(urls, index=out).dist_shard())) == Counter(map(key, expected))
 
 

@@ -157,6 +157,10 @@ def _check_writable(location: str) -> None:
 #: entries or its first entry is this many seconds old: what an interruption can lose
 FLUSH_BYTES = 64 << 20
 FLUSH_SECONDS = 30.0
+# of the time since the last manifest, at most this share goes to writing the next: a manifest names
+# every file so far (its columns and pages grow with them), so a long build does not write 10^6 files'
+# pages at every pack
+MANIFEST_SHARE = 0.1
 REMOTE_WORKERS = 32  # files indexed at once by default (threads: each waits on one streamed GET)
 
 
@@ -270,8 +274,10 @@ def build_stored_index(
     A remote file costs one request (a streamed GET; a file an earlier build
     listed, one metadata request while it is unchanged, or a thousandth of its
     S3 folder's listing); the entries are written
-    a pack at a time, each followed by the manifest, so an interrupted build
-    goes on where its last pack ended (at most :data:`FLUSH_SECONDS` of work).
+    a pack at a time, followed by the manifest (unless the last manifest took more
+    than :data:`MANIFEST_SHARE` of the time since), so an interrupted build goes on
+    where the last manifest ended (at most :data:`FLUSH_SECONDS` of work, or ten
+    times the manifest's write).
 
     ``prune_after`` (seconds): once the manifest is written and every file indexed,
     delete the packs in ``out`` it does not name that are older than that
@@ -361,6 +367,7 @@ class _Build:
         self.stop: str | None = None  # the failure that stopped the build (see _stops)
         self.started = time.monotonic()
         self.manifests = 0  # manifests written (each names its own columns and pages: version 3)
+        self.manifest_at, self.manifest_seconds = self.started, 0.0  # when the last was written, and how long it took
         self.objects: set[str] = set()  # the columns and pages the last manifest names
 
     def write_manifest(self) -> list[StoredFile]:
@@ -368,13 +375,22 @@ class _Build:
         build's in order (indexed now, kept, or as listed before while unchecked)."""
         files = [f for url, f in self.listed.items() if url not in self.order]
         files += [self.done.get(url) or self.listed[url] for url in self.urls if url in self.done or url in self.listed]
+        started = time.monotonic()
         encoded = manifest.encode3(self.location, files, f"{self.packs.build}-{self.manifests:04d}")
         self.manifests += 1
         for name, data in encoded.objects.items():  # (before the head naming them)
             manifest.write(manifest.join(self.location, name), data, self.access)
         manifest.write(manifest.join(self.location, manifest.MANIFEST), encoded.head, self.access)
         self.objects = set(encoded.objects)
+        self.manifest_at = time.monotonic()
+        self.manifest_seconds = self.manifest_at - started
         return files
+
+    def manifest_due(self) -> bool:
+        """Whether a pack written now is followed by the manifest: when the last one
+        took at most :data:`MANIFEST_SHARE` of the time since (so a long build spends
+        at most about a tenth of its time on manifests, however many files it has)."""
+        return self.manifest_seconds <= MANIFEST_SHARE * (time.monotonic() - self.manifest_at)
 
     def finished(self, item: StoredFile) -> None:
         self.total_bytes += item.size
@@ -477,7 +493,8 @@ class _Build:
         self.finished(item)
         if self.packs.due():
             self.done.update((f.url, f) for f in self.packs.write())
-            self.write_manifest()
+            if self.manifest_due():
+                self.write_manifest()
 
     def finish(self) -> Built:
         """The last pack and the manifest; the errors raised, naming the files."""
