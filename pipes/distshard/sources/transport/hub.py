@@ -36,13 +36,12 @@ import asyncio
 import itertools
 import os
 import re
-import time
 from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import quote
 
 from ..read_options import ReadOptions
 from .pins import unpinned
-from .ranged import range_header
+from .ranged import range_header, retried
 from .remote import Client
 from .responses import Attempts, Changed, Transient, check_content_range, check_status, exact, missing, read_only
 
@@ -94,20 +93,18 @@ def sorted_error(url: str, what: str, exc: BaseException) -> BaseException:
     return exc
 
 
-def retried(url: str, what: str, call: Callable[[], T], options: ReadOptions = _DEFAULT) -> T:
+def hub_retried(url: str, what: str, call: Callable[[], T], options: ReadOptions = _DEFAULT) -> T:
     """``call()`` (a blocking huggingface_hub call), its errors sorted by status and
-    the transient ones retried within ``options`` (:class:`.answers.Attempts`)."""
-    attempts = Attempts(url, what, options)
-    while True:
+    the transient ones retried within ``options`` (:class:`.responses.Attempts`), by
+    the one retry loop of the clients (:func:`.ranged.retried`)."""
+
+    def attempt() -> T:
         try:
-            value = call()
-            attempts.answered()
-            return value
-        except Exception as exc:  # noqa: BLE001 - sorted, then classified by Attempts
-            wait = attempts.failed(sorted_error(url, what, exc))
-        if wait is None:
-            raise attempts.error()
-        time.sleep(wait)
+            return call()
+        except Exception as exc:  # noqa: BLE001 - sorted here, then classified by Attempts
+            raise sorted_error(url, what, exc) from None
+
+    return retried(Attempts(url, what, options), attempt)
 
 
 def pin(url: str, storage_options: Mapping[str, Any] | None, pins: dict[Any, str]) -> str:
@@ -130,7 +127,9 @@ def pin(url: str, storage_options: Mapping[str, Any] | None, pins: dict[Any, str
             info = api.repo_info(parsed.id, repo_type=parsed.type, revision=parsed.revision)
             return str(info.sha)
 
-        commit = pins[key] = agreed(lambda: retried(root, f"the commit of revision {parsed.revision or 'main'}", ask))
+        commit = pins[key] = agreed(
+            lambda: hub_retried(root, f"the commit of revision {parsed.revision or 'main'}", ask)
+        )
     path = f"/{parsed.path_in_repo}" if parsed.path_in_repo else ""
     return f"hf://{_PREFIX[parsed.type]}{parsed.id}@{commit}{path}"
 
@@ -274,13 +273,13 @@ class HubClient(Client):
         path = parsed.path_in_repo
         if parsed.type not in _PREFIX or not path:
             fs = self.fs
-            found = retried(pattern, "a listing", lambda: fs.glob(self.path_of(pattern)))
+            found = hub_retried(pattern, "a listing", lambda: fs.glob(self.path_of(pattern)))
             return sorted(fs.unstrip_protocol(p) for p in found)
         words = path.split("/")
         fixed = list(itertools.takewhile(lambda word: not _WILD.search(word), words))
         recursive = len(fixed) < len(words) - 1 or "**" in path
         folder = "/".join(fixed)
-        listed = retried(pattern, "a listing", lambda: self.listing(parsed, folder, recursive))
+        listed = hub_retried(pattern, "a listing", lambda: self.listing(parsed, folder, recursive))
         matches = re.compile(glob_translate(path)).match
         return sorted(url for url, name in listed.items() if matches(name))
 
