@@ -183,12 +183,7 @@ CLIENTS = {
     for name in ("clients", "ranged", "remote", "over_http", "s3direct", "s3config", "sigv4", "streamed")
 }
 #: imports against the floors, each with why it is still there (the list may shrink, never grow)
-UPWARD = {
-    ("distshard.sources.transport.files", "distshard.sources.reading.fetch"): (
-        "the random files' submit() returns reading's deferred read (lazily imported): it goes with the one "
-        "planner of issue 32 item 1"
-    ),
-}
+UPWARD: dict[tuple[str, str], str] = {}
 
 
 def room_of(name: str) -> str | None:

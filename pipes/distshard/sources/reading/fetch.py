@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, S
 
 from ...forks import at_fork
 from ..read_options import ReadOptions
+from ..transport.responses import Deferred
 from . import extents
 from .cache import BadEntry
 from .coalesce import Live, Range, coalesce
@@ -122,38 +123,6 @@ def reset_stats() -> None:
 
 
 at_fork(reset_stats)
-
-
-class _Deferred:
-    """A future-like read that runs when its result is first asked for (local
-    files: no thread, one ``pread`` per range at the moment it is needed)."""
-
-    __slots__ = ("_read", "_value", "_error")
-
-    def __init__(self, read: Callable[[], bytes]) -> None:
-        self._read: Callable[[], bytes] | None = read
-        self._value: bytes | None = None
-        self._error: BaseException | None = None
-
-    def result(self, timeout: float | None = None) -> bytes:
-        read, self._read = self._read, None
-        if read is not None:
-            try:
-                self._value = read()
-            except BaseException as exc:  # noqa: BLE001 - raised to every caller
-                self._error = exc
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
-
-    def cancel(self) -> bool:
-        self._read = None
-        return True
-
-
-def deferred(read: Callable[[], bytes]) -> Any:
-    """A future-like object (``result()``, ``cancel()``) that reads on first use."""
-    return _Deferred(read)
 
 
 class ReadAhead:
@@ -360,7 +329,7 @@ class _Run:
             except OSError:  # evicted since: from the store after all
                 return bytes(open_file(file).submit(start, stop).result())
 
-        return _Held(Range(file, start, stop), _Deferred(read), live=False)
+        return _Held(Range(file, start, stop), Deferred(read), live=False)
 
     # -- planning -------------------------------------------------------------------------
     def gap(self, file: int) -> int:

@@ -329,7 +329,7 @@ def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
     """Bytes ``[start, stop)`` of the pack ``url``, asked now: remote, a request in
     flight (its ``result()``, and its ``future``); a local pack is read when its
     ``result()`` is first asked."""
-    from ..reading.fetch import deferred
+    from ..transport.responses import deferred
     from ..transport.urls import is_remote
 
     if is_remote(url):

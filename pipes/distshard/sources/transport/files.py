@@ -38,6 +38,7 @@ from ..read_options import ReadOptions
 from .brace_list import BraceList
 from .contract import Transport
 from .pins import unpinned
+from .responses import deferred
 from .urls import is_remote
 
 __all__ = [
@@ -224,8 +225,6 @@ class LocalRandomFile:
 
     def submit(self, start: int, stop: int) -> Any:
         """A future-like object whose ``result()`` reads the bytes (when first asked)."""
-        from ..reading.fetch import deferred
-
         return deferred(lambda: self.read_at(start, stop - start))
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import random
 import re
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ...errors import DistshardError, SourceChangedError, SourceMissingError, UnsupportedError
 from ...waits import WaitTimeout
@@ -31,6 +31,8 @@ __all__ = [
     "CONTENT_RANGE",
     "Attempts",
     "Changed",
+    "Deferred",
+    "deferred",
     "FirstRequest",
     "MissingBucketError",
     "Pending",
@@ -492,3 +494,35 @@ class Attempts:
             f"{time.monotonic() - self.started:.1f} s (retries={self.options.retries}, retry_seconds="
             f"{self.options.retry_seconds:g}); last: {self.failures[-1] if self.failures else '?'}"
         )
+
+
+class Deferred:
+    """A future-like read that runs when its result is first asked for (local
+    files: no thread, one ``pread`` per range at the moment it is needed)."""
+
+    __slots__ = ("_read", "_value", "_error")
+
+    def __init__(self, read: Callable[[], bytes]) -> None:
+        self._read: Callable[[], bytes] | None = read
+        self._value: bytes | None = None
+        self._error: BaseException | None = None
+
+    def result(self, timeout: float | None = None) -> bytes:
+        read, self._read = self._read, None
+        if read is not None:
+            try:
+                self._value = read()
+            except BaseException as exc:  # noqa: BLE001 - raised to every caller
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def cancel(self) -> bool:
+        self._read = None
+        return True
+
+
+def deferred(read: Callable[[], bytes]) -> Any:
+    """A future-like object (``result()``, ``cancel()``) that reads on first use."""
+    return Deferred(read)
