@@ -221,7 +221,8 @@ def test_a_pipe_pickled_for_a_spawned_worker_carries_the_head_not_the_files(tmp_
     assert sorted(index.fetched) == sorted(_pages_of(read))  # its own pages only
 
 
-def test_spawned_and_forked_dataloader_workers_read_exactly(tmp_path, paged_out):
+@pytest.mark.parametrize("named", ["part-*.jsonl", "part-{000..023}.jsonl"])
+def test_spawned_and_forked_dataloader_workers_read_exactly(tmp_path, paged_out, named):
     from torch.utils.data import DataLoader
 
     paths, expected = write_jsonl(tmp_path / "j", files=24, lines=2)
@@ -229,7 +230,7 @@ def test_spawned_and_forked_dataloader_workers_read_exactly(tmp_path, paged_out)
     for start in ("spawn", "fork"):
         got: Counter = Counter()
         for rank in range(2):
-            pipe = jsonl(str(tmp_path / "j" / "part-*.jsonl")).dist_shard(rank=rank, world_size=2)
+            pipe = jsonl(str(tmp_path / "j" / named)).dist_shard(rank=rank, world_size=2)
             loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context=start)
             got.update(dumped(loader))
         assert got == dumped(expected), start
