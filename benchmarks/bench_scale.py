@@ -12,7 +12,7 @@ or with ``--manifest-version 2`` the ``manifest.json`` listing every file, S3 UR
 bucket on 127.0.0.1 (``synthetic_s3.py``: the shards are made on demand, so a rank
 can read any of them). A fresh process is one rank: rank 0 of 1,024 (no workers),
 and rank 0 of 32,768 x 2 DataLoader workers (65,536 slots), fork and spawn (not at
-10^7: rank 0 of 1,024 alone). Per
+10^7: rank 0 of 1,024 alone unless ``--huge-workers``). Per
 rank: the bytes it fetched before its first sample (manifest, entries, data), its
 CPU to that sample, its peak RSS (and above the interpreter's, after the imports),
 a worker's peak RSS and private memory at its first sample, and what a spawned
@@ -38,9 +38,10 @@ Not measured in ``plan``: reading the per-file index entries; it starts from the
 # column): manifest.json is a small head (counts, the dataset's identity, the column descriptions, the
 # page size); the columns object (count, size, the page table: a few bytes a file, fixed-width
 # little-endian) is fetched whole by every rank; pages of 512 files (names, ETags, where the entries
-# lie) are fetched as a slot reaches them (stored/manifest3.py, stored/paged.py). A source whose URLs
-# are the index's (the digest in the head) maps file k to file k with no page; a spawned worker is
-# pickled the head and where the index is, and fetches its own columns and pages.
+# lie) are fetched as a slot reaches them (stored/manifest3.py, stored/paged.py). A source given the
+# brace pattern the head records keeps it lazy (sources/transport/brace_list.py: no URL list) and maps
+# file k to file k with no page (other URLs: by the digest in the head); a spawned worker is pickled
+# the pattern, the head and where the index is, and fetches its own columns and pages.
 
 from __future__ import annotations
 
@@ -234,7 +235,9 @@ def _index_fetched(row: dict) -> int:
     return sum(_fetched(row, what) for what in ("manifest", "columns", "pages", "pack"))
 
 
-def measure_stored(files: int, root: Path, timeout: float, version: int = 3) -> tuple[dict, list[dict]]:
+def measure_stored(
+    files: int, root: Path, timeout: float, version: int = 3, with_workers: bool = False
+) -> tuple[dict, list[dict]]:
     """Write the stored index of ``files`` shards (manifest format ``version``), serve it,
     run each layout's rank."""
     import synthetic_s3
@@ -246,8 +249,8 @@ def measure_stored(files: int, root: Path, timeout: float, version: int = 3) -> 
     rows = []
     with synthetic_s3.Running(files, folder) as store:
         for label, (world, workers, start) in LAYOUTS.items():
-            if files > STORED[-1] and workers:
-                continue  # (10^7: the rank alone holds ~17 GiB today; a worker as much again: not on 24 GiB)
+            if files > STORED[-1] and workers and not with_workers:
+                continue  # (10^7 with workers: --huge-workers)
             done = harness.launch(__file__, "rank_run", {"endpoint": store.endpoint, "files": files,
                                                          "world": world, "workers": workers, "start": start},
                                   timeout=timeout)
@@ -378,13 +381,14 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=f"every part small ({QUICK:,} files)")
-    parser.add_argument("--huge", action="store_true", help=f"stored: also {HUGE:,} shards, rank 0 of 1,024 alone (~15 min to write, ~7 GB of disk, ~17 GiB of RSS)")
+    parser.add_argument("--huge", action="store_true", help=f"stored: also {HUGE:,} shards, rank 0 of 1,024 alone (~10 min to write the index, ~7 GB of disk)")
+    parser.add_argument("--huge-workers", action="store_true", help="stored: at 10^7 the layouts with workers too")
     parser.add_argument("--only", default="plan,stored,refresh,local", help="parts, comma-separated")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a measuring process may take")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--manifest-version", type=int, choices=(2, 3), default=3,
                         help="stored, refresh: the manifest format written (2: the before column)")
-    parser.add_argument("--sizes", help="stored, local: the file counts, comma-separated (default: the parts' own)")
+    parser.add_argument("--sizes", help="stored, refresh, local: the file counts, comma-separated (default: the parts' own)")
     harness.add_child_args(parser)
     args = parser.parse_args(argv)
     if args.run is not None:
@@ -400,12 +404,13 @@ def main(argv: list[str] | None = None) -> int:
         if "stored" in parts:
             sizes = (QUICK,) if args.quick else STORED + ((HUGE,) if args.huge else ())
             sizes = tuple(int(n) for n in args.sizes.split(",")) if args.sizes else sizes
-            measured = [(files, *measure_stored(files, root, args.timeout, args.manifest_version)) for files in sizes]
+            measured = [(files, *measure_stored(files, root, args.timeout, args.manifest_version, args.huge_workers))
+                        for files in sizes]
             payload["stored"] = measured
             print("\nstored index, rank before its first sample:\n\n" + _stored_table(measured))
         if "refresh" in parts:
-            payload["refresh"] = [measure_refresh(files, root, args.timeout, args.manifest_version)
-                                  for files in ((QUICK,) if args.quick else REFRESH)]
+            refresh = tuple(int(n) for n in args.sizes.split(",")) if args.sizes else (QUICK,) if args.quick else REFRESH
+            payload["refresh"] = [measure_refresh(files, root, args.timeout, args.manifest_version) for files in refresh]
             print("".join("\n" + _refresh_line(row) for row in payload["refresh"]))
         if "local" in parts:
             local = tuple(int(n) for n in args.sizes.split(",")) if args.sizes else (QUICK,) if args.quick else LOCAL
