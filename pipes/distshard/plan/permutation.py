@@ -31,7 +31,7 @@ def prefix_sums(values: Sequence[int], order: Sequence[int] | None = None) -> Se
             taken = np.asarray(values, dtype=np.int64)
             if order is not None:
                 taken = taken[np.asarray(order, dtype=np.int64)]
-            if not len(taken) or (taken.min() >= 0 and int(taken.max()) * len(taken) < 1 << 62):
+            if taken.min() >= 0 and int(taken.max()) * len(taken) < 1 << 62:
                 return array("q", b"\0" * 8 + np.cumsum(taken, dtype=np.int64).tobytes())
         except OverflowError:
             pass

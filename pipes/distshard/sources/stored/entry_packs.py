@@ -329,12 +329,12 @@ def _submit_range(url: str, start: int, stop: int, access: FileAccess) -> Any:
     """Bytes ``[start, stop)`` of the pack ``url``, asked now: remote, a request in
     flight (its ``result()``, and its ``future``); a local pack is read when its
     ``result()`` is first asked."""
-    from ..transport.responses import deferred
+    from ..transport.responses import Deferred
     from ..transport.urls import is_remote
 
     if is_remote(url):
         return access.client(url).submit_range(url, start, stop, None, None, access.options)
-    return deferred(lambda: _read_local(url, start, stop))
+    return Deferred(lambda: _read_local(url, start, stop))
 
 
 def read_range(url: str, start: int, stop: int, access: FileAccess) -> bytes:

@@ -412,11 +412,11 @@ class Stored3(Stored):
         if len(urls) != self.index.files or head["formats"] not in ([fmt], []) or self.moved_from is not None:
             return None
         pattern = head.get("pattern")  # (the command's: the one brace pattern that names these files)
+        same = False
         if isinstance(urls, BraceList) and isinstance(pattern, str):
             theirs = lazy_braceexpand(pattern)
-            if theirs is not None and theirs.key() == urls.key():  # the same list, compared as patterns
-                return StoredSummary(self.index)
-        return StoredSummary(self.index) if manifest3.names_digest(urls) == head["urls"] else None
+            same = theirs is not None and theirs.key() == urls.key()  # the same list, compared as patterns
+        return StoredSummary(self.index) if same or manifest3.names_digest(urls) == head["urls"] else None
 
     def entries_usable(self) -> bool:
         if self.moved_from is None:

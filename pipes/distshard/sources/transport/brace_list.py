@@ -158,7 +158,10 @@ class BraceList(Sequence[str]):
 def lazy_braceexpand(pattern: str) -> BraceList | None:
     """``pattern``'s expansion as a :class:`BraceList`, or ``None`` when the lazy
     form does not cover it (the caller then uses :func:`.urls.braceexpand`)."""
-    return BraceList(pattern) if _parts(pattern) is not None else None
+    try:
+        return BraceList(pattern)
+    except ValueError:  # (the pattern is parsed once: BraceList refuses what it does not cover)
+        return None
 
 
 _NUMBERED = re.compile(r"^((?:[^{}\\]*[^{}\\0-9])?)([0-9]+)([^{}\\0-9]*)$")  # (the last run of digits)

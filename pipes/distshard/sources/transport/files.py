@@ -38,7 +38,7 @@ from ..read_options import ReadOptions
 from .brace_list import BraceList
 from .contract import Transport
 from .pins import unpinned
-from .responses import deferred
+from .responses import Deferred
 from .urls import is_remote
 
 __all__ = [
@@ -225,7 +225,7 @@ class LocalRandomFile:
 
     def submit(self, start: int, stop: int) -> Any:
         """A future-like object whose ``result()`` reads the bytes (when first asked)."""
-        return deferred(lambda: self.read_at(start, stop - start))
+        return Deferred(lambda: self.read_at(start, stop - start))
 
     def close(self) -> None:
         fd, self.fd = getattr(self, "fd", -1), -1

@@ -32,7 +32,6 @@ __all__ = [
     "Attempts",
     "Changed",
     "Deferred",
-    "deferred",
     "FirstRequest",
     "MissingBucketError",
     "Pending",
@@ -497,8 +496,9 @@ class Attempts:
 
 
 class Deferred:
-    """A future-like read that runs when its result is first asked for (local
-    files: no thread, one ``pread`` per range at the moment it is needed)."""
+    """A future-like read (``result()``, ``cancel()``) that runs when its result is
+    first asked for (local files: no thread, one ``pread`` per range at the moment
+    it is needed)."""
 
     __slots__ = ("_read", "_value", "_error")
 
@@ -521,8 +521,3 @@ class Deferred:
     def cancel(self) -> bool:
         self._read = None
         return True
-
-
-def deferred(read: Callable[[], bytes]) -> Any:
-    """A future-like object (``result()``, ``cancel()``) that reads on first use."""
-    return Deferred(read)
