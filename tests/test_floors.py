@@ -160,9 +160,8 @@ def test_no_module_above_sources_imports_another_modules_private_names():
     assert found == []
 
 
-# --- sources/ rooms: written by rooms_move.py (issue 32); edit FLOORS there too ---
-#: sources/'s rooms, each with the rooms below it that it may import (and sources/read_options.py, below
-#: them all); sources/pipe.py, sources/sequence.py and sources/__init__.py stand above every room, and no room
+# --- sources/ rooms (issue 32): the floors docs/layout.md and CONTRIBUTING.md describe ---
+#: sources/'s rooms, each with the rooms below it that it may import (and BELOW_ROOMS, below them all); sources/pipe.py, sources/sequence.py and sources/__init__.py stand above every room, and no room
 #: imports them
 ROOMS: dict[str, set[str]] = {
     "transport": set(),
@@ -170,10 +169,12 @@ ROOMS: dict[str, set[str]] = {
     "reading": {"transport"},
     "stored": {"transport", "formats", "reading"},  # manifest3 < paged < manifest < indexing, pruning; entry_packs
 }
+#: below every room: how a file source reads, and the byte ranges every fetch ahead asks (pure arithmetic)
+BELOW_ROOMS = {"distshard.sources.read_options", "distshard.sources.coalesce"}
 SOURCES_OUTSIDE_ROOMS = {
     "distshard.sources",
     "distshard.sources.pipe",
-    "distshard.sources.read_options",
+    *BELOW_ROOMS,
     # the pipe's own random-access view: it reads through reading/ the entries stored/ keeps, so above every room
     "distshard.sources.sequence",
 }
@@ -202,14 +203,17 @@ def test_the_rooms_import_only_the_rooms_below_them():
         room = room_of(name)
         for target in targets if room else ():
             allowed = ROOMS[room] | {room}
-            if target.startswith("distshard.sources") and target != "distshard.sources.read_options":
+            if target.startswith("distshard.sources") and target not in BELOW_ROOMS:
                 if room_of(target) not in allowed and (name, target) not in UPWARD:
                     against.append((name, target))
     assert against == []
 
 
-def test_read_options_stands_below_every_room():
-    assert not {t for t in imports()["distshard.sources.read_options"] if t.startswith("distshard.sources")}
+def test_what_stands_below_every_room_imports_nothing_of_sources():
+    graph = imports()
+    assert {name: {t for t in graph[name] if t.startswith("distshard.sources")} for name in BELOW_ROOMS} == {
+        name: set() for name in BELOW_ROOMS
+    }
 
 
 def test_the_formats_import_no_remote_client():

@@ -13,11 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from distshard.errors import OptionError
+from distshard.sources.coalesce import Coverage, Range, ScanRamp, coalesce
 from distshard.sources.formats.file_index import byte_windows
 from distshard.sources.read_options import ReadOptions
-from distshard.sources.reading.coalesce import Coverage, Range, coalesce
 from distshard.sources.reading.fetch import ReadAhead, Request
 from distshard.sources.reading.order import FileOrder, expansion
+from distshard.sources.transport.files import RemoteRandomFile, ScanFile
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -358,7 +360,7 @@ def test_read_options_are_checked():
 
 
 def test_live_ranges_find_what_holds_a_span_whole_and_forget_what_is_removed():
-    from distshard.sources.reading.coalesce import Live, find_live
+    from distshard.sources.coalesce import Live, find_live
 
     live: Live[str] = Live()
     for name, rng in (("b", Range(0, 100, 200)), ("a", Range(0, 0, 50)), ("c", Range(1, 10, 20))):
@@ -369,3 +371,89 @@ def test_live_ranges_find_what_holds_a_span_whole_and_forget_what_is_removed():
     assert find_live(live.of(0), 120, 130) == Range(0, 100, 200)  # the one lookup both use
     live.remove(Range(0, 100, 200))
     assert live.find(0, 120, 130) is None and sorted(live.values()) == ["a", "c"]
+
+
+# -- a scan's ranges (ScanRamp, ScanFile) ------------------------------------------------------------
+class _Answer:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.cancelled = data, False
+
+    def result(self) -> bytes:
+        return self.data
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+class _FakeRemote(RemoteRandomFile):
+    """A remote file of ``data``: every range asked is recorded, answered at once."""
+
+    def __init__(self, data: bytes) -> None:  # (no client: nothing is asked of a store)
+        self.data = data
+        self.asked: list[tuple[int, int]] = []
+
+    def submit(self, start: int, stop: int) -> _Answer:
+        self.asked.append((start, stop))
+        return _Answer(self.data[start:stop])
+
+
+def _scan(data: bytes, max_range: int) -> tuple[ScanFile, _FakeRemote]:
+    handle = _FakeRemote(data)
+    return ScanFile(handle, len(data), ReadOptions(max_range=max_range)), handle
+
+
+@FAST
+@given(
+    size=st.integers(0, 5000),
+    largest=st.integers(1, 3000),
+    reads=st.lists(st.tuples(st.booleans(), st.integers(0, 6000), st.integers(0, 900)), max_size=30),
+)
+def test_a_scan_reads_exactly_the_bytes_asked_through_ranges_within_the_file(size, largest, reads):
+    """Whatever its seeks and read sizes, a remote scan returns the file's bytes at
+    each position; each range it asks is inside the file, at most ``max_range``
+    (64 KiB after a seek) unless one read is longer, and starts at the read's
+    position or is the next range asked ahead."""
+    data = bytes(k % 251 for k in range(size))
+    scan, handle = _scan(data, largest)
+    for seek, where, n in reads:
+        if seek:
+            scan.seek(where)
+        at = scan.tell()
+        assert scan.read(n) == data[at : at + n]
+        assert scan.tell() == (min(size, at + n) if at < size else at)
+    assert scan.requests == len(handle.asked)
+    for start, stop in handle.asked:
+        assert 0 <= start < stop <= size
+    bound = max(largest, ScanRamp.SMALL, *(n for _, _, n in reads), 1)
+    assert all(stop - start <= bound for start, stop in handle.asked)
+
+
+@FAST
+@given(size=st.integers(1, 20000), largest=st.integers(1, 3000), data=st.data())
+def test_a_sequential_scan_asks_each_byte_once_in_ranges_of_max_range(size, largest, data):
+    piece = data.draw(st.integers(1, largest))
+    content = bytes(k % 253 for k in range(size))
+    scan, handle = _scan(content, largest)
+    assert b"".join(iter(lambda: scan.read(piece), b"")) == content
+    # every byte asked once, in order: max_range at a time, each next one asked ahead
+    assert handle.asked == [(a, min(size, a + largest)) for a in range(0, size, largest)]
+
+
+def test_a_scan_after_a_seek_asks_a_small_range_and_grows_it_on_sequential_reads():
+    ramp = ScanRamp(size=20 << 20, largest=1 << 20)
+    assert ramp.next(0, 10, None) == Range(0, 0, 1 << 20)  # the first range: max_range
+    assert ramp.ahead(1 << 20) == Range(0, 1 << 20, 2 << 20)  # full size: the next one asked ahead
+    assert ramp.next(5 << 20, (5 << 20) + 512, 2 << 20) == Range(0, 5 << 20, (5 << 20) + (64 << 10))  # a seek
+    assert ramp.ahead((5 << 20) + (64 << 10)) is None  # small: nothing ahead
+    sizes = []
+    end = (5 << 20) + (64 << 10)
+    for _ in range(4):
+        rng = ramp.next(end, end + 1, end)
+        sizes.append(rng.size)
+        end = rng.stop
+    assert sizes == [256 << 10, 1 << 20, 1 << 20, 1 << 20]  # fourfold per sequential range, up to max_range
+    assert ramp.next(end, end + (3 << 20), end).stop == end + (3 << 20)  # a longer read is asked whole
+    assert ScanRamp(100, 1 << 20).next(0, 10, None) == Range(0, 0, 100)  # within the file
+    with pytest.raises(OptionError, match="max_range=0"):
+        ScanRamp(10, 0)

@@ -1,5 +1,5 @@
 """The stored index's entry chunks are planned by the one coalescer
-(``reading.coalesce``): property-tested against the greedy grouping the entry
+(``sources/coalesce.py``): property-tested against the greedy grouping the entry
 packs used to write themselves, on packs as ``python -m distshard index`` writes
 them (entries disjoint, in byte order), and against the chunk rules."""
 

@@ -11,7 +11,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distshard.sources.reading.coalesce import Live, Range
+from distshard.sources.coalesce import Live, Range
 from distshard.sources.reading.extents import Upcoming, plan
 
 FAST = settings(max_examples=200, deadline=None)

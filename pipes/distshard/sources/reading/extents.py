@@ -17,7 +17,7 @@ slots' bytes lies at least a shuffle window, and ``max_gap`` is below it.
   bytes of the same slot's later requests, which the read-ahead keeps for them.
   So a file costs one range per plan, not one per window the shuffle visits.
 * *exact* (``through=False``): the admitted spans coalesced as
-  :func:`.coalesce.coalesce` does, bounded by :class:`.coalesce.Coverage`; no
+  :func:`..coalesce.coalesce` does, bounded by :class:`..coalesce.Coverage`; no
   later request's bytes are kept for it (what the read-ahead falls back to when
   keeping them could leave too little of its budget for the next request).
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable, NamedTuple, Sequence
 
-from .coalesce import Coverage, Range, coalesce, live_between
+from ..coalesce import Coverage, Range, coalesce, live_between
 
 __all__ = ["Upcoming", "first_use", "plan"]
 

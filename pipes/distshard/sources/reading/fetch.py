@@ -43,7 +43,7 @@ for included), the gaps they read through included, stay within
 ``ReadOptions.budget``: a plan adds only what fits. A plan reads through later
 requests' bytes only while what is then held leaves the budget room for any
 request of the lookahead alone, so the ranges kept for later never stop the next
-request (else it coalesces its own spans only, as :func:`.coalesce.coalesce`
+request (else it coalesces its own spans only, as :func:`..coalesce.coalesce`
 does). The one exception is a request whose own bytes exceed the budget: it is
 read whole, alone (its spans exactly), once nothing ready is held. The peak is
 recorded per process in :data:`STATS` (what ``benchmarks/bench_remote.py``
@@ -59,11 +59,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from ...forks import at_fork
+from ..coalesce import Live, Range, coalesce
 from ..read_options import ReadOptions
 from ..transport.responses import Deferred
 from . import extents
 from .cache import BadEntry
-from .coalesce import Live, Range, coalesce
 from .extents import Upcoming
 
 if TYPE_CHECKING:

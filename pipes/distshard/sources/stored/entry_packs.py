@@ -34,7 +34,7 @@ from typing import Any, Iterable, Sequence
 
 from ...errors import SourceDataError, SourceMissingError
 from ...forks import at_fork
-from ..reading.coalesce import Range, coalesce
+from ..coalesce import Range, coalesce
 from ..transport._lru import LRU
 from ..transport.files import FileAccess
 
@@ -118,7 +118,7 @@ class PackedEntries:
 
 def _chunks(entries: Iterable[str]) -> dict[str, list[Member]]:
     """Every packed entry's chunk: per pack, in byte order, the ranges
-    :func:`..reading.coalesce.coalesce` merges them into (at most
+    :func:`..coalesce.coalesce` merges them into (at most
     :data:`RANGE_BYTES`, gaps of at most ``GAP_BYTES``; module docstring)."""
     packs: dict[str, int] = {}
     placed: list[tuple[int, int, int, str]] = []  # (pack, start, stop, entry)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Mapping, Sequence
 
 from ...errors import SourceChangedError, SourceMissingError
+from ..coalesce import Range, ScanRamp
 from ..read_options import ReadOptions
 from .brace_list import BraceList
 from .contract import Transport
@@ -272,12 +273,11 @@ class ScanFile(io.RawIOBase):
     """A seekable reader for building indexes (see :func:`open_scan`).
 
     Locally ``read(n)`` is one ``pread`` of ``n`` bytes. Remotely reads are
-    served from a buffer of ``max_range`` bytes fetched at the read position
-    (the next one is fetched ahead while a scan goes on sequentially); a seek
-    past the buffer makes the next fetch small (64 KiB, growing on sequential
-    reads), so a tar of large members is walked header by header."""
-
-    SMALL = 64 << 10
+    served from the last range fetched, the ranges chosen by
+    :class:`..coalesce.ScanRamp`: ``max_range`` bytes at the read position (the
+    next one fetched ahead while a scan goes on sequentially); a seek past them
+    makes the next fetch small (64 KiB, growing on sequential reads), so a tar
+    of large members is walked header by header."""
 
     def __init__(self, handle: LocalRandomFile | RemoteRandomFile, size: int, options: ReadOptions) -> None:
         super().__init__()
@@ -285,11 +285,10 @@ class ScanFile(io.RawIOBase):
         self.size = size
         self.pos = 0
         self.remote = isinstance(handle, RemoteRandomFile)
-        self.chunk = options.max_range
-        self.largest = options.max_range
+        self.ramp = ScanRamp(size, options.max_range)
         self.buffer = b""
         self.buffer_at = 0
-        self.ahead: tuple[int, int, Any] | None = None
+        self.ahead: tuple[Range, Any] | None = None  # the range asked ahead, and its answer
         self.requests = 0
         if not self.remote:
             try:
@@ -350,30 +349,27 @@ class ScanFile(io.RawIOBase):
         return self.read(-1)
 
     def _fill(self, wanted_end: int) -> None:
-        sequential = self.buffer and self.pos == self.buffer_at + len(self.buffer)
-        if sequential:
-            self.chunk = min(self.largest, self.chunk * 4)
-        elif self.buffer:
-            self.chunk = self.SMALL
-        stop = min(self.size, max(wanted_end, self.pos + self.chunk))
-        if self.ahead is not None and self.ahead[0] == self.pos and self.ahead[1] >= wanted_end:
-            start, stop, future = self.ahead
+        """Fetch the range :class:`.ScanRamp` chooses for ``[pos, wanted_end)``, or
+        take the one asked ahead if it holds them; then ask the next one ahead."""
+        held_end = self.buffer_at + len(self.buffer) if self.buffer else None
+        rng = self.ramp.next(self.pos, wanted_end, held_end)
+        if self.ahead is not None and self.ahead[0].covers(self.pos, wanted_end):
+            rng, future = self.ahead
         else:
             if self.ahead is not None:
-                self.ahead[2].cancel()
-            start, future = self.pos, self.handle.submit(self.pos, stop)
+                self.ahead[1].cancel()
+            future = self.handle.submit(rng.start, rng.stop)
             self.requests += 1
         self.ahead = None
-        self.buffer, self.buffer_at = future.result(), start
-        end = start + len(self.buffer)
-        if self.chunk >= self.largest and end < self.size:  # a long sequential scan: fetch the next range now
-            nxt = min(self.size, end + self.chunk)
-            self.ahead = (end, nxt, self.handle.submit(end, nxt))
+        self.buffer, self.buffer_at = future.result(), rng.start
+        nxt = self.ramp.ahead(rng.start + len(self.buffer))
+        if nxt is not None:  # a long sequential scan: fetch the next range now
+            self.ahead = (nxt, self.handle.submit(nxt.start, nxt.stop))
             self.requests += 1
 
     def close(self) -> None:
         if self.ahead is not None:
-            self.ahead[2].cancel()
+            self.ahead[1].cancel()
             self.ahead = None
         if not self.remote and not self.closed:
             try:

@@ -1,8 +1,12 @@
-"""Coalescing byte requests into few large ranges (pure arithmetic, no I/O).
+"""The byte ranges every fetch ahead asks (pure arithmetic, no I/O), below every
+room of ``sources/``: the read-ahead of a slot's samples (``reading/fetch.py``,
+``reading/extents.py``), the chunks stored-index entries are fetched in
+(``stored/entry_packs.py``) and a scan's ranges (``transport/files.py``'s
+``ScanFile``, :class:`ScanRamp`) all choose their ranges here.
 
 A slot about to read samples knows their byte spans ahead of use (from the
 index). Object stores charge a round trip per request, so the read-ahead
-(:mod:`.fetch`) turns the spans of its next few MiB of samples into as few
+(``reading/fetch.py``) turns the spans of its next few MiB of samples into as few
 range requests as it can, the way fsspec's ``merge_offset_ranges`` and
 obstore's ``get_ranges`` do:
 
@@ -18,6 +22,14 @@ obstore's ``get_ranges`` do:
 :func:`coalesce` will fetch for them, gaps read through included: what the
 read-ahead counts against its budget before it admits a request.
 
+A scan (an index build walking tar headers, JSON lines, a Parquet footer)
+knows no span ahead: each read's position follows from the bytes before it.
+:class:`ScanRamp` chooses its ranges: ``max_range`` bytes at first and while it
+reads on sequentially (the next range then asked ahead), 64 KiB after a seek
+past what it holds, growing fourfold per sequential range back to
+``max_range`` (so a tar of large members is walked header by header, not
+member by member).
+
 Everything here works on plain tuples and is property-tested
 (``tests/test_sources_coalesce.py``).
 """
@@ -27,9 +39,9 @@ from __future__ import annotations
 import bisect
 from typing import Generic, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
-from ...errors import OptionError
+from ..errors import OptionError
 
-__all__ = ["Coverage", "Live", "Range", "coalesce", "find_live", "live_between"]
+__all__ = ["Coverage", "Live", "Range", "ScanRamp", "coalesce", "find_live", "live_between"]
 
 
 class Range(NamedTuple):
@@ -209,3 +221,32 @@ class Coverage:
     def mark(self) -> int:
         """A mark for :meth:`undo` that takes back whatever is added from now on."""
         return len(self._undo)
+
+
+class ScanRamp:
+    """The ranges a scan of one ``size``-byte file asks (module docstring).
+
+    :meth:`next` is the range to fetch for a read of ``[pos, wanted_end)`` that
+    what the scan holds does not serve (``held_end``: where the range it read
+    last ends, or ``None`` before its first); :meth:`ahead` is the range to ask
+    ahead once the one ending at ``end`` is there, or ``None``.
+    """
+
+    SMALL = 64 << 10
+
+    def __init__(self, size: int, largest: int) -> None:
+        if largest < 1:
+            raise OptionError(f"max_range={largest} must be at least 1 byte")
+        self.size = size
+        self.largest = largest
+        self.chunk = largest
+
+    def next(self, pos: int, wanted_end: int, held_end: int | None) -> Range:
+        if held_end is not None:
+            self.chunk = min(self.largest, self.chunk * 4) if pos == held_end else self.SMALL
+        return Range(0, pos, min(self.size, max(wanted_end, pos + self.chunk)))
+
+    def ahead(self, end: int) -> Range | None:
+        if self.chunk < self.largest or end >= self.size:
+            return None
+        return Range(0, end, min(self.size, end + self.chunk))
