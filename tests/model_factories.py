@@ -694,7 +694,7 @@ class CacheJobs:
         """``event`` (one of :data:`EVENTS`), then a new job: this process's caches
         emptied as a new process starts with none (the cache directory stays)."""
         from distshard.sources.reading.cache import _CACHES
-        from distshard.sources.transport._lru import clear_all
+        from distshard.sources.transport.lru import clear_all
 
         path = self.rewriter.path(self.n)
         if event == "rewrite":

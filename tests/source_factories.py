@@ -23,7 +23,7 @@ from distshard.sources.formats.tar import TarFormat
 def isolated_cache(tmp_path, monkeypatch):
     """The source tests' cache directory, under tmp_path, and no file handle, index or
     row group kept by this process from another test (the modules import it as ``cache``)."""
-    from distshard.sources.transport._lru import clear_all
+    from distshard.sources.transport.lru import clear_all
 
     monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / "cache"))
     clear_all()
@@ -34,7 +34,7 @@ def isolated_cache(tmp_path, monkeypatch):
 def fresh_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
     """A job on another machine: an empty per-machine cache (``tmp_path/name``) and nothing
     kept in this process (file handles, indexes, row groups)."""
-    from distshard.sources.transport._lru import clear_all
+    from distshard.sources.transport.lru import clear_all
 
     monkeypatch.setenv("DISTSHARD_CACHE", str(tmp_path / name))
     clear_all()

@@ -26,7 +26,7 @@ import pytest
 
 from distshard.sources.reading import cache, fetch
 from distshard.sources.transport import clients
-from distshard.sources.transport._lru import LRU
+from distshard.sources.transport.lru import LRU
 from tests.fork_events import FORKING, IMPORTING
 from tests.helpers import wait_child
 
@@ -193,7 +193,7 @@ def test_a_child_counts_its_own_reads_from_zero():
 
 
 def test_a_child_starts_with_empty_caches_whose_locks_are_free():
-    """``_lru._after_fork``: the per-process caches (open files, indexes, entries
+    """``lru._after_fork``: the per-process caches (open files, indexes, entries
     fetched along) start empty in a child, the parent's handles stay the parent's,
     and a cache's lock another thread of the parent held at the fork is free."""
     kept: LRU[str] = LRU(max_items=4)

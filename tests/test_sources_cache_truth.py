@@ -19,7 +19,7 @@ import pytest
 
 import distshard
 from distshard.sources import ReadOptions, jsonl, webdataset
-from distshard.sources.transport._lru import clear_all
+from distshard.sources.transport.lru import clear_all
 from tests.range_server import served as server  # noqa: F401  (a fixture)
 from tests.source_factories import fresh_machine, write_jsonl, write_shards
 from tests.source_factories import isolated_cache as cache  # noqa: F401  (autouse)

@@ -23,7 +23,7 @@ from tests.source_factories import write_jsonl, write_shards
 
 def fresh_process():
     """Forget what this process keeps (as a new worker would)."""
-    from distshard.sources.transport._lru import clear_all
+    from distshard.sources.transport.lru import clear_all
 
     clear_all()
 

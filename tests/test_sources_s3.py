@@ -140,7 +140,7 @@ def test_a_stored_index_on_s3_starts_with_no_head_and_reads_only_its_entries(tmp
     a fresh machine asks no HEAD, at most 4 requests before its first sample, and
     fetches the entries of the files it reads in one range of the pack."""
     from distshard.__main__ import main
-    from distshard.sources.transport._lru import clear_all
+    from distshard.sources.transport.lru import clear_all
 
     paths, expected = write_shards(tmp_path, shards=64, per_shard=2)
     upload(bucket, paths, "many")

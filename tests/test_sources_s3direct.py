@@ -387,7 +387,7 @@ def test_the_index_command_streams_through_faults_with_the_direct_client(tmp_pat
     direct client (``open_stream``) through SlowDown, resets and cut bodies; the
     stored index then reads every sample once."""
     from distshard.__main__ import main
-    from distshard.sources.transport._lru import clear_all
+    from distshard.sources.transport.lru import clear_all
 
     paths, expected = write_shards(tmp_path, shards=6, per_shard=5)
     upload(bucket, paths, "streamed")

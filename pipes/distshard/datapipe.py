@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
 
-from torch.utils.data import get_worker_info
-from torch.utils.data.datapipes._decorator import functional_datapipe
+from torch.utils.data import functional_datapipe, get_worker_info
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 

@@ -30,8 +30,8 @@ from .reading.order import FileOrder
 from .reading.sample_requests import EntriesAhead, SampleRequest
 from .stored.entry_packs import KeptEntries, PackedEntries, entry_range, fetch_ahead, fetch_first
 from .stored.paged import PagedChunks, PagedRefs, Uniform, head_list, starts_of, summary_parts, urls_head
-from .transport._lru import LRU
 from .transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, identify, key_of
+from .transport.lru import LRU
 from .transport.urls import is_remote
 
 __all__ = ["SourceSequence", "build_index", "count_error"]

@@ -29,7 +29,6 @@ from typing import Any, Iterator, Sequence
 
 from ...errors import OptionError, OptionTypeError, SourceDataError, SourceMissingError
 from ...forks import at_fork
-from ..transport._lru import LRU
 from ..transport.files import (
     DEFAULT_FILE_ACCESS,
     FileAccess,
@@ -41,6 +40,7 @@ from ..transport.files import (
     open_scan,
     open_stream,
 )
+from ..transport.lru import LRU
 from ..transport.urls import is_remote
 from .file_index import FileIndex
 

@@ -35,8 +35,8 @@ from typing import Any, Iterable, Sequence
 from ...errors import SourceDataError, SourceMissingError
 from ...forks import at_fork
 from ..coalesce import Range, coalesce
-from ..transport._lru import LRU
 from ..transport.files import FileAccess
+from ..transport.lru import LRU
 
 __all__ = [
     "GAP_BYTES",
