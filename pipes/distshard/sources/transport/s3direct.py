@@ -113,14 +113,9 @@ class _DirectStream:
         self.state, self.host, self.response, self.conn = state, host, response, conn
 
     def read(self, n: int) -> bytes:
-        parts, got = [], 0
-        while got < n:
-            piece = self.response.read(n - got)
-            if not piece:
-                break
-            parts.append(piece)
-            got += len(piece)
-        return b"".join(parts)
+        """Up to ``n`` bytes (fewer at the end only): ``HTTPResponse.read(n)`` reads
+        through a buffered reader of the socket, which returns short only at its end."""
+        return self.response.read(n)
 
     def close(self, whole: bool) -> None:
         if self.state.pid != os.getpid():  # a forked child: never the parent's socket
