@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import threading
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
@@ -141,7 +140,6 @@ class Client(Ranged):
     def __init__(self, url: str, protocol: str, storage_options: dict[str, Any], inherited_session: Any = None) -> None:
         self.protocol = protocol
         self.storage_options = storage_options
-        self.pid = os.getpid()
         fsspec = _import_fsspec(url)
         try:
             cls = fsspec.get_filesystem_class(protocol)

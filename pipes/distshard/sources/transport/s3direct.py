@@ -41,14 +41,15 @@ import hashlib
 import http.client
 import inspect
 import logging
-import os
 import re
 import ssl
 import threading
+import weakref
 from typing import Any, Callable, Iterator, TypeVar, cast
 from urllib.parse import unquote_plus
 from xml.etree import ElementTree
 
+from ...forks import at_fork
 from ..read_options import ReadOptions
 from .ranged import Ranged, check_range_answer, range_header, retried, s3_stamp
 from .responses import (
@@ -84,7 +85,7 @@ class _Process:
     """What the client holds in one process: its pool and its connections, by thread and host."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.inherited = False  # set in a forked child (see _after_fork_in_child): the parent's, never used
         self.lock = threading.Lock()
         self.pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.size = 0
@@ -92,7 +93,24 @@ class _Process:
         self.ssl: ssl.SSLContext | None = None
 
 
+def _new_process() -> _Process:
+    state = _Process()
+    _HELD.add(state)
+    return state
+
+
 _ORPHANS: list[_Process] = []  # what forked children inherited: kept referenced, never used nor closed
+_HELD: "weakref.WeakSet[_Process]" = weakref.WeakSet()  # every client's, in this process
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) makes its own pool and connections:
+    what its clients hold is the parent's."""
+    for state in list(_HELD):
+        state.inherited = True
+
+
+at_fork(_after_fork_in_child)
 
 
 class _Answer:
@@ -118,7 +136,7 @@ class _DirectStream:
         return self.response.read(n)
 
     def close(self, whole: bool) -> None:
-        if self.state.pid != os.getpid():  # a forked child: never the parent's socket
+        if self.state.inherited:  # a forked child: never the parent's socket
             return
         if whole and not self.response.will_close and self.response.isclosed():
             key = (threading.get_ident(), self.host)
@@ -164,7 +182,7 @@ class DirectS3Client(Ranged):
         self._fallback: Any = None
         self._fallback_lock = threading.Lock()
         self._regions: dict[str, str] = {}  # buckets answered from another region (real AWS)
-        self._process = _Process()
+        self._process = _new_process()
         self._first = FirstRequest(protocol)  # the first request is timed (a slow one is logged)
         self._no_suffix: set[str] = set()  # buckets that did not answer a suffix range (see tail)
 
@@ -175,9 +193,9 @@ class DirectS3Client(Ranged):
     @property
     def process(self) -> _Process:
         state = self._process
-        if state.pid != os.getpid():  # a forked child: its own pool and connections
+        if state.inherited:  # a forked child: its own pool and connections
             _ORPHANS.append(state)
-            state = self._process = _Process()
+            state = self._process = _new_process()
         return state
 
     def _pool(self, size: int) -> concurrent.futures.ThreadPoolExecutor:
