@@ -45,13 +45,13 @@ from .transport.brace_list import BraceList
 from .transport.files import DEFAULT_FILE_ACCESS, FileAccess, FileRef, check_identity, identify, key_of, local_path
 from .transport.urls import first_remote, is_remote
 
-__all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "StreamFile"]
+__all__ = ["FileSourceIterDataPipe", "Format", "SourceSequence", "FileSamples"]
 
 log = logging.getLogger("distshard")
 
 
-class StreamFile:
-    """``expand`` for whole-file hand-out: ``StreamFile(fmt)(url)`` yields the
+class FileSamples:
+    """``expand`` for whole-file hand-out: ``FileSamples(fmt)(url)`` yields the
     samples of one file in order (picklable)."""
 
     def __init__(self, fmt: Format, access: FileAccess = DEFAULT_FILE_ACCESS) -> None:
@@ -62,7 +62,7 @@ class StreamFile:
         return self.fmt.stream(url, self.access)
 
     def __repr__(self) -> str:
-        return f"StreamFile({self.fmt.name})"
+        return f"FileSamples({self.fmt.name})"
 
 
 class FileSourceIterDataPipe(IterDataPipe):
@@ -271,7 +271,7 @@ class FileSourceIterDataPipe(IterDataPipe):
     def __distshard_units__(self) -> tuple[list[str], Callable[[str], Iterator[Any]]]:
         """``(files, expand)``: whole files to hand to slots; ``expand(file)``
         streams the samples of one file in order."""
-        return list(self.urls), StreamFile(self.fmt, self.access)
+        return list(self.urls), FileSamples(self.fmt, self.access)
 
     def describe(self) -> str:
         """One line for ``explain()``: format, files, samples, how it is read."""
