@@ -127,19 +127,18 @@ def _chunks(entries: Iterable[str]) -> dict[str, list[Member]]:
         if where is not None:
             placed.append((packs.setdefault(where[0], len(packs)), where[1], where[2], entry))
     placed.sort()
-    ranges = coalesce([m[:3] for m in placed], RANGE_BYTES, GAP_BYTES)
+    ranges = iter(coalesce([m[:3] for m in placed], RANGE_BYTES, GAP_BYTES))  # sorted, as placed is
+    current = next(ranges, None)
+    chunks: dict[Range, list[Member]] = {}
     out: dict[str, list[Member]] = {}
-    at = 0
-    chunk: list[Member] = []
-    current: Range | None = None
     for pack, start, stop, entry in placed:
-        while at < len(ranges) and (ranges[at].file, ranges[at].stop) < (pack, stop):
-            at += 1
-        rng = ranges[at] if at < len(ranges) and ranges[at].covers(start, stop) and ranges[at].file == pack else None
-        if rng is None or rng != current:  # (an empty entry is a chunk of its own)
-            chunk, current = [], rng
-        chunk.append((entry, start, stop))
-        out[entry] = chunk
+        while current is not None and (current.file, current.stop) < (pack, stop):
+            current = next(ranges, None)
+        if current is not None and current.file == pack and current.covers(start, stop):
+            out[entry] = chunks.setdefault(current, [])
+        else:  # an empty entry no range holds: a chunk of its own
+            out[entry] = []
+        out[entry].append((entry, start, stop))
     return out
 
 
