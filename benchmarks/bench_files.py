@@ -96,7 +96,7 @@ import harness
 from files_data import convert, convert_litdata, fake_jpeg, generate, import_streaming, read_tar
 from harness import Col
 
-# re-exported: convert, convert_litdata are called in a child by name (harness.launch); bench_remote uses fake_jpeg
+# re-exported: convert, convert_litdata are called in a child by name (harness.launch); remote_data uses fake_jpeg
 __all__ = ["convert", "convert_litdata", "fake_jpeg"]
 
 WORLD_SIZE, NUM_WORKERS, BATCH = 4, 2, 32
