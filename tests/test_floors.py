@@ -161,8 +161,8 @@ def test_no_module_imports_another_modules_private_names():
 
 
 # --- sources/ rooms (issue 32): the floors docs/layout.md and CONTRIBUTING.md describe ---
-#: sources/'s rooms, each with the rooms below it that it may import (and BELOW_ROOMS, below them all); sources/pipe.py, sources/sequence.py and sources/__init__.py stand above every room, and no room
-#: imports them
+#: sources/'s rooms, each with the rooms below it that it may import (and BELOW_ROOMS, below them all);
+#: sources/pipe.py, sources/sequence.py and sources/__init__.py stand above every room, and no room imports them
 ROOMS: dict[str, set[str]] = {
     "transport": set(),
     "formats": {"transport"},

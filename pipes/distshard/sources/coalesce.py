@@ -77,7 +77,7 @@ T = TypeVar("T")
 class Live(Generic[T]):
     """The ranges fetched or in flight, per file sorted by start and disjoint, each
     with a value (the read-ahead's holding of it): what :func:`coalesce` and
-    :func:`.extents.plan` take as ``live`` (``live.of(file)``)."""
+    :func:`.reading.extents.plan` take as ``live`` (``live.of(file)``)."""
 
     def __init__(self) -> None:
         self._ranges: dict[int, list[Range]] = {}
