@@ -246,11 +246,31 @@ def main(argv: Iterable[str] | None = None) -> int:
 
 
 def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
+    """Run the ``chosen`` rows in interleaved rounds, print the tables, the notes and the
+    target row's verdict, and write ``--json``."""
     sizes, steps = (list(QUICK_SIZES), QUICK_STEPS) if args.quick else (list(SIZES), STEPS)
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else ROUNDS)
     session = harness.Session()
     iters, cost = harness.calibrate(DECODE_TARGET_S, calibration_decode)
-    draws = steps * GLOBAL_BATCH
+    runs, peer_versions = run_rounds(chosen, sizes, steps, iters, rounds, args.timeout)
+    rows = [summarize(v, runs[v.key]) for v in chosen]
+    peers = [row["cpu_s"] for row in rows if "cpu_s" in row and not BY_KEY[row["key"]].key.startswith("distshard")]
+    best_peer = min(peers) if peers else None
+    print_tables(session, rows, best_peer, sizes, steps, rounds, cost)
+    print_notes(steps, rounds, cost, best_peer, session.elapsed)
+    print_targets(rows, best_peer)
+    session.dump(args.json, peers=peer_versions, sizes=sizes, steps=steps, weights=WEIGHTS, global_batch=GLOBAL_BATCH,
+                 world_size=WORLD_SIZE, num_workers=NUM_WORKERS, decode_iters=iters, decode_cost_s=cost,
+                 rounds=rounds, best_peer_cpu_s=best_peer,
+                 rows=[{k: v for k, v in row.items() if k != "rounds"} | {"per_round": row.get("rounds", [])}
+                       for row in rows])
+    return 0
+
+
+def run_rounds(chosen: list[Variant], sizes: list[int], steps: int, iters: int, rounds: int,
+               timeout: float) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Every chosen row once a round (the dev venv's here, the peers' in a child), each
+    run analyzed (or kept as skipped); the runs by row and the peers' versions."""
     expected = {v.key: expected_stream(v.key, sizes, steps) for v in chosen if v.key.startswith("distshard")}
     runs: dict[str, list[dict[str, Any]]] = {v.key: [] for v in chosen}
     peer_versions: dict[str, str] = {}
@@ -258,11 +278,11 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
         for variant in order:
             t0 = time.perf_counter()
             if variant.venv == "dev":
-                run = run_variant(variant.key, sizes, steps, iters, args.timeout)
+                run = run_variant(variant.key, sizes, steps, iters, timeout)
             else:
                 run = harness.launch(__file__, "run_peer", {"key": variant.key, "sizes": sizes, "steps": steps,
-                                                            "iters": iters, "timeout": args.timeout},
-                                     peers=True, timeout=args.timeout, grace=60)
+                                                            "iters": iters, "timeout": timeout},
+                                     peers=True, timeout=timeout, grace=60)
                 peer_versions.update(run.get("versions", {}))
             if "skipped" in run:
                 runs[variant.key].append(run)
@@ -270,9 +290,14 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
                 runs[variant.key].append(analyze(variant, run, sizes, steps, expected.get(variant.key)))
             print(f"#   round {r + 1}/{rounds}: {variant.key} in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
-    rows = [summarize(v, runs[v.key]) for v in chosen]
-    peers = [row["cpu_s"] for row in rows if "cpu_s" in row and not BY_KEY[row["key"]].key.startswith("distshard")]
-    best_peer = min(peers) if peers else None
+    return runs, peer_versions
+
+
+def print_tables(session: harness.Session, rows: list[dict[str, Any]], best_peer: float | None, sizes: list[int],
+                 steps: int, rounds: int, cost: float) -> None:
+    """The header, the main table, the phased and cost-weighted rows' table (if any
+    ran) and the rounds that failed."""
+    draws = steps * GLOBAL_BATCH
     print(session.header(
         f"sources {' / '.join(f'{n} {s:,}' for n, s in zip(NAMES, sizes, strict=True))}, weights "
         f"{' / '.join(f'{w:g}' for w in WEIGHTS)}; {steps} steps × global batch {GLOBAL_BATCH} = {draws:,} draws; "
@@ -286,7 +311,11 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
         print(bounds_table(bounded))
         print()
     harness.print_left_out(rows, lambda row: BY_KEY[row["key"]].label)
-    elapsed = session.elapsed
+
+
+def print_notes(steps: int, rounds: int, cost: float, best_peer: float | None, elapsed: float) -> None:
+    """What the columns mean, the targets, the ideal CPU and the run's total time."""
+    draws = steps * GLOBAL_BATCH
     print(f"reads / delivered: decode calls in all processes / elements the 4 ranks received. Deviation: "
           f"per source, max over the {steps} global batches of |count − 256 × weight| (targets "
           f"{', '.join(f'{256 * w:g}' for w in WEIGHTS)}); distshard's global batches are 256 consecutive "
@@ -296,6 +325,10 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
           f"Targets for distshard: reads 1.00, deviation ≤ {TARGET_DEVIATION:g} per source per global batch, "
           f"CPU ≤ the best peer's ({'—' if best_peer is None else f'{best_peer:.2f} s'}). "
           f"Ideal CPU (decode once per draw): {draws * cost:.2f} s. Total {elapsed:.0f} s.")
+
+
+def print_targets(rows: list[dict[str, Any]], best_peer: float | None) -> None:
+    """The target row's figures against its targets, met or MISSED."""
     for row in rows:
         if BY_KEY[row["key"]].target and "cpu_s" in row:
             t = targets(row, best_peer)
@@ -306,12 +339,6 @@ def orchestrate(args: argparse.Namespace, chosen: list[Variant]) -> int:
                   f"CPU {row['cpu_s']:.2f} s vs best peer "
                   f"{'—' if best_peer is None else f'{best_peer:.2f} s'} "
                   f"({'met' if t['cpu'] else 'not measured' if t['cpu'] is None else 'MISSED'}).")
-    session.dump(args.json, peers=peer_versions, sizes=sizes, steps=steps, weights=WEIGHTS, global_batch=GLOBAL_BATCH,
-                 world_size=WORLD_SIZE, num_workers=NUM_WORKERS, decode_iters=iters, decode_cost_s=cost,
-                 rounds=rounds, best_peer_cpu_s=best_peer,
-                 rows=[{k: v for k, v in row.items() if k != "rounds"} | {"per_round": row.get("rounds", [])}
-                       for row in rows])
-    return 0
 
 
 if __name__ == "__main__":

@@ -99,6 +99,9 @@ It prints the harness's header line (command, versions, cores, load average) wit
 N and the decode cost, and a Markdown table. Only torch, distshard and the
 standard library are needed. Every wait is bounded (``--timeout`` per variant,
 also the gloo and DataLoader timeout).
+
+Unit mode's sizes and ``expand`` functions are in ``reads_units.py``; this script
+has the variants, runs them and prints the tables.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ import distshard  # noqa: F401  (registers .dist_shard())
 import harness
 from distshard.baselines import ClassicModuloIterDataPipe
 from harness import Col, IterOnly
+from reads_units import ExpandIterator, ExpandSequence, unit_bounds, unit_sizes
 
 WORLD_SIZE = 4
 NUM_WORKERS = 2
@@ -161,67 +165,6 @@ class EverySlotSkips(IterDataPipe):
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         yield from islice(self.source_datapipe, rank * workers + worker, None, world * workers)
-
-
-# -- unit mode ------------------------------------------------------------------------
-
-
-def unit_sizes(n: int, units: int, uneven: bool) -> list[int]:
-    """Element counts of ``units`` consecutive units covering ``0 .. n-1``: equal
-    (±1), or deterministic unequal ones (weights 2..8) for ``uneven``."""
-    weights = [2 + (u * 5) % 7 for u in range(units)] if uneven else [1] * units
-    total = sum(weights)
-    sizes = [n * w // total for w in weights]
-    order = sorted(range(units), key=lambda u: (-(n * weights[u] % total), u))
-    for u in order[: n - sum(sizes)]:
-        sizes[u] += 1
-    return sizes
-
-
-def unit_bounds(sizes: list[int]) -> list[tuple[int, int]]:
-    bounds, start = [], 0
-    for size in sizes:
-        bounds.append((start, start + size))
-        start += size
-    return bounds
-
-
-class LazyUnit:
-    """A unit's elements as a sequence: ``unit[k]`` decodes element ``start + k``."""
-
-    def __init__(self, start: int, stop: int, decode: Decode) -> None:
-        self.start, self.stop, self.decode = start, stop, decode
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, k: int) -> int:
-        if not 0 <= k < self.stop - self.start:
-            raise IndexError(k)
-        return self.decode(self.start + k)
-
-
-class ExpandSequence:
-    """``expand(unit) -> LazyUnit``: random access, decodes only what is read."""
-
-    def __init__(self, bounds: list[tuple[int, int]], decode: Decode) -> None:
-        self.bounds, self.decode = bounds, decode
-
-    def __call__(self, unit: int) -> LazyUnit:
-        return LazyUnit(*self.bounds[unit], self.decode)
-
-
-class ExpandIterator:
-    """``expand(unit) -> generator`` that decodes every element it yields (a reader
-    that must parse a record to get to the next one)."""
-
-    def __init__(self, bounds: list[tuple[int, int]], decode: Decode) -> None:
-        self.bounds, self.decode = bounds, decode
-
-    def __call__(self, unit: int) -> Iterator[int]:
-        start, stop = self.bounds[unit]
-        decode = self.decode
-        return (decode(i) for i in range(start, stop))
 
 
 # -- the variants -------------------------------------------------------------------------
@@ -503,7 +446,8 @@ def carry_table(rows: list[dict[str, Any]], n: int, epochs: int) -> str:
         row["cpu_per_delivered_ms"]] for row in rows])
 
 
-def main(argv: Iterable[str] | None = None) -> int:
+def parse_args(argv: Iterable[str] | None) -> tuple[argparse.Namespace, int, list[Variant]]:
+    """The options, N, and the variants to run (the floor first, always)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--n", type=int, default=None,
                         help=f"elements (default {DEFAULT_N}; {QUICK_N} with --quick)")
@@ -526,46 +470,78 @@ def main(argv: Iterable[str] | None = None) -> int:
     variants = harness.choose(args.only, BY_KEY, parser)
     if variants[0].key != "floor":  # the floor is needed to read every other row
         variants = [BY_KEY["floor"], *[v for v in variants if v.key != "floor"]]
+    return args, n, variants
 
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args, n, variants = parse_args(argv)
     session = harness.Session()
     iters, cost = harness.calibrate(DECODE_TARGET_S, Decode)
-    ideal = n * cost
     if args.carry:
-        epochs_n = n + 3  # not a multiple of S: every epoch has a tail to drop or carry
-        rows = carry_rows(epochs_n, iters, args.units, CARRY_EPOCHS, CARRY_ROUNDS, args.timeout)
-        print(session.header(
-            f"N={epochs_n:,} per epoch, {CARRY_EPOCHS} epochs, S={NUM_SLOTS} ({WORLD_SIZE} ranks × {NUM_WORKERS} "
-            f"fork workers, gloo), decode = {cost * 1e3:.3f} ms CPU, {CARRY_ROUNDS} rounds alternating drop / "
-            f"carry (medians), {session.elapsed:.0f} s"))
-        print()
-        print(carry_table(rows, epochs_n, CARRY_EPOCHS))
-        print()
-        print("dropped: elements of the epochs' streams never delivered (for carry: not counting the last "
-              "epoch's tail, which opens the next epoch: 'left for epoch E'); padded: deliveries beyond one per "
-              "element of a stream; exact: the multiset delivered over all epochs is the concatenated streams' "
-              "prefix (carry) or every epoch but its last N mod S (drop). CPU: user+sys of the 4 ranks and their "
-              "workers over all epochs. Target: carry's CPU ≤ 1.05× drop's, equal slots, 0 dropped, 0 padded.")
-        session.dump(args.json, n=epochs_n, epochs=CARRY_EPOCHS, decode_cost_s=cost, rows=rows)
-        return 0
+        return carry_main(args, n, session, iters, cost)
+    rows = measure_rows(variants, n, iters, args.units, args.timeout, cost)
+    elapsed = session.elapsed
+    ideal = n * cost
+    floor_row = net_of_floor(rows, ideal)
+    in_situ = in_situ_decode_cost(rows, floor_row)
+    print_report(session, rows, n, args.units, iters, cost, ideal, in_situ, elapsed)
+    session.dump(args.json, n=n, units=args.units, world_size=WORLD_SIZE, num_workers=NUM_WORKERS,
+                 decode_iters=iters, decode_cost_s=cost, ideal_cpu_s=ideal, in_situ_decode_cost_s=in_situ, rows=rows)
+    return 0
+
+
+def carry_main(args: argparse.Namespace, n: int, session: harness.Session, iters: int, cost: float) -> int:
+    """``--carry``: the even="carry" against even="drop" rows over N + 3 elements an
+    epoch, their table and notes, and ``--json``."""
+    epochs_n = n + 3  # not a multiple of S: every epoch has a tail to drop or carry
+    rows = carry_rows(epochs_n, iters, args.units, CARRY_EPOCHS, CARRY_ROUNDS, args.timeout)
+    print(session.header(
+        f"N={epochs_n:,} per epoch, {CARRY_EPOCHS} epochs, S={NUM_SLOTS} ({WORLD_SIZE} ranks × {NUM_WORKERS} "
+        f"fork workers, gloo), decode = {cost * 1e3:.3f} ms CPU, {CARRY_ROUNDS} rounds alternating drop / "
+        f"carry (medians), {session.elapsed:.0f} s"))
+    print()
+    print(carry_table(rows, epochs_n, CARRY_EPOCHS))
+    print()
+    print("dropped: elements of the epochs' streams never delivered (for carry: not counting the last "
+          "epoch's tail, which opens the next epoch: 'left for epoch E'); padded: deliveries beyond one per "
+          "element of a stream; exact: the multiset delivered over all epochs is the concatenated streams' "
+          "prefix (carry) or every epoch but its last N mod S (drop). CPU: user+sys of the 4 ranks and their "
+          "workers over all epochs. Target: carry's CPU ≤ 1.05× drop's, equal slots, 0 dropped, 0 padded.")
+    session.dump(args.json, n=epochs_n, epochs=CARRY_EPOCHS, decode_cost_s=cost, rows=rows)
+    return 0
+
+
+def measure_rows(variants: list[Variant], n: int, iters: int, units: int, timeout: float,
+                 cost: float) -> list[dict[str, Any]]:
+    """Every variant once, in order, each with how its slots read; progress on stderr."""
     rows = []
     for variant in variants:
-        row = run_variant(variant, n, iters, args.units, args.timeout, cost)
-        row["reads"] = describe_reads(variant.key, n, args.units)
+        row = run_variant(variant, n, iters, units, timeout, cost)
+        row["reads"] = describe_reads(variant.key, n, units)
         rows.append(row)
         print(f"  {variant.key}: decodes {row['decodes_per_n']:.2f}×N, CPU {row['cpu_s']:.2f} s, "
               f"{'ok' if row['exactly_once'] else 'VIOLATED'} ({row['group_s']:.1f} s)",
               file=sys.stderr, flush=True)
-    elapsed = session.elapsed
+    return rows
+
+
+def net_of_floor(rows: list[dict[str, Any]], ideal: float) -> dict[str, Any] | None:
+    """Every row's ``floor_cpu_s`` and ``net_ratio`` ((CPU − floor) / ideal); the floor's
+    row (row 0, if it completed) or None."""
     floor_row = rows[0] if rows[0]["key"] == "floor" and rows[0]["complete"] else None
     floor = None if floor_row is None else floor_row["cpu_s"]
     for row in rows:
         row["floor_cpu_s"] = floor
         row["net_ratio"] = (None if floor is None or not ideal or row["key"] == "floor"
                             else (row["cpu_s"] - floor) / ideal)
-    in_situ = in_situ_decode_cost(rows, floor_row)
+    return floor_row
 
+
+def print_report(session: harness.Session, rows: list[dict[str, Any]], n: int, units: int, iters: int, cost: float,
+                 ideal: float, in_situ: float | None, elapsed: float) -> None:
+    """The header, the table, what its columns mean and the in-situ decode cost."""
     print(session.header(
-        f"N={n:,}, S={NUM_SLOTS} ({WORLD_SIZE} ranks × {NUM_WORKERS} fork workers, gloo), units={args.units}, "
+        f"N={n:,}, S={NUM_SLOTS} ({WORLD_SIZE} ranks × {NUM_WORKERS} fork workers, gloo), units={units}, "
         f"decode = {cost * 1e3:.3f} ms CPU (iters={iters}), ideal = N × decode = {ideal:.2f} s (the benchmark "
         f"itself runs 12 processes; other load inflates CPU per decode)"))
     print()
@@ -586,10 +562,6 @@ def main(argv: Iterable[str] | None = None) -> int:
               f"{in_situ * 1e3:.3f} ms ({in_situ / cost:.2f}×: workers' iteration CPU beyond the "
               f"floor's, per decode, median over rows). The rest of (CPU − floor) / ideal in the "
               f"1.00 × N rows is not decoding: see per_rank / per_worker in --json.")
-
-    session.dump(args.json, n=n, units=args.units, world_size=WORLD_SIZE, num_workers=NUM_WORKERS,
-                 decode_iters=iters, decode_cost_s=cost, ideal_cpu_s=ideal, in_situ_decode_cost_s=in_situ, rows=rows)
-    return 0
 
 
 if __name__ == "__main__":

@@ -204,21 +204,18 @@ def measure(key: str, setting: Setting, proxy: Any, manifest: dict[str, Any], ar
 
 
 def orchestrate_s3(args: argparse.Namespace, chosen: list[str]) -> int:
-    from latency_proxy import LatencyProxy, MotoProcess
+    """The S3 suite: moto in its own process, every chosen setting's data uploaded once
+    and the ``chosen`` rows run on it in rounds behind the latency proxy; the tables,
+    the targets and ``--json``. Rows whose feature the library lacks are left out."""
+    from latency_proxy import MotoProcess
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        os.environ[name] = value
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL"):
-        os.environ.pop(name, None)
+    s3_environment()
     session = harness.Session()
     feats = features()
     chosen = [k for k in chosen if k not in FEATURES or feats[FEATURES[k]]]
     left = [k for k in FEATURES if not feats[FEATURES[k]]]
     workdir = Path(tempfile.mkdtemp(prefix="bench_remote_s3-"))
-    slots = args.world_size * NUM_WORKERS
-    tables: list[tuple[Setting, list[dict[str, Any]], dict[str, Any]]] = []
-    moto = proxy = None
+    moto = None
     try:
         import boto3
 
@@ -228,60 +225,101 @@ def orchestrate_s3(args: argparse.Namespace, chosen: list[str]) -> int:
         chosen_settings = settings(args.quick)
         if args.settings:
             chosen_settings = [chosen_settings[int(i)] for i in args.settings.split(",")]
-        for setting in chosen_settings:
-            manifest = prepare_data(store, setting, convert=any(S3_VARIANTS[k][1] == "peers" for k in chosen))
-            proxy = LatencyProxy(moto.endpoint, latency=setting.latency, bandwidth=setting.bandwidth,
-                                 ports=args.world_size + 1).start()
-            if "distshard_stored" in chosen or "distshard_local_cache" in chosen or args.index_only:
-                if feats["index"]:
-                    build_stored_index(store, setting, proxy, args.timeout)
-            warm = str(workdir / f"warm-{setting.data}")
-            if "distshard_cached" in chosen and not Path(warm).exists():
-                measure("distshard_cached", setting, proxy, manifest, args, warm)  # builds the per-machine index
-            results: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
-            for r, order in harness.rounds(chosen, args.rounds) if chosen else []:
-                for key in order:
-                    cache = warm if key == "distshard_cached" else str(workdir / f"cold-{setting.data}-{r}-{key}")
-                    results[key].append(measure(key, setting, proxy, manifest, args, cache))
-                    if key != "distshard_cached":
-                        shutil.rmtree(cache, ignore_errors=True)
-            proxy.stop()
-            proxy = None
-            rows = [median_row(k, [s3_row(k, res, manifest, slots) for res in results[k]]) for k in chosen]
-            tables.append((setting, rows, manifest))
-        print(session.header(f"{args.world_size} ranks x {NUM_WORKERS} fork workers, batch {BATCH}, one epoch; "
-                             f"{args.rounds} round(s), medians; moto on 127.0.0.1 behind the latency proxy"))
-        for setting, rows, manifest in tables:
-            conv = manifest.get("converted", {})
-            print(f"\n**{setting.title}** — {len(manifest['keys']):,} samples, {manifest['bytes'] / MiB:.1f} MiB of "
-                  f"tar shards; litdata {manifest.get('litdata_objects', '—')} objects "
-                  f"({manifest.get('litdata_bytes', 0) / MiB:.1f} MiB), MDS {manifest.get('mds_objects', '—')} "
-                  f"objects ({manifest.get('mds_bytes', 0) / MiB:.1f} MiB)"
-                  + (f"; conversion failed: {harness.error_line(conv['errors'][0])}" if conv.get("errors") else ""))
-            if setting.bandwidth:
-                print(f"(floor: dataset bytes / bandwidth = {manifest['bytes'] / setting.bandwidth:.2f} s)")
-            print()
-            print(s3_table(setting, rows, manifest))
-            harness.print_left_out(rows, lambda row: row["key"])
-        print("\n**Targets** (issue 22; ratios to litdata in the same run)")
-        for line in s3_targets(tables, store.indexed, feats):
-            print(line)
-        if left:
-            print(f"\nrows left out (the library lacks the feature): {', '.join(left)}")
-        print("\nwall: the slowest rank, from building the pipeline to the end of the epoch; first batch: from "
-              "building the pipeline, each rank; requests and bytes: what the proxy relayed for the ranks and their "
-              "workers (each rank has its own endpoint); bytes over the tar shards' bytes (litdata's and Mosaic's "
-              "copies are about as big).")
+        tables = [run_setting(store, setting, chosen, args) for setting in chosen_settings]
+        print_s3_report(session, args, tables, store, left)
         session.dump(args.json, tables=[{"setting": s.__dict__, "rows": rows, "samples": len(m["keys"]),
                                          "bytes": m["bytes"]} for s, rows, m in tables],
                      indexed=store.indexed, features={k: v for k, v in feats.items() if k != "index_help"})
     finally:
-        if proxy is not None:
-            proxy.stop()
         if moto is not None:
             moto.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def s3_environment() -> None:
+    """Test credentials for moto, and no profile, token or endpoint from the caller's
+    environment (each rank sets its own endpoint)."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        os.environ[name] = value
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL"):
+        os.environ.pop(name, None)
+
+
+def run_setting(store: Store, setting: Setting, chosen: list[str],
+                args: argparse.Namespace) -> tuple[Setting, list[dict[str, Any]], dict[str, Any]]:
+    """One table: ``setting``'s data (uploaded once), a latency proxy of its own, the
+    stored index (when a row needs it or ``--index-only``), then the ``chosen`` rows in
+    rounds; the setting, its median rows and the data's manifest."""
+    from latency_proxy import LatencyProxy
+
+    manifest = prepare_data(store, setting, convert=any(S3_VARIANTS[k][1] == "peers" for k in chosen))
+    proxy = LatencyProxy(store.moto.endpoint, latency=setting.latency, bandwidth=setting.bandwidth,
+                         ports=args.world_size + 1).start()
+    try:
+        if "distshard_stored" in chosen or "distshard_local_cache" in chosen or args.index_only:
+            if store.feats["index"]:
+                build_stored_index(store, setting, proxy, args.timeout)
+        results = measure_rounds(setting, proxy, manifest, chosen, args, store.workdir)
+    finally:
+        proxy.stop()
+    slots = args.world_size * NUM_WORKERS
+    rows = [median_row(k, [s3_row(k, res, manifest, slots) for res in results[k]]) for k in chosen]
+    return setting, rows, manifest
+
+
+def measure_rounds(setting: Setting, proxy: Any, manifest: dict[str, Any], chosen: list[str],
+                   args: argparse.Namespace, workdir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The ``chosen`` rows in ``--rounds`` interleaved rounds, each run by row: the warm
+    row on a per-machine index built by an unmeasured run first, every other row on a
+    cold ``$DISTSHARD_CACHE`` of its own (removed after it)."""
+    warm = str(workdir / f"warm-{setting.data}")
+    if "distshard_cached" in chosen and not Path(warm).exists():
+        measure("distshard_cached", setting, proxy, manifest, args, warm)  # builds the per-machine index
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
+    for r, order in harness.rounds(chosen, args.rounds) if chosen else []:
+        for key in order:
+            cache = warm if key == "distshard_cached" else str(workdir / f"cold-{setting.data}-{r}-{key}")
+            results[key].append(measure(key, setting, proxy, manifest, args, cache))
+            if key != "distshard_cached":
+                shutil.rmtree(cache, ignore_errors=True)
+    return results
+
+
+def print_s3_report(session: harness.Session, args: argparse.Namespace,
+                    tables: list[tuple[Setting, list[dict[str, Any]], dict[str, Any]]], store: Store,
+                    left: list[str]) -> None:
+    """The header, every setting's table, the targets, the rows left out and the notes."""
+    print(session.header(f"{args.world_size} ranks x {NUM_WORKERS} fork workers, batch {BATCH}, one epoch; "
+                         f"{args.rounds} round(s), medians; moto on 127.0.0.1 behind the latency proxy"))
+    for setting, rows, manifest in tables:
+        print_s3_table(setting, rows, manifest)
+    print("\n**Targets** (issue 22; ratios to litdata in the same run)")
+    for line in s3_targets(tables, store.indexed, store.feats):
+        print(line)
+    if left:
+        print(f"\nrows left out (the library lacks the feature): {', '.join(left)}")
+    print("\nwall: the slowest rank, from building the pipeline to the end of the epoch; first batch: from "
+          "building the pipeline, each rank; requests and bytes: what the proxy relayed for the ranks and their "
+          "workers (each rank has its own endpoint); bytes over the tar shards' bytes (litdata's and Mosaic's "
+          "copies are about as big).")
+
+
+def print_s3_table(setting: Setting, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> None:
+    """One setting: what its data is in each format, its floor under a bandwidth cap,
+    its table and the rounds that failed."""
+    conv = manifest.get("converted", {})
+    print(f"\n**{setting.title}** — {len(manifest['keys']):,} samples, {manifest['bytes'] / MiB:.1f} MiB of "
+          f"tar shards; litdata {manifest.get('litdata_objects', '—')} objects "
+          f"({manifest.get('litdata_bytes', 0) / MiB:.1f} MiB), MDS {manifest.get('mds_objects', '—')} "
+          f"objects ({manifest.get('mds_bytes', 0) / MiB:.1f} MiB)"
+          + (f"; conversion failed: {harness.error_line(conv['errors'][0])}" if conv.get("errors") else ""))
+    if setting.bandwidth:
+        print(f"(floor: dataset bytes / bandwidth = {manifest['bytes'] / setting.bandwidth:.2f} s)")
+    print()
+    print(s3_table(setting, rows, manifest))
+    harness.print_left_out(rows, lambda row: row["key"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -398,8 +398,8 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def main(argv: Iterable[str] | None = None) -> int:
-    global _decode_iters
+def parse_args(argv: Iterable[str] | None) -> tuple[argparse.Namespace, int, int]:
+    """The options, N and the repeats per cell (``--quick``'s unless given)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--n", type=int, default=None,
                         help=f"stream length (default {DEFAULT_N:_}; {QUICK_N:_} with --quick)")
@@ -419,23 +419,22 @@ def main(argv: Iterable[str] | None = None) -> int:
     repeats = args.repeats if args.repeats is not None else (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
     if n < 10 * WORLD_SIZE * CHECK or repeats < 1 or args.slow_repeats < 1 or args.decode_iters < 0:
         parser.error("need --n >= 160, --repeats >= 1, --slow-repeats >= 1, --decode-iters >= 0")
+    return args, n, repeats
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    global _decode_iters
+    args, n, repeats = parse_args(argv)
     _decode_iters = args.decode_iters
     share = len(range(RANK, n, WORLD_SIZE))
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
     session = harness.Session()
     cost = decode_cost_us()
     log(f"decode: {cost:.2f} us per call; preparing the uninterrupted runs ...")
-    by_key: dict[tuple[str, float], Cell] = {}
-    prep_s: dict[str, float] = {}
-    for variant in VARIANTS:
-        points, seconds = prepare(variant, n, share)
-        prep_s[variant.key] = seconds
-        log(f"  {variant.key}: {seconds:.2f} s")
-        for point in points:
-            by_key[(variant.key, point.fraction)] = Cell(variant, point)
+    by_key, prep_s = prepare_cells(n, share)
     log("timing ...")
     run(list(by_key.values()), n, repeats, args.slow_repeats, args.slow_threshold, log)
     elapsed = session.elapsed
@@ -450,6 +449,32 @@ def main(argv: Iterable[str] | None = None) -> int:
           f"`load_state_dict` (median); whole run {elapsed:.0f} s.")
     print()
     print(text)
+    failures = print_failures(by_key)
+    if args.json is not None:
+        session.dump(args.json, n=n, rank=RANK, world_size=WORLD_SIZE, share=share, fractions=list(FRACTIONS),
+                     repeats=repeats, slow_repeats=args.slow_repeats, slow_threshold_s=args.slow_threshold,
+                     decode_iters=args.decode_iters, decode_us=cost, prepare_s=prep_s, rows=rows)
+        log(f"wrote {args.json}")
+    return 1 if failures else 0
+
+
+def prepare_cells(n: int, share: int) -> tuple[dict[tuple[str, float], Cell], dict[str, float]]:
+    """Every variant's uninterrupted run (``prepare``): a cell per (variant, resume
+    point), and each variant's preparation time."""
+    by_key: dict[tuple[str, float], Cell] = {}
+    prep_s: dict[str, float] = {}
+    for variant in VARIANTS:
+        points, seconds = prepare(variant, n, share)
+        prep_s[variant.key] = seconds
+        log(f"  {variant.key}: {seconds:.2f} s")
+        for point in points:
+            by_key[(variant.key, point.fraction)] = Cell(variant, point)
+    return by_key, prep_s
+
+
+def print_failures(by_key: dict[tuple[str, float], Cell]) -> list[tuple[tuple[str, float], list[str]]]:
+    """Print the cells whose resumed run was wrong, and those whose fast-forward warning
+    was not what it should be (only the naive loader past 0 % warns); the wrong ones."""
     failures = [(key, c.failures) for key, c in by_key.items() if c.failures]
     unexpected = [key for key, c in by_key.items()
                   if c.naive_warned != (key[0] == "naive" and c.point.taken > 0)]
@@ -460,12 +485,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         for key, fraction in unexpected:
             print(f"UNEXPECTED fast-forward warning state for {key} at {fraction:.0%}: "
                   f"{by_key[(key, fraction)].naive_warned}")
-    if args.json is not None:
-        session.dump(args.json, n=n, rank=RANK, world_size=WORLD_SIZE, share=share, fractions=list(FRACTIONS),
-                     repeats=repeats, slow_repeats=args.slow_repeats, slow_threshold_s=args.slow_threshold,
-                     decode_iters=args.decode_iters, decode_us=cost, prepare_s=prep_s, rows=rows)
-        log(f"wrote {args.json}")
-    return 1 if failures else 0
+    return failures
 
 
 if __name__ == "__main__":

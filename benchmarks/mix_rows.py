@@ -85,69 +85,94 @@ def import_libraries(key: str) -> None:
 
 def build(key: str, data: dict[str, list], decode: Decode, rank: int, world_size: int, steps: int) -> Any:
     """What rank ``rank`` iterates: an iterable of batches."""
-    from torch.utils.data import DataLoader
+    if key == "distshard_nodes":
+        return build_distshard_nodes(data, decode, steps)
+    if key.startswith("distshard"):
+        return build_distshard(key, data, decode, steps)
+    if key in ("nodes", "nodes_default"):
+        return build_nodes(key, data, decode, rank, world_size, steps)
+    if key in ("hf", "hf_uneven"):
+        return build_hf(key, data, decode, rank, world_size, steps)
+    raise ValueError(f"unknown variant {key!r}")
+
+
+def build_distshard_nodes(data: dict[str, list], decode: Decode, steps: int) -> Any:
+    """Row ``distshard_nodes``: the rank's share of ``distshard.mix`` (undecoded) in
+    torchdata.nodes' ``ParallelMapper`` → ``Batcher`` → ``Loader``."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torchdata.nodes import Batcher, Loader, ParallelMapper
+
+    import distshard
 
     weights = dict(zip(NAMES, WEIGHTS, strict=True))
-    if key == "distshard_nodes":
-        from torch.utils.data.datapipes.iter import IterableWrapper
-        from torchdata.nodes import Batcher, Loader, ParallelMapper
+    sources = {name: IterableWrapper(records, deepcopy=False) for name, records in data.items()}
+    node = distshard.DistShardNode(distshard.mix(sources, weights, samples=steps * GLOBAL_BATCH),
+                                   even="drop", multiple_of=RANK_BATCH)
+    node = ParallelMapper(node, decode, num_workers=NUM_WORKERS, method="process",
+                          multiprocessing_context="fork", prebatch=RANK_BATCH)
+    return Loader(Batcher(node, batch_size=RANK_BATCH))
 
-        import distshard
 
-        sources = {name: IterableWrapper(records, deepcopy=False) for name, records in data.items()}
-        node = distshard.DistShardNode(distshard.mix(sources, weights, samples=steps * GLOBAL_BATCH),
-                                       even="drop", multiple_of=RANK_BATCH)
-        node = ParallelMapper(node, decode, num_workers=NUM_WORKERS, method="process",
-                              multiprocessing_context="fork", prebatch=RANK_BATCH)
-        return Loader(Batcher(node, batch_size=RANK_BATCH))
-    if key.startswith("distshard"):
-        from torch.utils.data.datapipes.iter import IterableWrapper
+def build_distshard(key: str, data: dict[str, list], decode: Decode, steps: int) -> Any:
+    """The other distshard rows: ``distshard.mix`` of the decoded sources (the row's
+    ``weights=`` / ``cost=``), ``dist_shard``, a forking ``DataLoader``."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data.datapipes.iter import IterableWrapper
 
-        import distshard
+    import distshard
 
-        sources = {name: IterableWrapper(records).map(decode) for name, records in data.items()}
-        pipe = distshard.mix(sources, samples=steps * GLOBAL_BATCH, **mix_options(key, data, steps)).dist_shard(
-            even="drop", multiple_of=RANK_BATCH)
-        workers = BY_KEY[key].workers
-        collate = {} if key == "distshard_tensors" else {"collate_fn": list}
-        return DataLoader(pipe, batch_size=RANK_BATCH, num_workers=workers,
-                          multiprocessing_context="fork" if workers else None, **collate)
-    if key in ("nodes", "nodes_default"):
-        from torchdata.nodes import (
-            Batcher,
-            IterableWrapper,
-            Loader,
-            MultiNodeWeightedSampler,
-            ParallelMapper,
-            StopCriteria,
-        )
+    sources = {name: IterableWrapper(records).map(decode) for name, records in data.items()}
+    pipe = distshard.mix(sources, samples=steps * GLOBAL_BATCH, **mix_options(key, data, steps)).dist_shard(
+        even="drop", multiple_of=RANK_BATCH)
+    workers = BY_KEY[key].workers
+    collate = {} if key == "distshard_tensors" else {"collate_fn": list}
+    return DataLoader(pipe, batch_size=RANK_BATCH, num_workers=workers,
+                      multiprocessing_context="fork" if workers else None, **collate)
 
-        Take = _take_node()
-        nodes = {name: IterableWrapper(records[rank::world_size]) for name, records in data.items()}
-        node = MultiNodeWeightedSampler(nodes, weights, stop_criteria=StopCriteria.CYCLE_FOREVER,
-                                        rank=rank, world_size=world_size, seed=SEED)
-        node = Take(node, steps * RANK_BATCH)
-        node = ParallelMapper(node, decode, num_workers=NUM_WORKERS, method="process",
-                              multiprocessing_context="fork", prebatch=RANK_BATCH if key == "nodes" else None)
-        return Loader(Batcher(node, batch_size=RANK_BATCH))
-    if key in ("hf", "hf_uneven"):
-        from datasets import Dataset, interleave_datasets
-        from datasets.distributed import split_dataset_by_node
 
-        shards = (8, 8, 8) if key == "hf" else (20, 5, 2)
-        sources = [Dataset.from_dict({column: [r[column] for r in records] for column in ("source", "idx", "text")})
-                   .to_iterable_dataset(num_shards=k) for (name, records), k in zip(data.items(), shards, strict=True)]
-        # a seed per rank decorrelates the ranks' draws; where split_dataset_by_node skips,
-        # every rank must draw the same stream (one seed), or the ranks' shares overlap
-        ds = interleave_datasets(sources, probabilities=list(WEIGHTS), seed=SEED + rank if key == "hf" else SEED,
-                                 stopping_strategy="all_exhausted")
-        ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
-        ds = ds.map(Decode(decode.iters, as_dict=True), remove_columns=["source", "text"])
-        per_worker = steps * RANK_BATCH // NUM_WORKERS
-        # take() counts per DataLoader worker, and before split_dataset_by_node's skip when it skips
-        ds = ds.take(per_worker if key == "hf" else per_worker * world_size)
-        return DataLoader(ds, batch_size=RANK_BATCH, num_workers=NUM_WORKERS, multiprocessing_context="fork")
-    raise ValueError(f"unknown variant {key!r}")
+def build_nodes(key: str, data: dict[str, list], decode: Decode, rank: int, world_size: int, steps: int) -> Any:
+    """Rows ``nodes`` / ``nodes_default``: torchdata.nodes' ``MultiNodeWeightedSampler``
+    over the rank's slices, ``Take`` of its share, ``ParallelMapper``, ``Batcher``, ``Loader``."""
+    from torchdata.nodes import (
+        Batcher,
+        IterableWrapper,
+        Loader,
+        MultiNodeWeightedSampler,
+        ParallelMapper,
+        StopCriteria,
+    )
+
+    Take = _take_node()
+    weights = dict(zip(NAMES, WEIGHTS, strict=True))
+    nodes = {name: IterableWrapper(records[rank::world_size]) for name, records in data.items()}
+    node = MultiNodeWeightedSampler(nodes, weights, stop_criteria=StopCriteria.CYCLE_FOREVER,
+                                    rank=rank, world_size=world_size, seed=SEED)
+    node = Take(node, steps * RANK_BATCH)
+    node = ParallelMapper(node, decode, num_workers=NUM_WORKERS, method="process",
+                          multiprocessing_context="fork", prebatch=RANK_BATCH if key == "nodes" else None)
+    return Loader(Batcher(node, batch_size=RANK_BATCH))
+
+
+def build_hf(key: str, data: dict[str, list], decode: Decode, rank: int, world_size: int, steps: int) -> Any:
+    """Rows ``hf`` / ``hf_uneven``: HF ``interleave_datasets`` of iterable datasets,
+    ``split_dataset_by_node``, ``.map(decode)``, ``.take`` of a worker's share, a ``DataLoader``."""
+    from datasets import Dataset, interleave_datasets
+    from datasets.distributed import split_dataset_by_node
+    from torch.utils.data import DataLoader
+
+    shards = (8, 8, 8) if key == "hf" else (20, 5, 2)
+    sources = [Dataset.from_dict({column: [r[column] for r in records] for column in ("source", "idx", "text")})
+               .to_iterable_dataset(num_shards=k) for (name, records), k in zip(data.items(), shards, strict=True)]
+    # a seed per rank decorrelates the ranks' draws; where split_dataset_by_node skips,
+    # every rank must draw the same stream (one seed), or the ranks' shares overlap
+    ds = interleave_datasets(sources, probabilities=list(WEIGHTS), seed=SEED + rank if key == "hf" else SEED,
+                             stopping_strategy="all_exhausted")
+    ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+    ds = ds.map(Decode(decode.iters, as_dict=True), remove_columns=["source", "text"])
+    per_worker = steps * RANK_BATCH // NUM_WORKERS
+    # take() counts per DataLoader worker, and before split_dataset_by_node's skip when it skips
+    ds = ds.take(per_worker if key == "hf" else per_worker * world_size)
+    return DataLoader(ds, batch_size=RANK_BATCH, num_workers=NUM_WORKERS, multiprocessing_context="fork")
 
 
 def _take_node() -> type:
