@@ -181,7 +181,7 @@ SOURCES_OUTSIDE_ROOMS = {
 #: transport's clients: a format names byte spans and parses bytes, it opens files through transport/files.py
 CLIENTS = {
     f"distshard.sources.transport.{name}"
-    for name in ("clients", "ranged", "remote", "over_http", "s3direct", "s3config", "sigv4", "streamed")
+    for name in ("clients", "ranged", "remote", "over_http", "s3direct", "s3pool", "s3config", "sigv4", "streamed")
 }
 #: imports against the floors, each with why it is still there (the list may shrink, never grow)
 UPWARD: dict[tuple[str, str], str] = {}

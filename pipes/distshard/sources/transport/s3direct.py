@@ -28,7 +28,7 @@ when eligible, else s3fs), ``s3fs`` (always s3fs), ``direct`` (this client, or
 a ``ValueError`` naming why not).
 
 Fork safety: the pool and the connections belong to the process that made them
-(:class:`_Process`); a forked child makes its own, and keeps the parent's
+(:mod:`.s3pool`); a forked child makes its own, and keeps the parent's
 referenced, never using or closing them.
 """
 
@@ -44,12 +44,10 @@ import logging
 import re
 import ssl
 import threading
-import weakref
 from typing import Any, Callable, Iterator, TypeVar, cast
 from urllib.parse import unquote_plus
 from xml.etree import ElementTree
 
-from ...forks import at_fork
 from ..read_options import ReadOptions
 from .ranged import Ranged, check_range_answer, range_header, retried, s3_stamp
 from .responses import (
@@ -64,6 +62,7 @@ from .responses import (
     suffix_answer,
 )
 from .s3config import Config
+from .s3pool import Connections, PerProcess
 from .sigv4 import EMPTY_SHA256, canonical_query, sign
 
 __all__ = ["DirectS3Client", "PUT_LIMIT"]
@@ -81,38 +80,6 @@ _MESSAGE = re.compile(rb"<Message>([^<]*)</Message>")
 _DEFAULT = ReadOptions()
 
 
-class _Process:
-    """What the client holds in one process: its pool and its connections, by thread and host."""
-
-    def __init__(self) -> None:
-        self.inherited = False  # set in a forked child (see _after_fork_in_child): the parent's, never used
-        self.lock = threading.Lock()
-        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.size = 0
-        self.connections: dict[tuple[int, str], http.client.HTTPConnection] = {}
-        self.ssl: ssl.SSLContext | None = None
-
-
-def _new_process() -> _Process:
-    state = _Process()
-    _HELD.add(state)
-    return state
-
-
-_ORPHANS: list[_Process] = []  # what forked children inherited: kept referenced, never used nor closed
-_HELD: "weakref.WeakSet[_Process]" = weakref.WeakSet()  # every client's, in this process
-
-
-def _after_fork_in_child() -> None:
-    """A forked child (a DataLoader worker) makes its own pool and connections:
-    what its clients hold is the parent's."""
-    for state in list(_HELD):
-        state.inherited = True
-
-
-at_fork(_after_fork_in_child)
-
-
 class _Answer:
     __slots__ = ("status", "headers", "body", "stream")
 
@@ -126,9 +93,9 @@ class _DirectStream:
     goes back to the thread's pool when the body was read whole."""
 
     def __init__(
-        self, state: _Process, host: str, response: http.client.HTTPResponse, conn: http.client.HTTPConnection
+        self, held: Connections, host: str, response: http.client.HTTPResponse, conn: http.client.HTTPConnection
     ) -> None:
-        self.state, self.host, self.response, self.conn = state, host, response, conn
+        self.held, self.host, self.response, self.conn = held, host, response, conn
 
     def read(self, n: int) -> bytes:
         """Up to ``n`` bytes (fewer at the end only): ``HTTPResponse.read(n)`` reads
@@ -136,15 +103,8 @@ class _DirectStream:
         return self.response.read(n)
 
     def close(self, whole: bool) -> None:
-        if self.state.inherited:  # a forked child: never the parent's socket
-            return
-        if whole and not self.response.will_close and self.response.isclosed():
-            key = (threading.get_ident(), self.host)
-            with self.state.lock:
-                if key not in self.state.connections:
-                    self.state.connections[key] = self.conn
-                    return
-        self.conn.close()
+        reusable = whole and not self.response.will_close and self.response.isclosed()
+        self.held.give_back(self.host, self.conn, reusable)
 
 
 def _through_s3fs(method: F) -> F:
@@ -182,7 +142,7 @@ class DirectS3Client(Ranged):
         self._fallback: Any = None
         self._fallback_lock = threading.Lock()
         self._regions: dict[str, str] = {}  # buckets answered from another region (real AWS)
-        self._process = _new_process()
+        self._held = PerProcess()
         self._first = FirstRequest(protocol)  # the first request is timed (a slow one is logged)
         self._no_suffix: set[str] = set()  # buckets that did not answer a suffix range (see tail)
 
@@ -191,57 +151,14 @@ class DirectS3Client(Ranged):
 
     # -- per process ----------------------------------------------------------------------------
     @property
-    def process(self) -> _Process:
-        state = self._process
-        if state.inherited:  # a forked child: its own pool and connections
-            _ORPHANS.append(state)
-            state = self._process = _new_process()
-        return state
-
-    def _pool(self, size: int) -> concurrent.futures.ThreadPoolExecutor:
-        state = self.process
-        pool = state.pool
-        if pool is None or state.size < size:
-            with state.lock:
-                if state.pool is None or state.size < size:
-                    old = state.pool
-                    state.pool = concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="distshard-s3")
-                    state.size = size
-                    if old is not None:
-                        old.shutdown(wait=False)  # what it was given still runs
-                pool = state.pool
-        assert pool is not None
-        return pool
-
-    def _connection(self, state: _Process, host: str) -> tuple[http.client.HTTPConnection, bool]:
-        key = (threading.get_ident(), host)
-        conn = state.connections.get(key)
-        if conn is not None:
-            return conn, False
-        config = self.config
-        name, _, port_text = host.partition(":")
-        port = int(port_text) if port_text else config.port
-        if config.scheme == "https":
-            if state.ssl is None:
-                state.ssl = ssl.create_default_context(cafile=config.ca_bundle)
-            conn = http.client.HTTPSConnection(config.host or name, port, timeout=60.0, context=state.ssl)
-        else:
-            conn = http.client.HTTPConnection(config.host or name, port, timeout=60.0)
-        with state.lock:
-            state.connections[key] = conn
-        return conn, True
-
-    def _drop(self, state: _Process, host: str, conn: http.client.HTTPConnection) -> None:
-        with state.lock:
-            if state.connections.get((threading.get_ident(), host)) is conn:
-                del state.connections[(threading.get_ident(), host)]
-        conn.close()
+    def process(self) -> Connections:
+        """The pool and connections of this process (:mod:`.s3pool`)."""
+        return self._held.current
 
     def warm(self) -> None:
         """Nothing to start (no imports, no session): the https context at most."""
-        state = self.process
-        if self.config.scheme == "https" and state.ssl is None:
-            state.ssl = ssl.create_default_context(cafile=self.config.ca_bundle)
+        if self.config.scheme == "https":
+            self.process.ssl_of(self.config)
 
     def shareable_session(self) -> None:
         return None
@@ -332,7 +249,7 @@ class DirectS3Client(Ranged):
 
     def _exchange(
         self,
-        state: _Process,
+        state: Connections,
         url: str,
         host: str,
         method: str,
@@ -346,7 +263,7 @@ class DirectS3Client(Ranged):
         server had closed: once more on a new one); what failed on the way is sorted
         (transient, unreached, a certificate refused)."""
         for fresh_try in (False, True):
-            conn, fresh = self._connection(state, host)
+            conn, fresh = state.connection(host, self.config)
             conn.timeout = options.timeout
             if conn.sock is not None:
                 conn.sock.settimeout(options.timeout)
@@ -354,34 +271,33 @@ class DirectS3Client(Ranged):
                 conn.request(method, target, body=data, headers=sent)
                 response = conn.getresponse()
                 if stream and response.status in (200, 206):
-                    with state.lock:  # the body's own until it is read
-                        state.connections.pop((threading.get_ident(), host), None)
+                    state.hand_over(host)
                     answer = _Answer(response.status, response.headers, b"")
                     answer.stream = _DirectStream(state, host, response, conn)
                     return answer
                 body = response.read()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                self._drop(state, host, conn)
+                state.drop(host, conn)
                 if fresh or fresh_try:
                     raise Transient(f"{type(exc).__name__}: {exc}") from None
                 continue  # a kept-alive connection the server had closed: once more on a new one
             except ssl.SSLCertVerificationError as exc:
-                self._drop(state, host, conn)
+                state.drop(host, conn)
                 raise PermissionError(
                     f"{url}: the certificate of {host} was not verified ({exc.verify_message}): give the "
                     "bundle that signs it in AWS_CA_BUNDLE"
                 ) from None
             except http.client.IncompleteRead as exc:
-                self._drop(state, host, conn)
+                state.drop(host, conn)
                 raise Transient(f"the body was cut: {len(exc.partial)} bytes of {exc.expected} more") from None
             except (http.client.HTTPException, OSError) as exc:
-                self._drop(state, host, conn)
+                state.drop(host, conn)
                 if isinstance(exc, TimeoutError):
                     raise
                 kind = Unreached if no_connection(exc) else Transient
                 raise kind(f"{type(exc).__name__}: {exc}") from None
             if response.will_close:
-                self._drop(state, host, conn)
+                state.drop(host, conn)
             return _Answer(response.status, response.headers, body)
         raise AssertionError("unreachable")  # (the second try returns or raises)
 
@@ -416,7 +332,7 @@ class DirectS3Client(Ranged):
             except Exception as exc:  # noqa: BLE001 - raised by Pending.result
                 return False, exc
 
-        return self._pool(options.concurrency).submit(run)
+        return self.process.pool_of(options.concurrency).submit(run)
 
     def suffix_host(self, url: str) -> str:
         """A refused suffix range is remembered per bucket."""
