@@ -500,7 +500,13 @@ def test_shuffle_keeps_a_slots_visits_inside_few_files_and_reads_them_in_big_ran
         assert changes <= 3, changes  # about 2 files per slot, each visited in one run
         got.extend(s["__key__"] for s in mine)
     assert sorted(got) == sorted(s["__key__"] for s in expected)
-    assert got[:20] != sorted(got[:20])  # it is shuffled
+    # it is shuffled: the seed mixes in the files' paths (tmp_path), so the test asks what holds for
+    # every seed but with a vanishing chance, not that the first 20 are out of order (a window's
+    # expansion starting at its first sample reads it in order: about 1 in 20 paths)
+    by_file: dict[str, list[str]] = {}
+    for key in got:
+        by_file.setdefault(key.split("/")[0], []).append(key)
+    assert sum(keys != sorted(keys) for keys in by_file.values()) >= 2, by_file
     assert len(reads) == len(expected)  # one read per sample locally (exactly its bytes), none per member
 
 
