@@ -438,10 +438,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     cells = []
     for row in rows:
         variant = BY_KEY[row["key"]]
-        if "skipped" in row:
-            cells.append([variant.label, f"not run: {row['skipped']}"])
-        elif "per_slot" not in row:
-            cells.append([variant.label, f"failed: {harness.error_line((row['errors'] or ['no complete run'])[0])[:120]}"])
+        if (instead := harness.unmeasured(row, "per_slot", none="no complete run")) is not None:
+            cells.append([variant.label, instead])
         else:
             label = variant.label + (f" ({row['reads']})" if variant.distshard and row["reads"] else "")
             cells.append([label, row["per_slot"], row["exactly_once"], row["decodes_per_n"], row["read_ratio"],

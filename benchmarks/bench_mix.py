@@ -176,20 +176,13 @@ BOUNDS_COLUMNS = [Col("row"), Col("pipeline (per rank)"), Col("reads / delivered
                   Col("each element once per pass"), Col("CPU s", 2), Col("wall s", 2)]
 
 
-def _failed(row: dict[str, Any], default: str) -> str:
-    return "failed: " + harness.error_line((row.get("errors") or [default])[0])[:140]
-
-
 def table(rows: list[dict[str, Any]], best_peer_cpu: float | None) -> str:
     cells = []
     for row in rows:
         variant = BY_KEY[row["key"]]
         code = variant.code
-        if "skipped" in row:
-            cells.append([variant.label, code, f"not run: {row['skipped']}"])
-            continue
-        if "cpu_s" not in row:
-            cells.append([variant.label, code, _failed(row, "?")])
+        if (instead := harness.unmeasured(row, "cpu_s", none="?", width=140)) is not None:
+            cells.append([variant.label, code, instead])
             continue
         verdict = "—"
         if variant.target:
@@ -213,7 +206,7 @@ def bounds_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         variant = BY_KEY[row["key"]]
         if "cpu_s" not in row or "prefix" not in row:
-            cells.append([variant.label, variant.code, _failed(row, "no global stream")])
+            cells.append([variant.label, variant.code, harness.failed(row, "no global stream", 140)])
             continue
         prefix = row["prefix"]
         if prefix["unit"] == "elements":

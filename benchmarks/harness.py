@@ -11,7 +11,8 @@ module: imports go one way).
     and a rank's CPU (its own and its joined workers'), wall, peak RSS, bytes read.
 ``harness_checks``: ``exactly_once``, ``epochs_check``: the delivered multiset against
     the expected one, with what ``even`` allows, or over several epochs of ``drop`` /
-    ``carry``; ``error_line``, ``left_out``: what a row says of its failed rounds.
+    ``carry``; ``error_line``, ``left_out``: what a row says of its failed rounds; ``unmeasured``,
+    ``failed``: a table's cell for a row that was not run or has no figures.
 ``harness_children``: ``peers_python``, ``setup_peers``, ``launch``, ``child``: the
     benchmark-only venv ``benchmarks/.venv`` and running a script's function in a
     fresh process tree with either venv's interpreter, its result back as JSON.
@@ -34,7 +35,17 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from harness_checks import Once, epochs_check, error_line, exactly_once, left_out, print_left_out, slot_counts
+from harness_checks import (
+    Once,
+    epochs_check,
+    error_line,
+    exactly_once,
+    failed,
+    left_out,
+    print_left_out,
+    slot_counts,
+    unmeasured,
+)
 from harness_children import (
     HERE,
     NO_PEERS,
@@ -60,7 +71,8 @@ __all__ = [
     # harness_meters
     "Meter", "count", "counts", "rchar", "share_counts",
     # harness_checks
-    "Once", "epochs_check", "error_line", "exactly_once", "left_out", "print_left_out", "slot_counts",
+    "Once", "epochs_check", "error_line", "exactly_once", "failed", "left_out", "print_left_out", "slot_counts",
+    "unmeasured",
     # harness_children
     "HERE", "NO_PEERS", "PEERS_VENV", "REQUIREMENTS", "ROOT", "add_child_args", "child", "child_env", "kill_tree",
     "launch", "peers_python", "setup_peers",

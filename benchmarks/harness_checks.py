@@ -94,6 +94,20 @@ def error_line(text: str) -> str:
     return lines[-1] if lines else text
 
 
+def failed(row: dict[str, Any], none: str = "no run", width: int = 120) -> str:
+    """A table's cell for a row with no figures: ``failed:`` and its first error's
+    line, at most ``width`` characters (``none`` if it has no error)."""
+    return "failed: " + error_line((row.get("errors") or [none])[0])[:width]
+
+
+def unmeasured(row: dict[str, Any], measured: str, none: str = "no run", width: int = 120) -> str | None:
+    """What a table says of a row instead of its figures: ``not run:`` and why
+    (skipped), :func:`failed` (no ``measured`` figure), else ``None``."""
+    if "skipped" in row:
+        return f"not run: {row['skipped']}"
+    return failed(row, none, width) if measured not in row else None
+
+
 def left_out(runs: Sequence[dict[str, Any]], good: Sequence[dict[str, Any]]) -> str | None:
     """What a row's medians leave out: ``"1 of 3 rounds failed: TimeoutError: ..."``
     when some rounds of a row failed and others did not (a row whose rounds all

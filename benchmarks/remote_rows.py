@@ -77,11 +77,8 @@ def table(rows: list[dict[str, Any]], manifest: dict[str, Any], shards: int) -> 
     cells: list[list[Any]] = []
     for row in rows:
         label = VARIANTS[row["key"]][0]
-        if "skipped" in row:
-            cells.append([label, f"not run: {row['skipped']}"])
-            continue
-        if "wall_s" not in row:
-            cells.append([label, f"failed: {harness.error_line((row['errors'] or ['no run'])[0])[:100]}"])
+        if (instead := harness.unmeasured(row, "wall_s", width=100)) is not None:
+            cells.append([label, instead])
             continue
         peer, cold = row["key"] == "webdataset", "cold" in row["key"]
         vs = "—" if not base else f"{row['wall_s'] / base['wall_s']:.2f}×" + (
@@ -156,11 +153,8 @@ def s3_table(setting: Setting, rows: list[dict[str, Any]], manifest: dict[str, A
     cells: list[list[Any]] = []
     for row in rows:
         label = S3_VARIANTS[row["key"]][0]
-        if "skipped" in row:
-            cells.append([label, f"not run: {row['skipped']}"])
-            continue
-        if "wall_s" not in row:
-            cells.append([label, f"failed: {harness.error_line((row['errors'] or ['no run'])[0])[:120]}"])
+        if (instead := harness.unmeasured(row, "wall_s")) is not None:
+            cells.append([label, instead])
             continue
         req = row["requests"]
         listed = f" (+ {req['LIST']:,})" if req.get("LIST") else ""

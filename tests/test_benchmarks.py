@@ -171,3 +171,12 @@ def test_the_latency_proxy_counts_each_ranks_requests_by_kind_and_bytes(monkeypa
         ["GET", 100],
         ["GET", 300_000],
     ]
+
+
+def test_a_row_without_figures_says_why_in_its_cell():
+    assert harness.unmeasured({"skipped": "no benchmark venv"}, "cpu_s") == "not run: no benchmark venv"
+    failed = {"errors": ["Traceback (most recent call last):\n  ...\nTimeoutError: the group stalled\n  a note"]}
+    assert harness.unmeasured(failed, "cpu_s") == "failed: TimeoutError: the group stalled"
+    assert harness.unmeasured({"errors": []}, "cpu_s", none="no complete run") == "failed: no complete run"
+    assert harness.unmeasured({"errors": ["ValueError: " + "x" * 300]}, "cpu_s", width=20) == "failed: ValueError: xxxxxxxx"
+    assert harness.unmeasured({"cpu_s": 1.0, "errors": ["ValueError: one round"]}, "cpu_s") is None
