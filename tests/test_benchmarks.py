@@ -178,5 +178,8 @@ def test_a_row_without_figures_says_why_in_its_cell():
     failed = {"errors": ["Traceback (most recent call last):\n  ...\nTimeoutError: the group stalled\n  a note"]}
     assert harness.unmeasured(failed, "cpu_s") == "failed: TimeoutError: the group stalled"
     assert harness.unmeasured({"errors": []}, "cpu_s", none="no complete run") == "failed: no complete run"
-    assert harness.unmeasured({"errors": ["ValueError: " + "x" * 300]}, "cpu_s", width=20) == "failed: ValueError: xxxxxxxx"
+    assert (
+        harness.unmeasured({"errors": ["ValueError: " + "x" * 300]}, "cpu_s", width=20)
+        == "failed: ValueError: xxxxxxxx"
+    )
     assert harness.unmeasured({"cpu_s": 1.0, "errors": ["ValueError: one round"]}, "cpu_s") is None
